@@ -1,0 +1,46 @@
+# make install | fmt | lint | test | demo | bench | all
+# The virtualenv lives in .venv; every target that needs it installs it first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: install redis-server fmt lint test demo bench all clean
+
+$(BIN)/poller: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+install: $(BIN)/poller
+
+# Integration tests start their own redis-server processes; install one if it is missing.
+redis-server:
+	@command -v redis-server >/dev/null || { \
+	  echo "redis-server not found: installing it with apt-get"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null; }
+
+fmt: install
+	$(BIN)/ruff format poller tests
+	$(BIN)/ruff check --fix poller tests
+
+lint: install
+	$(BIN)/ruff format --check poller tests
+	$(BIN)/ruff check poller tests
+	$(BIN)/mypy
+
+test: install redis-server lint
+	$(BIN)/pytest -q
+
+# Until the simulator lands, the main job checks the bundled vLLM page over real HTTP.
+demo: install
+	$(BIN)/poller check --example --engine vllm
+
+bench: install redis-server
+	$(BIN)/python tests/bench/bench_parse.py
+
+all: test
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

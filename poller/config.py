@@ -1,0 +1,197 @@
+"""Settings: one frozen root model of sub-models, from a TOML file, env and flags.
+
+Precedence (highest first): command-line flags, ``POLLER_*`` environment variables
+(nested fields as ``POLLER_SCRAPE__TIMEOUT_S``), the TOML file, defaults. Each module
+takes only its own sub-model. Unknown keys are errors, and every cross-field rule
+(scrape timeout < interval < lease TTL ...) is checked here, once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import ConfigError
+
+__all__ = [
+    "CoordinationSettings",
+    "HealthSettings",
+    "RedisSettings",
+    "ScrapeSettings",
+    "Settings",
+    "default_poller_id",
+    "load_settings",
+]
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class RedisSettings(BaseModel):
+    model_config = _FROZEN
+
+    #: redis://, rediss:// (TLS) or unix:// URL; user and password may be in it (ACL).
+    url: str = "redis://127.0.0.1:6379/0"
+    #: Key prefix is ``{namespace}``: the hash tag keeps every key in one Cluster slot.
+    namespace: str = Field(default="llmgw", pattern=r"^[A-Za-z0-9._:-]{1,64}$")
+    #: Every command gives up after this; a scrape's write must not stall the loop.
+    socket_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    #: Talk to a Redis Cluster (url names any node).
+    cluster: bool = False
+
+
+class CoordinationSettings(BaseModel):
+    model_config = _FROZEN
+
+    # Chosen so a SIGKILLed poller's endpoints are written again within ~3 s at a 1 s
+    # interval: its lease and membership lapse after 2 s, survivors see the membership
+    # change at their next heartbeat (<= 0.5 s) and reconcile at once.
+    #: A lease lapses this long after its last renewal (every write and every reconcile).
+    lease_ttl_ms: int = Field(default=2000, ge=200, le=600_000)
+    #: A member counts as alive this long after its last heartbeat.
+    member_ttl_ms: int = Field(default=2000, ge=200, le=600_000)
+    heartbeat_interval_ms: int = Field(default=500, ge=50, le=200_000)
+    #: Reconcile (and renew every held lease) at least this often.
+    reconcile_interval_ms: int = Field(default=1000, ge=50, le=300_000)
+
+    @model_validator(mode="after")
+    def _check(self) -> CoordinationSettings:
+        if self.heartbeat_interval_ms * 3 > self.member_ttl_ms:
+            raise ValueError(
+                f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be at most a third "
+                f"of member_ttl_ms ({self.member_ttl_ms})"
+            )
+        if self.reconcile_interval_ms * 2 > self.lease_ttl_ms:
+            raise ValueError(
+                f"reconcile_interval_ms ({self.reconcile_interval_ms}) must be at most half "
+                f"of lease_ttl_ms ({self.lease_ttl_ms}): reconcile renews the leases"
+            )
+        return self
+
+
+class ScrapeSettings(BaseModel):
+    model_config = _FROZEN
+
+    interval_s: float = Field(default=1.0, ge=0.05, le=3600)
+    #: Strictly below the interval, so a slow engine never stacks scrapes.
+    timeout_s: float = Field(default=0.8, gt=0, le=600)
+    #: Each run is moved by up to +-jitter_s around its slot (no drift; see worker).
+    jitter_s: float = Field(default=0.05, ge=0, le=60)
+    #: Bodies larger than this are a ``too_large`` failure (a vLLM page is ~60 KB).
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1024**3)
+    #: Engine mapping for entries that name none.
+    default_engine: str = "vllm"
+    #: Stats and failure hashes expire after this many intervals without a write.
+    stats_ttl_intervals: float = Field(default=3.0, ge=1.5, le=1000)
+
+    @model_validator(mode="after")
+    def _check(self) -> ScrapeSettings:
+        if self.timeout_s >= self.interval_s:
+            raise ValueError(
+                f"timeout_s ({self.timeout_s}) must be below interval_s ({self.interval_s})"
+            )
+        if self.jitter_s * 4 > self.interval_s:
+            raise ValueError(f"jitter_s ({self.jitter_s}) must be at most a quarter of interval_s")
+        from .registry import ENGINES
+
+        if self.default_engine not in ENGINES or self.default_engine == "external":
+            accepted = ", ".join(e for e in ENGINES if e != "external")
+            raise ValueError(
+                f"unknown default_engine {self.default_engine!r}; accepted: {accepted}"
+            )
+        return self
+
+
+class HealthSettings(BaseModel):
+    model_config = _FROZEN
+
+    host: str = "0.0.0.0"
+    #: 0 disables the health/metrics server.
+    port: int = Field(default=9464, ge=0, le=65535)
+
+
+def default_poller_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Settings(BaseModel):
+    model_config = _FROZEN
+
+    id: str = Field(default_factory=default_poller_id, pattern=r"^[A-Za-z0-9._:@/-]{1,200}$")
+    redis: RedisSettings = RedisSettings()
+    coordination: CoordinationSettings = CoordinationSettings()
+    scrape: ScrapeSettings = ScrapeSettings()
+    health: HealthSettings = HealthSettings()
+    #: Keep the registry equal to this YAML/TOML file.
+    endpoints_file: str | None = None
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["text", "json"] = "text"
+
+
+def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    for key in path[:-1]:
+        node = tree.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{'.'.join(path)}: {key} is not a section")
+        tree = node
+    tree[path[-1]] = value
+
+
+def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
+    """``POLLER_SCRAPE__TIMEOUT_S=0.5`` -> {"scrape": {"timeout_s": "0.5"}}."""
+    tree: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith("POLLER_") or "__" not in name:
+            continue
+        path = name.removeprefix("POLLER_").lower().split("__")
+        _set_path(tree, path, value)
+    return tree
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_settings(
+    config_file: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Settings:
+    """Build Settings from file < env (``POLLER_<SECTION>__<KEY>``) < overrides.
+
+    ``overrides`` uses dotted keys (``{"scrape.interval_s": 2}``); None values are ignored.
+    Raises ConfigError with one line naming the field and the problem.
+    """
+    data: dict[str, Any] = {}
+    if config_file is not None:
+        path = Path(config_file)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    data = _merge(data, _env_overrides(dict(os.environ if environ is None else environ)))
+    flat: dict[str, Any] = {}
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set_path(flat, dotted.split("."), value)
+    data = _merge(data, flat)
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in err["loc"]) or "settings"
+        message = str(err["msg"]).removeprefix("Value error, ")
+        raise ConfigError(message, field=field) from None

@@ -1,0 +1,123 @@
+"""The poller's exceptions.
+
+    PollerError
+     +-- ConfigError          bad settings, registry entry or CLI argument
+     +-- ScrapeError          one scrape failed; ``reason`` is a DESIGN.md failure reason
+     |    +-- FetchError      transport or HTTP: unreachable, timeout, http_status, auth, too_large
+     |    +-- ParseError      the page is not valid exposition text (reason ``parse``)
+     |    +-- ContractError   the page lacks required metrics (reason ``contract``)
+     +-- StoreError           Redis unreachable, timed out, or answered unexpectedly
+     |    +-- SchemaMismatch  Redis holds another schema version
+     +-- LeaseLost            a fenced write or renewal found another owner's token
+
+A failed scrape is data, not a crash: the worker turns a ``ScrapeError`` into a failure
+hash in Redis. Every message names the endpoint (when there is one) and the problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "ConfigError",
+    "ContractError",
+    "FetchError",
+    "LeaseLost",
+    "ParseError",
+    "PollerError",
+    "SchemaMismatch",
+    "ScrapeError",
+    "StoreError",
+]
+
+
+class PollerError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ConfigError(PollerError):
+    """A setting, registry entry or argument is invalid; ``field`` names it when known."""
+
+    def __init__(self, message: str, *, endpoint: str | None = None, field: str | None = None):
+        self.endpoint = endpoint
+        self.field = field
+        where = " ".join(
+            p for p in (f"endpoint {endpoint!r}" if endpoint else "", field or "") if p
+        )
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class ScrapeError(PollerError):
+    """One scrape of one endpoint failed. ``reason`` is one of the DESIGN.md reasons."""
+
+    reason: str = "parse"
+
+    def __init__(self, detail: str, *, endpoint: str | None = None, reason: str | None = None):
+        if reason is not None:
+            self.reason = reason
+        self.endpoint = endpoint
+        self.detail = detail
+        prefix = f"endpoint {endpoint!r}: " if endpoint else ""
+        super().__init__(f"{prefix}{self.reason}: {detail}")
+
+
+class FetchError(ScrapeError):
+    """Transport or HTTP failure: unreachable, timeout, http_status, auth, too_large, config."""
+
+    def __init__(
+        self,
+        reason: str,
+        detail: str,
+        *,
+        endpoint: str | None = None,
+        status: int | None = None,
+    ):
+        self.status = status
+        super().__init__(detail, endpoint=endpoint, reason=reason)
+
+
+class ParseError(ScrapeError):
+    """The body is not Prometheus/OpenMetrics text; names the line and shows an excerpt."""
+
+    reason = "parse"
+
+    def __init__(self, message: str, *, line: int | None = None, excerpt: str | None = None):
+        self.line = line
+        self.excerpt = excerpt
+        detail = message
+        if line is not None:
+            detail = f"line {line}: {message}"
+        if excerpt is not None:
+            detail = f"{detail}: {excerpt!r}"
+        super().__init__(detail)
+
+
+class ContractError(ScrapeError):
+    """Required metrics are missing from an otherwise valid page (the seed's MissingError)."""
+
+    reason = "contract"
+
+    def __init__(self, missing: Sequence[str], *, engine: str, endpoint: str | None = None):
+        self.missing = tuple(missing)
+        self.engine = engine
+        super().__init__(
+            f"{engine} page lacks required metrics: {', '.join(self.missing)}", endpoint=endpoint
+        )
+
+
+class StoreError(PollerError):
+    """Redis could not be reached, timed out, or replied with something unexpected."""
+
+
+class SchemaMismatch(StoreError):
+    """Redis already holds data written under another schema version."""
+
+
+class LeaseLost(PollerError):
+    """Our fencing token no longer holds the endpoint's lease; stop scraping it."""
+
+    def __init__(self, endpoint: str, holder: str | None = None):
+        self.endpoint = endpoint
+        self.holder = holder
+        by = f" (now held by {holder})" if holder else ""
+        super().__init__(f"endpoint {endpoint!r}: lease lost{by}")

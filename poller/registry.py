@@ -1,0 +1,243 @@
+"""Endpoint registry entries: validation, JSON form in ``P:endpoints``, and files.
+
+An entry says where an engine is and how to scrape it; it never holds a secret (only
+where the poller finds one: ``api_key_env`` or ``api_key_file``). Entries come from
+three places with one validator: the CLI, a YAML/TOML file (``endpoints sync``,
+``--endpoints-file``), and foreign writers of the Redis hash. A bad entry is reported
+with its id and field; it never takes the other entries down with it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+__all__ = [
+    "ENGINES",
+    "SIGNALS",
+    "Endpoint",
+    "endpoint_from_json",
+    "endpoints_from_file",
+    "validate_endpoint_id",
+]
+
+#: Engines with a mapping; ``external`` (a hosted provider) is registered but never scraped.
+ENGINES = ("vllm", "sglang", "llamacpp", "trtllm", "triton", "tgi", "external")
+#: Signals an endpoint may override metric names for.
+SIGNALS = (
+    "running",
+    "waiting",
+    "kv_cache_usage",
+    "prefix_cache_hit_rate",
+    "prefix_cache_hits",
+    "prefix_cache_queries",
+    "lora",
+)
+
+# Ids appear in Redis keys and in space-separated events: no spaces, bounded length.
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,199}")
+_ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SECRET_KEYS = frozenset({"api_key", "apikey", "token", "bearer", "password", "authorization"})
+MAX_ENTRY_BYTES = 16 * 1024  # a registry entry is a few hundred bytes; refuse abuse
+
+
+def validate_endpoint_id(endpoint_id: str) -> str:
+    if not isinstance(endpoint_id, str) or not _ID_RE.fullmatch(endpoint_id):
+        raise ConfigError(
+            f"invalid endpoint id {endpoint_id!r}: use 1-200 characters from "
+            "A-Z a-z 0-9 . _ : @ / -, starting with a letter or digit"
+        )
+    return endpoint_id
+
+
+class Endpoint(BaseModel):
+    """One registry entry. ``id`` is the hash field; the rest is its JSON value."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    url: str
+    engine: str | None = None
+    metrics_path: str | None = None
+    api_key_env: str | None = None
+    api_key_file: str | None = None
+    interval_s: float | None = Field(default=None, gt=0, le=3600)
+    timeout_s: float | None = Field(default=None, gt=0, le=600)
+    overrides: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+    #: Ask for gzip. Off by default: compressing moves CPU onto the engine's API server.
+    accept_gzip: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_secrets(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            for key in data:
+                if str(key).lower() in _SECRET_KEYS or str(key).lower() == "headers":
+                    raise ValueError(
+                        f"inline secret field {key!r} is not allowed: name where the poller "
+                        "finds the key with api_key_env (a variable) or api_key_file (a path)"
+                    )
+        return data
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, value: str) -> str:
+        try:
+            return validate_endpoint_id(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"scheme must be http or https, got {parts.scheme or 'none'!r}")
+        if not parts.hostname:
+            raise ValueError("URL has no host")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("credentials in the URL are not allowed; use api_key_env")
+        if parts.query or parts.fragment:
+            raise ValueError("the base URL must not have a query or fragment")
+        try:
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError as exc:
+            raise ValueError(f"bad port: {exc}") from None
+        return value.rstrip("/")
+
+    @field_validator("engine")
+    @classmethod
+    def _check_engine(cls, value: str | None) -> str | None:
+        if value is not None and value not in ENGINES:
+            raise ValueError(f"unknown engine {value!r}; accepted: {', '.join(ENGINES)}")
+        return value
+
+    @field_validator("metrics_path")
+    @classmethod
+    def _check_path(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or "?" in value or "#" in value):
+            raise ValueError("metrics_path must start with '/' and have no query")
+        return value
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _check_env(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_RE.fullmatch(value):
+            raise ValueError(f"{value!r} is not an environment variable name")
+        return value
+
+    @field_validator("overrides")
+    @classmethod
+    def _check_overrides(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        for signal, names in value.items():
+            if signal not in SIGNALS:
+                raise ValueError(f"unknown signal {signal!r}; accepted: {', '.join(SIGNALS)}")
+            if not names:
+                raise ValueError(f"override for {signal!r} names no metric")
+        return value
+
+    @model_validator(mode="after")
+    def _check_combination(self) -> Endpoint:
+        if self.api_key_env and self.api_key_file:
+            raise ValueError("set api_key_env or api_key_file, not both")
+        if self.interval_s is not None and self.timeout_s is not None:
+            if self.timeout_s >= self.interval_s:
+                raise ValueError(
+                    f"timeout_s ({self.timeout_s}) must be below interval_s ({self.interval_s})"
+                )
+        return self
+
+    def to_json(self) -> str:
+        """The compact JSON value stored in ``P:endpoints`` (id is the hash field)."""
+        data = self.model_dump(exclude={"id"}, exclude_defaults=True)
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def _config_error(endpoint_id: str | None, exc: ValidationError) -> ConfigError:
+    err = exc.errors(include_url=False)[0]
+    field = ".".join(str(p) for p in err["loc"]) or None
+    message = str(err["msg"]).removeprefix("Value error, ")
+    return ConfigError(message, endpoint=endpoint_id, field=field)
+
+
+def endpoint_from_dict(endpoint_id: str | None, data: Mapping[str, Any]) -> Endpoint:
+    """Validate one entry; raises ConfigError naming the entry and the field."""
+    try:
+        return Endpoint.model_validate({**data, "id": endpoint_id} if endpoint_id else data)
+    except ValidationError as exc:
+        raise _config_error(endpoint_id or str(data.get("id", "")) or None, exc) from None
+
+
+def endpoint_from_json(endpoint_id: str, raw: str | bytes) -> Endpoint:
+    """Parse a ``P:endpoints`` value written by us or by a foreign writer."""
+    if len(raw) > MAX_ENTRY_BYTES:
+        raise ConfigError(
+            f"entry is {len(raw)} bytes (limit {MAX_ENTRY_BYTES})", endpoint=endpoint_id
+        )
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"entry is not valid JSON: {exc}", endpoint=endpoint_id) from None
+    if not isinstance(data, dict):
+        raise ConfigError("entry must be a JSON object", endpoint=endpoint_id)
+    if "id" in data and data["id"] != endpoint_id:
+        raise ConfigError(f"entry's id {data['id']!r} differs from its key", endpoint=endpoint_id)
+    return endpoint_from_dict(endpoint_id, data)
+
+
+def endpoints_from_items(items: Iterable[Any], source: str) -> dict[str, Endpoint]:
+    result: dict[str, Endpoint] = {}
+    for index, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"{source}: entry {index} is not a table/mapping")
+        if "id" not in item:
+            raise ConfigError(f"{source}: entry {index} has no id")
+        endpoint = endpoint_from_dict(None, item)
+        if endpoint.id in result:
+            raise ConfigError(f"{source}: duplicate endpoint id {endpoint.id!r}")
+        result[endpoint.id] = endpoint
+    return result
+
+
+def endpoints_from_file(path: str | Path) -> dict[str, Endpoint]:
+    """Read a YAML or TOML endpoints file: ``endpoints = [ {id, url, ...}, ... ]``.
+
+    YAML may also be a bare list. The whole file is validated before anything is used.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read endpoints file {str(path)!r}: {exc.strerror}") from None
+    data: Any
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:  # yaml/toml syntax errors carry their own line numbers
+        raise ConfigError(f"{path}: not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}") from None
+    if data is None:
+        data = []
+    if isinstance(data, Mapping):
+        unknown = set(data) - {"endpoints"}
+        if unknown:
+            raise ConfigError(
+                f"{path}: unknown top-level keys {sorted(unknown)}; expected 'endpoints'"
+            )
+        data = data.get("endpoints", [])
+    if not isinstance(data, list):
+        raise ConfigError(f"{path}: 'endpoints' must be a list of entries")
+    return endpoints_from_items(data, str(path))

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import fakeredis
+import pytest
+import redis.asyncio as aioredis
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from redisproc import RedisCluster, RedisProcess
+
+from poller.store import RedisStore
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture
+def data_dir() -> Path:
+    return DATA
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisProcess]:
+    """One real redis-server for tests that only need real semantics (flushed per test)."""
+    server = RedisProcess().start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisProcess]:
+    """A redis-server of this test's own, to stop, restart or pause."""
+    server = RedisProcess().start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    cluster = RedisCluster().start()
+    yield cluster
+    cluster.cleanup()
+
+
+@pytest.fixture
+async def real_client(redis_server: RedisProcess) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    await client.flushall()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def fake_client() -> AsyncIterator[aioredis.Redis]:
+    client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture(params=["fake", "real", "cluster"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[RedisStore]:
+    """The store on fakeredis, a real redis-server and a 3-master Cluster: same tests."""
+    client: aioredis.Redis | aioredis.RedisCluster
+    if request.param == "fake":
+        client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    elif request.param == "cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        client = aioredis.RedisCluster.from_url(cluster.url, decode_responses=True)
+        await client.flushall(target_nodes=aioredis.RedisCluster.PRIMARIES)
+    else:
+        server: RedisProcess = request.getfixturevalue("redis_server")
+        client = aioredis.Redis.from_url(server.url, decode_responses=True)
+        await client.flushall()
+    yield RedisStore(client, "test")
+    await client.aclose()
