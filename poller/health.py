@@ -1,0 +1,107 @@
+"""Health and metrics HTTP endpoints for the poller itself, on plain asyncio streams.
+
+``/healthz``: the event loop answers. ``/readyz``: Redis reachable and our membership
+fresh. ``/metrics``: our own Prometheus metrics. Extra JSON routes (``/v1/view``) are
+plugged in by the caller. Deliberately tiny: GET only, one request per connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+__all__ = ["HealthServer"]
+
+log = logging.getLogger(__name__)
+
+JsonRoute = Callable[[], Awaitable[Any]]
+_REASONS = {
+    200: "OK",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+class HealthServer:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        ready: Callable[[], bool],
+        registry: CollectorRegistry,
+        routes: dict[str, JsonRoute] | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self._ready = ready
+        self._registry = registry
+        self._routes = routes or {}
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        """Listen; returns the bound port (useful with port 0)."""
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("health server on %s:%d", self.host, self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(5):
+                head = await reader.readuntil(b"\r\n\r\n")
+            method, target, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+            status, ctype, body = await self._respond(method, target.split("?", 1)[0])
+        except (
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            TimeoutError,
+            ValueError,
+            ConnectionError,
+        ):
+            writer.close()
+            return
+        try:
+            writer.write(
+                f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def _respond(self, method: str, path: str) -> tuple[int, str, bytes]:
+        if method != "GET":
+            return 405, "text/plain", b"GET only\n"
+        if path == "/healthz":
+            return 200, "text/plain", b"ok\n"
+        if path == "/readyz":
+            ok = self._ready()
+            return (200 if ok else 503), "text/plain", b"ready\n" if ok else b"not ready\n"
+        if path == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, generate_latest(self._registry)
+        route = self._routes.get(path)
+        if route is None:
+            return 404, "text/plain", b"not found\n"
+        try:
+            payload = await route()
+        except Exception:
+            log.exception("route %s failed", path)
+            return 500, "text/plain", b"internal error\n"
+        return 200, "application/json", json.dumps(payload).encode()
