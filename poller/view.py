@@ -1,0 +1,432 @@
+"""The shared view as readers see it: snapshot script, states, and a reference picker.
+
+Pure functions over the replies of two read-only Lua scripts (a whole snapshot, or one
+endpoint), shared by the asyncio and the threaded reader in ``reader.py``.
+
+States (DESIGN.md): **fresh** (stats younger than the bound, no newer failure),
+**stale** (older), **failing** (a failure is current), **unknown** (nothing in Redis).
+The bound is ``stale_after_intervals`` times the interval the poller wrote with the stats.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .registry import Endpoint, endpoint_from_json
+from .stats import EndpointStats, Failure
+from .store import Keys
+
+__all__ = [
+    "GET_ONE_LUA",
+    "SNAPSHOT_LUA",
+    "EndpointView",
+    "State",
+    "View",
+    "ViewCache",
+    "build_view",
+    "judge",
+    "pick",
+]
+
+State = Literal["fresh", "stale", "failing", "unknown"]
+
+# KEYS: endpoints, members, endpoints rev   ARGV: key prefix ("{ns}:")
+# Returns {seconds, microseconds, rev, {id, json, ...}, {member, expiry, ...},
+#          then per registry id: stats (flat), failure (flat), lease value or ""}.
+# Every key shares the hash tag, so computed names stay in one Cluster slot.
+SNAPSHOT_LUA = """
+local t = redis.call('TIME')
+local reg = redis.call('HGETALL', KEYS[1])
+local out = {t[1], t[2], redis.call('GET', KEYS[3]) or '0', reg,
+             redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')}
+for i = 1, #reg, 2 do
+  local id = reg[i]
+  out[#out + 1] = redis.call('HGETALL', ARGV[1] .. 'stats:' .. id)
+  out[#out + 1] = redis.call('HGETALL', ARGV[1] .. 'failure:' .. id)
+  out[#out + 1] = redis.call('GET', ARGV[1] .. 'lease:' .. id) or ''
+end
+return out
+"""
+
+# KEYS: endpoints, stats, failure, lease   ARGV: endpoint id
+# Returns {seconds, microseconds, registry json or "", stats, failure, lease or ""}.
+GET_ONE_LUA = """
+local t = redis.call('TIME')
+return {t[1], t[2], redis.call('HGET', KEYS[1], ARGV[1]) or '',
+        redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
+        redis.call('GET', KEYS[4]) or ''}
+"""
+
+
+def _pairs(flat: Sequence[Any]) -> dict[str, str]:
+    it = iter(flat)
+    return {str(k): str(v) for k, v in zip(it, it, strict=True)}
+
+
+def _now_ms(seconds: Any, micros: Any) -> int:
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+class EndpointView:
+    """One endpoint as readers see it. ``stats``, ``failure`` and ``entry`` are parsed on
+    first use: a snapshot of 1,000 endpoints stays cheap when a router needs a few."""
+
+    __slots__ = ("_entry", "_failure", "_stats", "age_ms", "id", "owner", "raw", "state", "token")
+
+    def __init__(
+        self,
+        endpoint_id: str,
+        *,
+        state: State,
+        age_ms: int | None,
+        owner: str | None,
+        token: int | None,
+        raw: tuple[str, dict[str, str], dict[str, str]],
+    ) -> None:
+        self.id = endpoint_id
+        self.state = state
+        #: Age of the stats against the Redis clock (None without stats).
+        self.age_ms = age_ms
+        self.owner = owner
+        self.token = token
+        self.raw = raw  # (registry json, stats hash, failure hash)
+        self._stats: EndpointStats | None | bool = False
+        self._failure: Failure | None | bool = False
+        self._entry: Endpoint | None | bool = False
+
+    @property
+    def stats(self) -> EndpointStats | None:
+        """Last good stats, or None (never scraped, expired, or malformed)."""
+        if self._stats is False:
+            try:
+                self._stats = EndpointStats.from_hash(self.raw[1]) if self.raw[1] else None
+            except (KeyError, ValueError):
+                self._stats = None
+        return self._stats  # type: ignore[return-value]
+
+    @property
+    def failure(self) -> Failure | None:
+        if self._failure is False:
+            try:
+                self._failure = Failure.from_hash(self.raw[2]) if self.raw[2] else None
+            except (KeyError, ValueError):
+                self._failure = None
+        return self._failure  # type: ignore[return-value]
+
+    @property
+    def entry(self) -> Endpoint | None:
+        """The registry entry (None when a foreign writer stored an invalid one)."""
+        if self._entry is False:
+            try:
+                self._entry = endpoint_from_json(self.id, self.raw[0]) if self.raw[0] else None
+            except Exception:
+                self._entry = None
+        return self._entry  # type: ignore[return-value]
+
+    @property
+    def engine(self) -> str | None:
+        stats = self.stats
+        if stats is not None:
+            return stats.engine
+        entry = self.entry
+        return entry.engine if entry is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        stats, failure = self.stats, self.failure
+        return {
+            "id": self.id,
+            "state": self.state,
+            "engine": self.engine,
+            "age_ms": self.age_ms,
+            "owner": self.owner,
+            "token": self.token,
+            "stats": None if stats is None else stats.to_dict(),
+            "failure": None if failure is None else failure.to_dict(),
+        }
+
+    def __repr__(self) -> str:
+        return f"EndpointView({self.id!r}, state={self.state!r}, age_ms={self.age_ms})"
+
+
+def judge(
+    stats_raw: Mapping[str, str],
+    failure_raw: Mapping[str, str],
+    now_ms: int,
+    stale_after_intervals: float,
+    stale_after_ms: int | None,
+) -> tuple[State, int | None]:
+    """(state, age of the stats in ms) from the two hashes and the Redis clock."""
+    scraped = stats_raw.get("scraped_at_ms")
+    age = None
+    if scraped is not None and scraped.isdigit():
+        age = max(0, now_ms - int(scraped))
+    if failure_raw:
+        at = failure_raw.get("at_ms", "")
+        if age is None or not at.isdigit() or scraped is None or int(at) >= int(scraped):
+            return "failing", age
+    if age is None:
+        return "unknown", None
+    bound = stale_after_ms
+    if bound is None:
+        interval = stats_raw.get("interval_ms", "")
+        bound = int(int(interval) * stale_after_intervals) if interval.isdigit() else 3000
+    return ("fresh" if age <= bound else "stale"), age
+
+
+def _owner(lease: str) -> tuple[str | None, int | None]:
+    if not lease:
+        return None, None
+    owner, _, token = lease.partition(" ")
+    return owner, int(token) if token.isdigit() else None
+
+
+@dataclass(slots=True)
+class View:
+    """A snapshot: every registered endpoint at one moment of the Redis clock."""
+
+    now_ms: int
+    rev: int
+    endpoints: dict[str, EndpointView]
+    #: Live pollers (heartbeat not expired at ``now_ms``).
+    pollers: list[str] = field(default_factory=list)
+
+    def __getitem__(self, endpoint_id: str) -> EndpointView:
+        return self.endpoints[endpoint_id]
+
+    def get(self, endpoint_id: str) -> EndpointView | None:
+        return self.endpoints.get(endpoint_id)
+
+    def counts(self) -> dict[str, int]:
+        out = {"fresh": 0, "stale": 0, "failing": 0, "unknown": 0}
+        for e in self.endpoints.values():
+            out[e.state] += 1
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": 1,
+            "now_ms": self.now_ms,
+            "rev": self.rev,
+            "pollers": self.pollers,
+            "counts": self.counts(),
+            "endpoints": [self.endpoints[e].to_dict() for e in sorted(self.endpoints)],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+
+def make_entry(
+    endpoint_id: str,
+    entry_json: str,
+    stats_raw: dict[str, str],
+    failure_raw: dict[str, str],
+    lease: str,
+    now_ms: int,
+    stale_after_intervals: float,
+    stale_after_ms: int | None,
+) -> EndpointView:
+    state, age = judge(stats_raw, failure_raw, now_ms, stale_after_intervals, stale_after_ms)
+    owner, token = _owner(lease)
+    return EndpointView(
+        endpoint_id,
+        state=state,
+        age_ms=age,
+        owner=owner,
+        token=token,
+        raw=(entry_json, stats_raw, failure_raw),
+    )
+
+
+def build_view(
+    reply: Sequence[Any], stale_after_intervals: float = 2.0, stale_after_ms: int | None = None
+) -> View:
+    """The snapshot script's reply -> View (pure; shared by the async and sync readers)."""
+    now_ms = _now_ms(reply[0], reply[1])
+    registry = reply[3]
+    members = reply[4]
+    pollers = sorted(
+        str(members[i]) for i in range(0, len(members), 2) if float(members[i + 1]) >= now_ms
+    )
+    endpoints: dict[str, EndpointView] = {}
+    base = 5
+    for n in range(len(registry) // 2):
+        endpoint_id = str(registry[2 * n])
+        stats_flat, failure_flat, lease = reply[base + 3 * n : base + 3 * n + 3]
+        endpoints[endpoint_id] = make_entry(
+            endpoint_id,
+            str(registry[2 * n + 1]),
+            _pairs(stats_flat),
+            _pairs(failure_flat),
+            str(lease),
+            now_ms,
+            stale_after_intervals,
+            stale_after_ms,
+        )
+    return View(now_ms, int(reply[2]), endpoints, pollers)
+
+
+def one_from_reply(
+    endpoint_id: str,
+    reply: Sequence[Any],
+    stale_after_intervals: float = 2.0,
+    stale_after_ms: int | None = None,
+) -> tuple[int, EndpointView | None]:
+    """GET_ONE's reply -> (Redis now ms, the endpoint, or None if not registered)."""
+    now_ms = _now_ms(reply[0], reply[1])
+    if not reply[2]:
+        return now_ms, None
+    return now_ms, make_entry(
+        endpoint_id,
+        str(reply[2]),
+        _pairs(reply[3]),
+        _pairs(reply[4]),
+        str(reply[5]),
+        now_ms,
+        stale_after_intervals,
+        stale_after_ms,
+    )
+
+
+def snapshot_call(keys: Keys) -> tuple[list[str], list[str]]:
+    return [keys.endpoints, keys.members, keys.endpoints_rev], [keys.prefix + ":"]
+
+
+def get_one_call(keys: Keys, endpoint_id: str) -> tuple[list[str], list[str]]:
+    return [
+        keys.endpoints,
+        keys.stats(endpoint_id),
+        keys.failure(endpoint_id),
+        keys.lease(endpoint_id),
+    ], [endpoint_id]
+
+
+# --- a reference picker -----------------------------------------------------------------------
+
+
+def pick(
+    view: View | Mapping[str, EndpointView],
+    candidates: Iterable[str] | None = None,
+    model: str | None = None,
+    *,
+    max_waiting: int = 5,
+    max_kv_cache_usage: float = 0.8,
+) -> str | None:
+    """An example routing choice; a gateway may well replace it.
+
+    Skips endpoints that are not fresh, and saturated ones (``waiting >= max_waiting`` or
+    ``kv_cache_usage >= max_kv_cache_usage``, the Gateway API Inference Extension's
+    defaults). Among the rest, prefers those that serve ``model`` or already have it
+    loaded as a LoRA adapter, then the least loaded (fewest waiting, then lowest KV
+    usage, then fewest running). Returns None when nothing qualifies.
+    """
+    entries = view.endpoints if isinstance(view, View) else view
+    ids = entries.keys() if candidates is None else [c for c in candidates if c in entries]
+    usable: list[tuple[EndpointView, EndpointStats]] = []
+    for endpoint_id in ids:
+        e = entries[endpoint_id]
+        stats = e.stats
+        if e.state != "fresh" or stats is None:
+            continue
+        kv = stats.kv_cache_usage
+        if stats.waiting >= max_waiting or (kv is not None and kv >= max_kv_cache_usage):
+            continue
+        usable.append((e, stats))
+    if not usable:
+        return None
+    if model is not None:
+        serving = [
+            (e, s)
+            for e, s in usable
+            if model in s.models or model in s.lora_running or model in s.lora_waiting
+        ]
+        usable = serving or usable
+    best = min(
+        usable,
+        key=lambda es: (es[1].waiting, es[1].kv_cache_usage or 0.0, es[1].running, es[0].id),
+    )
+    return best[0].id
+
+
+class ViewCache:
+    """A local copy of the view that follows events; every read is a dict lookup.
+
+    Ages stay right between events: the cache keeps the offset between the local
+    monotonic clock and the Redis clock, taken at every reply from Redis. While Redis is
+    unreachable (``healthy`` False) it keeps serving the last view, ages growing, and
+    reports nothing as fresh.
+    """
+
+    def __init__(self, stale_after_intervals: float = 2.0, stale_after_ms: int | None = None):
+        self.stale_after_intervals = stale_after_intervals
+        self.stale_after_ms = stale_after_ms
+        self._raw: dict[str, tuple[str, dict[str, str], dict[str, str], str]] = {}
+        self._offset_ms = 0.0
+        self.rev = -1
+        self.pollers: list[str] = []
+        self.healthy = False
+        self.loaded = False
+        self.updated_at = 0.0  # monotonic seconds of the last reply applied
+
+    def _clock(self, redis_now_ms: int) -> None:
+        self._offset_ms = redis_now_ms - time.monotonic() * 1000
+        self.updated_at = time.monotonic()
+
+    def now_ms(self) -> int:
+        """The Redis clock, estimated locally."""
+        return int(time.monotonic() * 1000 + self._offset_ms)
+
+    def load(self, view: View) -> None:
+        self._raw = {
+            e.id: (*e.raw, f"{e.owner} {e.token}" if e.owner else "")
+            for e in view.endpoints.values()
+        }
+        self.rev = view.rev
+        self.pollers = view.pollers
+        self._clock(view.now_ms)
+        self.loaded = True
+
+    def apply(self, endpoint_id: str, now_ms: int, entry: EndpointView | None) -> None:
+        if entry is None:
+            self._raw.pop(endpoint_id, None)
+        else:
+            self._raw[endpoint_id] = (
+                *entry.raw,
+                f"{entry.owner} {entry.token}" if entry.owner else "",
+            )
+        self._clock(now_ms)
+
+    def get(self, endpoint_id: str) -> EndpointView | None:
+        raw = self._raw.get(endpoint_id)
+        if raw is None:
+            return None
+        return self._entry(endpoint_id, raw, self.now_ms())
+
+    def _entry(
+        self, endpoint_id: str, raw: tuple[str, dict[str, str], dict[str, str], str], now: int
+    ) -> EndpointView:
+        entry = make_entry(
+            endpoint_id,
+            raw[0],
+            raw[1],
+            raw[2],
+            raw[3],
+            now,
+            self.stale_after_intervals,
+            self.stale_after_ms,
+        )
+        if not self.healthy and entry.state == "fresh":
+            entry.state = "stale"  # we cannot know: say so
+        return entry
+
+    def ids(self) -> list[str]:
+        return list(self._raw)
+
+    def view(self) -> View:
+        now = self.now_ms()
+        endpoints = {e: self._entry(e, raw, now) for e, raw in list(self._raw.items())}
+        return View(now, self.rev, endpoints, list(self.pollers))
