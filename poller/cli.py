@@ -169,11 +169,19 @@ async def serve(settings: Settings) -> int:
     worker.on_fatal = stop.set
     health = None
     if settings.health.port:
+        from .reader import StatsReader
+
+        view_reader = StatsReader(worker.store.client, settings.redis.namespace)
+
+        async def view() -> dict[str, Any]:
+            return (await view_reader.snapshot()).to_dict()
+
         health = HealthServer(
             settings.health.host,
             settings.health.port,
             ready=lambda: worker.ready,
             registry=worker.metrics.registry,
+            routes={"/v1/view": view},
         )
         try:
             await health.start()
@@ -455,7 +463,7 @@ def endpoints_ls(as_json: bool, redis_url: str | None, namespace: str | None) ->
             "rev": registry.rev,
             "endpoints": [
                 {"id": e.id, **e.model_dump(exclude={"id"}, exclude_defaults=True)}
-                for e in registry.endpoints.values()
+                for e in sorted(registry.endpoints.values(), key=lambda e: e.id)
             ],
             "invalid": registry.invalid,
         }
@@ -503,6 +511,77 @@ def endpoints_sync(file: str, dry_run: bool, redis_url: str | None, namespace: s
         f"{verb} add {len(added)}, change {len(changed)}, remove {len(removed)}"
         + ("" if dry_run else f" (registry rev {rev})")
     )
+
+
+# --- status -----------------------------------------------------------------------------------
+
+
+@cli.command()
+@_REDIS_URL
+@_NAMESPACE
+@click.option("--json", "as_json", is_flag=True, help="Print the snapshot as JSON.")
+@click.option("--watch", is_flag=True, help="Refresh every second until Ctrl-C.")
+@click.option(
+    "--sort",
+    type=click.Choice(["id", "engine", "state", "owner", "running", "waiting", "kv", "hit", "age"]),
+    default="id",
+    show_default=True,
+)
+@click.option(
+    "--stale-after-ms",
+    type=click.IntRange(1),
+    metavar="MS",
+    help="Freshness bound (default: 2 intervals of each endpoint).",
+)
+def status(
+    redis_url: str | None,
+    namespace: str | None,
+    as_json: bool,
+    watch: bool,
+    sort: str,
+    stale_after_ms: int | None,
+) -> None:
+    """Print the shared view: every endpoint, its state, load and owner."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from .reader import StatsReader
+    from .status import render
+
+    settings = _load(None, {"redis.url": redis_url, "redis.namespace": namespace})
+    console = Console()
+
+    async def go() -> None:
+        reader = StatsReader.from_url(
+            settings.redis.url, settings.redis.namespace, stale_after_ms=stale_after_ms
+        )
+        try:
+            view = await reader.snapshot()
+            if as_json:
+                click.echo(json.dumps(view.to_dict(), indent=2))
+                return
+            if not watch:
+                console.print(render(view, sort))
+                return
+            with Live(render(view, sort), console=console, auto_refresh=False) as live:
+                while True:
+                    await asyncio.sleep(1.0)
+                    try:
+                        view = await reader.snapshot()
+                    except StoreError as exc:
+                        live.update(f"[red]{exc}[/red]", refresh=True)
+                        continue
+                    live.update(render(view, sort), refresh=True)
+        finally:
+            await reader.aclose()
+
+    try:
+        asyncio.run(go())
+    except KeyboardInterrupt:
+        pass
+    except StoreError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(1)
 
 
 def main() -> None:

@@ -79,6 +79,7 @@ class ScrapeSettings(BaseModel):
 
     interval_s: float = Field(default=1.0, ge=0.05, le=3600)
     #: Strictly below the interval, so a slow engine never stacks scrapes.
+    #: Default: 80% of the interval.
     timeout_s: float = Field(default=0.8, gt=0, le=600)
     #: Each run is moved by up to +-jitter_s around its slot (no drift; see worker).
     jitter_s: float = Field(default=0.05, ge=0, le=60)
@@ -88,6 +89,16 @@ class ScrapeSettings(BaseModel):
     default_engine: str = "vllm"
     #: Stats and failure hashes expire after this many intervals without a write.
     stats_ttl_intervals: float = Field(default=3.0, ge=1.5, le=1000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_timeout(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("timeout_s") is None and "interval_s" in data:
+            try:
+                return {**data, "timeout_s": round(float(data["interval_s"]) * 0.8, 3)}
+            except (TypeError, ValueError):
+                pass  # the field validator reports the bad interval
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> ScrapeSettings:

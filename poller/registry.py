@@ -228,7 +228,8 @@ def endpoints_from_file(path: str | Path) -> dict[str, Endpoint]:
 
             data = yaml.safe_load(text)
     except Exception as exc:  # yaml/toml syntax errors carry their own line numbers
-        raise ConfigError(f"{path}: not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}") from None
+        kind = "TOML" if path.suffix == ".toml" else "YAML"
+        raise ConfigError(f"{path}: not valid {kind}: {exc}") from None
     if data is None:
         data = []
     if isinstance(data, Mapping):
