@@ -85,6 +85,9 @@ class ScrapeSettings(BaseModel):
     jitter_s: float = Field(default=0.05, ge=0, le=60)
     #: Bodies larger than this are a ``too_large`` failure (a vLLM page is ~60 KB).
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1024**3)
+    #: HTTP stack under httpx: one shared aiohttp session ("aiohttp", measured fastest) or
+    #: one httpcore pool per endpoint ("httpcore").
+    http_client: Literal["aiohttp", "httpcore"] = "aiohttp"
     #: Engine mapping for entries that name none.
     default_engine: str = "vllm"
     #: Stats and failure hashes expire after this many intervals without a write.

@@ -107,7 +107,9 @@ class Worker:
         self.store = store or RedisStore.from_settings(settings.redis)
         self.coordinator = Coordinator(self.store, self.id, settings.coordination)
         self.scraper = Scraper(
-            max_body_bytes=settings.scrape.max_body_bytes, transport_factory=transport_factory
+            max_body_bytes=settings.scrape.max_body_bytes,
+            http_client=settings.scrape.http_client,
+            transport_factory=transport_factory,
         )
         self.metrics = metrics or PollerMetrics()
         self.owned: dict[str, Owned] = {}
