@@ -33,12 +33,14 @@ lint: install
 test: install redis-server lint
 	$(BIN)/pytest -q
 
-# Until the simulator lands, the main job checks the bundled vLLM page over real HTTP.
-demo: install
-	$(BIN)/poller check --example --engine vllm
+# Three pollers share a dozen simulated engines on an embedded Redis; Ctrl-C stops it.
+demo: install redis-server
+	$(BIN)/poller demo
 
 bench: install redis-server
 	$(BIN)/python tests/bench/bench_parse.py
+	$(BIN)/python tests/bench/bench_reader.py
+	$(BIN)/poller bench
 
 all: test
 

@@ -550,6 +550,8 @@ def status(
 
     settings = _load(None, {"redis.url": redis_url, "redis.namespace": namespace})
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)  # piped: whole rows, never wrapped at 80 columns
 
     async def go() -> None:
         reader = StatsReader.from_url(
@@ -582,6 +584,109 @@ def status(
     except StoreError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(1)
+
+
+# --- demo, sim, bench ------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option(
+    "--redis-url",
+    metavar="URL",
+    help="Use this Redis (default: an embedded redis-server, else fakeredis).",
+)
+@click.option(
+    "--duration",
+    "duration_s",
+    type=click.FloatRange(1, 86400),
+    metavar="S",
+    help="Stop after S seconds (default: run until Ctrl-C).",
+)
+@click.option("--endpoints", type=click.IntRange(3, 200), default=12, show_default=True)
+def demo(redis_url: str | None, duration_s: float | None, endpoints: int) -> None:
+    """Three pollers share simulated engines; one is killed and restarted. Ctrl-C stops."""
+    from .demo import run_demo
+
+    setup_logging("WARNING")
+    try:
+        sys.exit(run_demo(redis_url, duration_s, endpoints))
+    except (RuntimeError, TimeoutError) as exc:
+        click.echo(f"Error: demo failed: {exc}", err=True)
+        sys.exit(1)
+
+
+@cli.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    add_help_option=False,
+)
+@click.pass_context
+def sim(ctx: click.Context) -> None:
+    """Serve simulated engines (same options as `python -m poller.sim --help`)."""
+    from .sim import main as sim_main
+
+    sys.exit(sim_main(ctx.args))
+
+
+@cli.command()
+@click.option("--endpoints", type=click.IntRange(1, 5000), help="Simulated endpoints [200].")
+@click.option("--pollers", type=click.IntRange(1, 16), help="Pollers in the cluster section [3].")
+@click.option("--interval", "interval_s", type=click.FloatRange(0.1, 60), help="Seconds [1].")
+@click.option(
+    "--duration",
+    "duration_s",
+    type=click.FloatRange(1, 600),
+    help="Measurement window per section, seconds [20].",
+)
+@click.option(
+    "--section",
+    "sections",
+    multiple=True,
+    type=click.Choice(["scrape", "cluster", "failover", "reader"]),
+    help="Run only these sections (repeatable).",
+)
+@click.option(
+    "--vs-prometheus",
+    is_flag=True,
+    help="Also scrape the same endpoints with a local `prometheus` binary.",
+)
+@click.option("--quick", is_flag=True, help="Small and short (CI): 30 endpoints, 4 s windows.")
+@click.option("--redis-url", metavar="URL", help="Use this Redis instead of an embedded one.")
+@click.option("--json", "as_json", is_flag=True)
+def bench(
+    endpoints: int | None,
+    pollers: int | None,
+    interval_s: float | None,
+    duration_s: float | None,
+    sections: tuple[str, ...],
+    vs_prometheus: bool,
+    quick: bool,
+    redis_url: str | None,
+    as_json: bool,
+) -> None:
+    """Measure scrape cost, cluster behaviour, failover and reader latency locally."""
+    import dataclasses
+
+    from .bench import BenchConfig, format_table, run_bench
+
+    cfg = BenchConfig.quick() if quick else BenchConfig()
+    changes: dict[str, Any] = {"vs_prometheus": vs_prometheus}
+    for name, value in (
+        ("endpoints", endpoints),
+        ("pollers", pollers),
+        ("interval_s", interval_s),
+        ("duration_s", duration_s),
+    ):
+        if value is not None:
+            changes[name] = value
+    if sections:
+        changes["sections"] = sections
+    cfg = dataclasses.replace(cfg, **changes)
+    try:
+        result = run_bench(cfg, redis_url)
+    except (RuntimeError, TimeoutError) as exc:
+        click.echo(f"Error: bench failed: {exc}", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
 
 
 def main() -> None:

@@ -60,9 +60,10 @@ async def fake_client() -> AsyncIterator[aioredis.Redis]:
     await client.aclose()
 
 
-@pytest.fixture(params=["fake", "real", "cluster"])
+@pytest.fixture(params=["fake", "real", "real-batched", "cluster"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[RedisStore]:
-    """The store on fakeredis, a real redis-server and a 3-master Cluster: same tests."""
+    """The store on fakeredis, a real redis-server (with and without write batching) and a
+    3-master Cluster: the same tests."""
     client: aioredis.Redis | aioredis.RedisCluster
     if request.param == "fake":
         client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
@@ -74,5 +75,6 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[RedisStore]:
         server: RedisProcess = request.getfixturevalue("redis_server")
         client = aioredis.Redis.from_url(server.url, decode_responses=True)
         await client.flushall()
-    yield RedisStore(client, "test")
+    batch_s = 0.005 if request.param.endswith("batched") else 0.0
+    yield RedisStore(client, "test", write_batch_window_s=batch_s)
     await client.aclose()

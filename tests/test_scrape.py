@@ -18,44 +18,54 @@ from poller.scrape import Scraper
 PAGE = (Path(__file__).parent / "data" / "vllm-v1-synthetic-61k.txt").read_bytes()
 
 
+async def streamed(request: web.Request, mode: str) -> web.StreamResponse:
+    response = web.StreamResponse()
+    if mode == "cut":
+        response.content_length = len(PAGE)
+    await response.prepare(request)
+    if mode == "drip":
+        for _ in range(100):
+            await response.write(b"# drip\n")
+            await asyncio.sleep(0.05)
+    elif mode == "big-chunked":
+        for _ in range(64):
+            await response.write(b"x" * 65536)
+    else:  # cut: half a page, then the connection drops
+        await response.write(PAGE[:1000])
+        assert request.transport is not None
+        request.transport.close()
+    return response
+
+
+async def gzip_page(request: web.Request) -> web.Response:
+    if request.headers.get("Accept-Encoding") == "gzip":
+        return web.Response(body=gzip.compress(PAGE), headers={"Content-Encoding": "gzip"})
+    return web.Response(body=PAGE)
+
+
+async def delayed(seconds: float) -> web.Response:
+    await asyncio.sleep(seconds)
+    return web.Response(body=PAGE)
+
+
 async def handler(request: web.Request) -> web.StreamResponse:
     mode = request.match_info["mode"]
-    if mode == "ok":
-        return web.Response(body=PAGE, content_type="text/plain")
-    if mode == "headers":
-        return web.json_response(dict(request.headers))
+    simple = {
+        "ok": lambda: web.Response(body=PAGE, content_type="text/plain"),
+        "headers": lambda: web.json_response(dict(request.headers)),
+        "status500": lambda: web.Response(status=500, text="boom"),
+        "status401": lambda: web.Response(status=401),
+        "redirect": lambda: web.Response(status=302, headers={"Location": "/ok/metrics"}),
+        "big-declared": lambda: web.Response(body=b"x" * 300_000),
+    }
+    if mode in simple:
+        return simple[mode]()
     if mode == "gzip":
-        if request.headers.get("Accept-Encoding") == "gzip":
-            return web.Response(body=gzip.compress(PAGE), headers={"Content-Encoding": "gzip"})
-        return web.Response(body=PAGE)
-    if mode == "status500":
-        return web.Response(status=500, text="boom")
-    if mode == "status401":
-        return web.Response(status=401)
-    if mode == "redirect":
-        raise web.HTTPFound("/ok/metrics")
+        return await gzip_page(request)
     if mode in ("slow", "hang"):
-        await asyncio.sleep(0.5 if mode == "slow" else 30)
-        return web.Response(body=PAGE)
+        return await delayed(0.5 if mode == "slow" else 30)
     if mode in ("drip", "big-chunked", "cut"):
-        response = web.StreamResponse()
-        if mode == "cut":
-            response.content_length = len(PAGE)
-        await response.prepare(request)
-        if mode == "drip":
-            for _ in range(100):
-                await response.write(b"# drip\n")
-                await asyncio.sleep(0.05)
-        elif mode == "big-chunked":
-            for _ in range(64):
-                await response.write(b"x" * 65536)
-        else:
-            await response.write(PAGE[:1000])
-            assert request.transport is not None
-            request.transport.close()
-        return response
-    if mode == "big-declared":
-        return web.Response(body=b"x" * 300_000)
+        return await streamed(request, mode)
     return web.Response(status=404)
 
 
@@ -107,17 +117,20 @@ async def test_gzip_only_when_asked(scraper: Scraper, server: str) -> None:
     assert plain.body == PAGE and zipped.body == PAGE
 
 
-@pytest.mark.parametrize(("mode", "reason", "words"), [
-    ("status500", "http_status", "HTTP 500"),
-    ("status401", "auth", "HTTP 401"),
-    ("redirect", "http_status", "HTTP 302"),
-    ("slow", "timeout", "0.2s"),
-    ("hang", "timeout", "0.2s"),
-    ("drip", "timeout", "0.2s"),
-    ("big-chunked", "too_large", "200000-byte cap"),
-    ("big-declared", "too_large", "300000+ bytes"),
-    ("cut", "unreachable", ""),
-])
+@pytest.mark.parametrize(
+    ("mode", "reason", "words"),
+    [
+        ("status500", "http_status", "HTTP 500"),
+        ("status401", "auth", "HTTP 401"),
+        ("redirect", "http_status", "HTTP 302"),
+        ("slow", "timeout", "0.2s"),
+        ("hang", "timeout", "0.2s"),
+        ("drip", "timeout", "0.2s"),
+        ("big-chunked", "too_large", "200000-byte cap"),
+        ("big-declared", "too_large", "300000+ bytes"),
+        ("cut", "unreachable", ""),
+    ],
+)
 async def test_failures_map_to_reasons(
     scraper: Scraper, server: str, mode: str, reason: str, words: str
 ) -> None:

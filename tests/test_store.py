@@ -321,3 +321,39 @@ async def test_paused_redis_times_out_as_store_error(own_redis: RedisProcess) ->
     finally:
         own_redis.resume()
         await store.close()
+
+
+async def test_concurrent_writes_share_a_pipeline(real_client: aioredis.Redis) -> None:
+    store = RedisStore(real_client, "test", write_batch_window_s=0.01)
+    assert store._batcher is not None
+    flushes: list[int] = []
+    original = store._batcher._flush
+
+    async def counting(batch):  # type: ignore[no-untyped-def]
+        flushes.append(len(batch))
+        await original(batch)
+
+    store._batcher._flush = counting  # type: ignore[method-assign]
+    ids = [f"e{i}" for i in range(40)]
+    acquired = await store.acquire_leases("p1", ids, 5000)
+    results = await asyncio.gather(
+        *(
+            store.write_stats(
+                a.endpoint_id, "p1", a.token or 0, FIELDS, lease_ttl_ms=5000, stats_ttl_ms=5000
+            )
+            for a in acquired
+        ),
+        store.write_stats("stolen", "p1", 1, FIELDS, lease_ttl_ms=5000, stats_ttl_ms=5000),
+    )
+    assert [r.accepted for r in results] == [True] * 40 + [False]
+    assert sum(flushes) == 41 and len(flushes) <= 2
+    await real_client.script_flush()  # NOSCRIPT inside a batch: retried one by one
+    again = await asyncio.gather(
+        *(
+            store.write_stats(
+                a.endpoint_id, "p1", a.token or 0, FIELDS, lease_ttl_ms=5000, stats_ttl_ms=5000
+            )
+            for a in acquired[:5]
+        )
+    )
+    assert all(r.accepted and r.value == 2 for r in again)
