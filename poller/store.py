@@ -189,15 +189,23 @@ return {1, count}
 """
 )
 
-# KEYS: members   ARGV: poller id, member ttl ms
-# Adds/refreshes us (score = Redis-clock expiry), prunes expired members and returns
-# {now, member, member, ...}: the live members as of this heartbeat.
+# KEYS: members, schema   ARGV: poller id ("" = only read), member ttl ms, schema version
+# Adds/refreshes us (score = Redis-clock expiry), prunes expired members, claims the schema
+# version if Redis has none (a restart that lost everything is noticed within a heartbeat)
+# and returns {now, schema version found, member, member, ...}: the live members.
 HEARTBEAT_LUA = (
     _NOW_MS
     + """
-if ARGV[1] ~= '' then redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1]) end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
-local out = {now}
+local schema = redis.call('GET', KEYS[2])
+if ARGV[1] ~= '' then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+  if not schema then
+    redis.call('SET', KEYS[2], ARGV[3])
+    schema = ARGV[3]
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
+end
+local out = {now, schema or ''}
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf')) do out[#out + 1] = m end
 return out
 """
@@ -405,10 +413,7 @@ class RedisStore:
         await self._call(self.client.set(self.keys.schema, SCHEMA_VERSION, nx=True), "SET schema")
         found = await self._call(self.client.get(self.keys.schema), "GET schema")
         if found != SCHEMA_VERSION:
-            raise SchemaMismatch(
-                f"Redis key {self.keys.schema} says schema version {found!r}, this poller "
-                f"speaks version {SCHEMA_VERSION}; upgrade the poller or use another namespace"
-            )
+            raise self._mismatch(None if found is None else str(found))
 
     async def ping(self) -> bool:
         return bool(await self._call(self.client.ping(), "PING"))
@@ -416,12 +421,25 @@ class RedisStore:
     # --- membership ----------------------------------------------------------------------
 
     async def heartbeat(self, poller_id: str, member_ttl_ms: int) -> tuple[int, list[str]]:
-        """Refresh our membership; returns (Redis now ms, live members, sorted)."""
+        """Refresh our membership; returns (Redis now ms, live members, sorted).
+
+        Raises SchemaMismatch if Redis holds data of another schema version."""
         reply = await self._call(
-            self._heartbeat(keys=[self.keys.members], args=[poller_id, member_ttl_ms]),
+            self._heartbeat(
+                keys=[self.keys.members, self.keys.schema],
+                args=[poller_id, member_ttl_ms, SCHEMA_VERSION],
+            ),
             "heartbeat",
         )
-        return int(reply[0]), sorted(reply[1:])
+        if poller_id and reply[1] != SCHEMA_VERSION:
+            raise self._mismatch(reply[1])
+        return int(reply[0]), sorted(reply[2:])
+
+    def _mismatch(self, found: str | None) -> SchemaMismatch:
+        return SchemaMismatch(
+            f"Redis key {self.keys.schema} says schema version {found!r}, this poller "
+            f"speaks version {SCHEMA_VERSION}; upgrade the poller or use another namespace"
+        )
 
     async def live_members(self) -> list[str]:
         return (await self.heartbeat("", 0))[1]

@@ -14,7 +14,7 @@ import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from .registry import Endpoint, endpoint_from_json
 from .stats import EndpointStats, Failure
@@ -63,19 +63,74 @@ return {t[1], t[2], redis.call('HGET', KEYS[1], ARGV[1]) or '',
 
 
 def _pairs(flat: Sequence[Any]) -> dict[str, str]:
+    # Replies are already str (the client decodes them): no per-element conversion.
     it = iter(flat)
-    return {str(k): str(v) for k, v in zip(it, it, strict=True)}
+    return dict(zip(it, it, strict=True))
 
 
 def _now_ms(seconds: Any, micros: Any) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
+class Timing(NamedTuple):
+    """What the state of an endpoint depends on, parsed once from its two hashes."""
+
+    scraped_at_ms: int | None
+    bound_ms: int
+    failure_at_ms: int | None
+    failing: bool  # a failure hash exists
+
+    def state_at(self, now_ms: int) -> tuple[State, int | None]:
+        """(state, age of the stats in ms) at ``now_ms`` of the Redis clock."""
+        age = None if self.scraped_at_ms is None else max(0, now_ms - self.scraped_at_ms)
+        if self.failing and (
+            self.scraped_at_ms is None
+            or self.failure_at_ms is None
+            or self.failure_at_ms >= self.scraped_at_ms
+        ):
+            return "failing", age
+        if age is None:
+            return "unknown", None
+        return ("fresh" if age <= self.bound_ms else "stale"), age
+
+
+def timing(
+    stats_raw: Mapping[str, str],
+    failure_raw: Mapping[str, str],
+    stale_after_intervals: float = 2.0,
+    stale_after_ms: int | None = None,
+) -> Timing:
+    scraped = stats_raw.get("scraped_at_ms", "")
+    at = failure_raw.get("at_ms", "")
+    bound = stale_after_ms
+    if bound is None:
+        interval = stats_raw.get("interval_ms", "")
+        bound = int(int(interval) * stale_after_intervals) if interval.isdigit() else 3000
+    return Timing(
+        int(scraped) if scraped.isdigit() else None,
+        bound,
+        int(at) if at.isdigit() else None,
+        bool(failure_raw),
+    )
+
+
+def judge(
+    stats_raw: Mapping[str, str],
+    failure_raw: Mapping[str, str],
+    now_ms: int,
+    stale_after_intervals: float = 2.0,
+    stale_after_ms: int | None = None,
+) -> tuple[State, int | None]:
+    """(state, age of the stats in ms) from the two hashes and the Redis clock."""
+    return timing(stats_raw, failure_raw, stale_after_intervals, stale_after_ms).state_at(now_ms)
+
+
 class EndpointView:
     """One endpoint as readers see it. ``stats``, ``failure`` and ``entry`` are parsed on
-    first use: a snapshot of 1,000 endpoints stays cheap when a router needs a few."""
+    first use, and the parse is shared by every later view of the same data (the cache
+    hands out a fresh view per lookup, with the age of that moment)."""
 
-    __slots__ = ("_entry", "_failure", "_stats", "age_ms", "id", "owner", "raw", "state", "token")
+    __slots__ = ("_parsed", "age_ms", "id", "owner", "raw", "state", "timing", "token")
 
     def __init__(
         self,
@@ -86,6 +141,7 @@ class EndpointView:
         owner: str | None,
         token: int | None,
         raw: tuple[str, dict[str, str], dict[str, str]],
+        timing: Timing | None = None,
     ) -> None:
         self.id = endpoint_id
         self.state = state
@@ -94,38 +150,54 @@ class EndpointView:
         self.owner = owner
         self.token = token
         self.raw = raw  # (registry json, stats hash, failure hash)
-        self._stats: EndpointStats | None | bool = False
-        self._failure: Failure | None | bool = False
-        self._entry: Endpoint | None | bool = False
+        self.timing = timing
+        # stats, failure, entry; False = not parsed yet. Shared with copies.
+        self._parsed: list[Any] = [False, False, False]
+
+    def at(self, now_ms: int, healthy: bool = True) -> EndpointView:
+        """This endpoint as of ``now_ms``; shares the parsed hashes with ``self``."""
+        view = EndpointView.__new__(EndpointView)
+        view.id, view.owner, view.token, view.raw = self.id, self.owner, self.token, self.raw
+        view.timing, view._parsed = self.timing, self._parsed
+        if self.timing is None:
+            view.state, view.age_ms = self.state, self.age_ms
+        else:
+            view.state, view.age_ms = self.timing.state_at(now_ms)
+        if not healthy and view.state == "fresh":
+            view.state = "stale"  # we cannot know: say so
+        return view
+
+    def _parse(self, index: int) -> Any:
+        parsed = self._parsed[index]
+        if parsed is False:
+            try:
+                if index == 0:
+                    parsed = EndpointStats.from_hash(self.raw[1]) if self.raw[1] else None
+                elif index == 1:
+                    parsed = Failure.from_hash(self.raw[2]) if self.raw[2] else None
+                else:
+                    parsed = endpoint_from_json(self.id, self.raw[0]) if self.raw[0] else None
+            except Exception:  # malformed data from a foreign writer reads as absent
+                parsed = None
+            self._parsed[index] = parsed
+        return parsed
 
     @property
     def stats(self) -> EndpointStats | None:
         """Last good stats, or None (never scraped, expired, or malformed)."""
-        if self._stats is False:
-            try:
-                self._stats = EndpointStats.from_hash(self.raw[1]) if self.raw[1] else None
-            except (KeyError, ValueError):
-                self._stats = None
-        return self._stats  # type: ignore[return-value]
+        stats: EndpointStats | None = self._parse(0)
+        return stats
 
     @property
     def failure(self) -> Failure | None:
-        if self._failure is False:
-            try:
-                self._failure = Failure.from_hash(self.raw[2]) if self.raw[2] else None
-            except (KeyError, ValueError):
-                self._failure = None
-        return self._failure  # type: ignore[return-value]
+        failure: Failure | None = self._parse(1)
+        return failure
 
     @property
     def entry(self) -> Endpoint | None:
         """The registry entry (None when a foreign writer stored an invalid one)."""
-        if self._entry is False:
-            try:
-                self._entry = endpoint_from_json(self.id, self.raw[0]) if self.raw[0] else None
-            except Exception:
-                self._entry = None
-        return self._entry  # type: ignore[return-value]
+        entry: Endpoint | None = self._parse(2)
+        return entry
 
     @property
     def engine(self) -> str | None:
@@ -150,31 +222,6 @@ class EndpointView:
 
     def __repr__(self) -> str:
         return f"EndpointView({self.id!r}, state={self.state!r}, age_ms={self.age_ms})"
-
-
-def judge(
-    stats_raw: Mapping[str, str],
-    failure_raw: Mapping[str, str],
-    now_ms: int,
-    stale_after_intervals: float,
-    stale_after_ms: int | None,
-) -> tuple[State, int | None]:
-    """(state, age of the stats in ms) from the two hashes and the Redis clock."""
-    scraped = stats_raw.get("scraped_at_ms")
-    age = None
-    if scraped is not None and scraped.isdigit():
-        age = max(0, now_ms - int(scraped))
-    if failure_raw:
-        at = failure_raw.get("at_ms", "")
-        if age is None or not at.isdigit() or scraped is None or int(at) >= int(scraped):
-            return "failing", age
-    if age is None:
-        return "unknown", None
-    bound = stale_after_ms
-    if bound is None:
-        interval = stats_raw.get("interval_ms", "")
-        bound = int(int(interval) * stale_after_intervals) if interval.isdigit() else 3000
-    return ("fresh" if age <= bound else "stale"), age
 
 
 def _owner(lease: str) -> tuple[str | None, int | None]:
@@ -230,7 +277,8 @@ def make_entry(
     stale_after_intervals: float,
     stale_after_ms: int | None,
 ) -> EndpointView:
-    state, age = judge(stats_raw, failure_raw, now_ms, stale_after_intervals, stale_after_ms)
+    t = timing(stats_raw, failure_raw, stale_after_intervals, stale_after_ms)
+    state, age = t.state_at(now_ms)
     owner, token = _owner(lease)
     return EndpointView(
         endpoint_id,
@@ -239,6 +287,7 @@ def make_entry(
         owner=owner,
         token=token,
         raw=(entry_json, stats_raw, failure_raw),
+        timing=t,
     )
 
 
@@ -364,7 +413,7 @@ class ViewCache:
     def __init__(self, stale_after_intervals: float = 2.0, stale_after_ms: int | None = None):
         self.stale_after_intervals = stale_after_intervals
         self.stale_after_ms = stale_after_ms
-        self._raw: dict[str, tuple[str, dict[str, str], dict[str, str], str]] = {}
+        self._views: dict[str, EndpointView] = {}
         self._offset_ms = 0.0
         self.rev = -1
         self.pollers: list[str] = []
@@ -381,10 +430,7 @@ class ViewCache:
         return int(time.monotonic() * 1000 + self._offset_ms)
 
     def load(self, view: View) -> None:
-        self._raw = {
-            e.id: (*e.raw, f"{e.owner} {e.token}" if e.owner else "")
-            for e in view.endpoints.values()
-        }
+        self._views = dict(view.endpoints)
         self.rev = view.rev
         self.pollers = view.pollers
         self._clock(view.now_ms)
@@ -392,41 +438,20 @@ class ViewCache:
 
     def apply(self, endpoint_id: str, now_ms: int, entry: EndpointView | None) -> None:
         if entry is None:
-            self._raw.pop(endpoint_id, None)
+            self._views.pop(endpoint_id, None)
         else:
-            self._raw[endpoint_id] = (
-                *entry.raw,
-                f"{entry.owner} {entry.token}" if entry.owner else "",
-            )
+            self._views[endpoint_id] = entry
         self._clock(now_ms)
 
     def get(self, endpoint_id: str) -> EndpointView | None:
-        raw = self._raw.get(endpoint_id)
-        if raw is None:
-            return None
-        return self._entry(endpoint_id, raw, self.now_ms())
-
-    def _entry(
-        self, endpoint_id: str, raw: tuple[str, dict[str, str], dict[str, str], str], now: int
-    ) -> EndpointView:
-        entry = make_entry(
-            endpoint_id,
-            raw[0],
-            raw[1],
-            raw[2],
-            raw[3],
-            now,
-            self.stale_after_intervals,
-            self.stale_after_ms,
-        )
-        if not self.healthy and entry.state == "fresh":
-            entry.state = "stale"  # we cannot know: say so
-        return entry
+        base = self._views.get(endpoint_id)
+        return None if base is None else base.at(self.now_ms(), self.healthy)
 
     def ids(self) -> list[str]:
-        return list(self._raw)
+        return list(self._views)
 
     def view(self) -> View:
         now = self.now_ms()
-        endpoints = {e: self._entry(e, raw, now) for e, raw in list(self._raw.items())}
+        healthy = self.healthy
+        endpoints = {e: v.at(now, healthy) for e, v in list(self._views.items())}
         return View(now, self.rev, endpoints, list(self.pollers))

@@ -117,6 +117,7 @@ class Worker:
         self.entries: dict[str, Endpoint] = {}
         self.invalid: dict[str, str] = {}
         self.redis_ok = False
+        self._redis_known = False  # no Redis call made yet: the first outcome is logged
         self.last_heartbeat = 0.0  # monotonic time of the last successful heartbeat
         self.clock_offset_ms = 0.0  # Redis clock minus local clock
         self._wake = asyncio.Event()
@@ -178,9 +179,8 @@ class Worker:
         while not self._stopping.is_set():
             delay = c.heartbeat_interval_ms / 1000
             try:
-                if not self.redis_ok:
-                    # At start and after every outage: Redis may have restarted empty.
-                    await self.store.ensure_schema()
+                # The heartbeat also claims or checks the schema version, so a Redis that
+                # restarted empty is noticed (and re-claimed) within one heartbeat.
                 changed = await self._heartbeat()
                 due = time.monotonic() - last_reconcile >= c.reconcile_interval_ms / 1000
                 if changed or due or self._wake.is_set():
@@ -211,7 +211,9 @@ class Worker:
                 pass
 
     def _redis_state(self, ok: bool, detail: str = "") -> None:
-        if ok != self.redis_ok:
+        """Log once per change of Redis reachability, not once per retry."""
+        if ok != self.redis_ok or not self._redis_known:
+            self._redis_known = True
             if ok:
                 log.info("redis reachable")
             else:

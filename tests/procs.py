@@ -94,6 +94,8 @@ class PollerProc:
                 return response.status, response.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
+        except (urllib.error.URLError, OSError):
+            return 0, ""  # not listening (yet, or any more)
 
     def metric(self, name: str) -> float:
         """Sum of a metric's samples on our /metrics (0 if absent)."""
