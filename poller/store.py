@@ -57,6 +57,9 @@ class Keys:
         self.members = f"{self.prefix}:members"
         self.fence = f"{self.prefix}:fence"
         self.events = f"{self.prefix}:events"
+        # The whole view in two hashes, for snapshots in one cheap read (docs/schema.md).
+        self.view_stats = f"{self.prefix}:view:stats"
+        self.view_failures = f"{self.prefix}:view:failures"
 
     def lease(self, endpoint_id: str) -> str:
         return f"{self.prefix}:lease:{endpoint_id}"
@@ -130,11 +133,12 @@ local t = redis.call('TIME')
 local now = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 """
 
-# KEYS: lease, stats, failure, events
+# KEYS: lease, stats, failure, events, view stats, view failures
 # ARGV: lease value, lease ttl ms, stats ttl ms, endpoint id, then field/value pairs
 # Fenced: only if the lease still holds our value. Renews the lease, replaces the stats
 # hash (so fields the engine stopped publishing disappear), stamps scraped_at_ms from
-# TIME, bumps seq, sets the TTL, clears the failure and publishes "stats <id> <seq>".
+# TIME, bumps seq, sets the TTL, clears the failure, mirrors the stats as one record in
+# the view hash and publishes "stats <id> <seq>".
 # Returns {1, seq} accepted, or {0, current lease value or ""} rejected.
 WRITE_STATS_LUA = (
     """
@@ -147,21 +151,31 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 local seq = (tonumber(redis.call('HGET', KEYS[2], 'seq')) or 0) + 1
 local sp = string.find(ARGV[1], ' ', 1, true)
 redis.call('DEL', KEYS[2])
-local fields = {'seq', seq, 'scraped_at_ms', now,
-                'poller', string.sub(ARGV[1], 1, sp - 1), 'token', string.sub(ARGV[1], sp + 1)}
-for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
+local poller, token = string.sub(ARGV[1], 1, sp - 1), string.sub(ARGV[1], sp + 1)
+local fields = {'seq', seq, 'scraped_at_ms', now, 'poller', poller, 'token', token}
+local record = {seq = tostring(seq), scraped_at_ms = now, poller = poller, token = token}
+for i = 5, #ARGV, 2 do
+  fields[#fields + 1] = ARGV[i]
+  fields[#fields + 1] = ARGV[i + 1]
+  record[ARGV[i]] = ARGV[i + 1]
+end
 redis.call('HSET', KEYS[2], unpack(fields))
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('DEL', KEYS[3])
+local expires = string.format('%.0f', tonumber(now) + tonumber(ARGV[3]))
+redis.call('HSET', KEYS[5], ARGV[4], now .. ' ' .. (record['interval_ms'] or '0') .. ' ' ..
+           expires .. ' ' .. poller .. ' ' .. token .. '|' .. cjson.encode(record))
+redis.call('HDEL', KEYS[6], ARGV[4])
 redis.call('PUBLISH', KEYS[4], 'stats ' .. ARGV[4] .. ' ' .. seq)
 return {1, seq}
 """
 )
 
-# KEYS: lease, failure, events
+# KEYS: lease, failure, events, view failures
 # ARGV: lease value, lease ttl ms, failure ttl ms, endpoint id, reason, detail, missing
 # Fenced like WRITE_STATS. Keeps since_ms and counts while the reason stays the same;
-# leaves the last good stats alone. Publishes "failure <id> <reason>".
+# leaves the last good stats alone; mirrors the failure as one record in the view hash.
+# Publishes "failure <id> <reason>".
 # Returns {1, count} accepted, or {0, current lease value or ""} rejected.
 WRITE_FAILURE_LUA = (
     """
@@ -180,10 +194,15 @@ else
   redis.call('DEL', KEYS[2])
 end
 local sp = string.find(ARGV[1], ' ', 1, true)
+local poller, token = string.sub(ARGV[1], 1, sp - 1), string.sub(ARGV[1], sp + 1)
 redis.call('HSET', KEYS[2], 'reason', ARGV[5], 'detail', ARGV[6], 'missing', ARGV[7],
-           'since_ms', since, 'at_ms', now, 'count', count,
-           'poller', string.sub(ARGV[1], 1, sp - 1), 'token', string.sub(ARGV[1], sp + 1))
+           'since_ms', since, 'at_ms', now, 'count', count, 'poller', poller, 'token', token)
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
+local record = {reason = ARGV[5], detail = ARGV[6], missing = ARGV[7], since_ms = since,
+                at_ms = now, count = tostring(count), poller = poller, token = token}
+local expires = string.format('%.0f', tonumber(now) + tonumber(ARGV[3]))
+redis.call('HSET', KEYS[4], ARGV[4], now .. ' ' .. expires .. ' ' .. poller .. ' ' .. token ..
+           '|' .. cjson.encode(record))
 redis.call('PUBLISH', KEYS[3], 'failure ' .. ARGV[4] .. ' ' .. ARGV[5])
 return {1, count}
 """
@@ -211,7 +230,8 @@ return out
 """
 )
 
-# KEYS: endpoints, rev, events, then (stats, failure, lease) of each removed id
+# KEYS: endpoints, rev, events, view stats, view failures, then (stats, failure, lease)
+#       of each removed id
 # ARGV: expected rev ("" = any), n removed, removed ids..., then id/json pairs to set
 # Compare-and-set on the revision, so concurrent syncs converge instead of interleaving.
 # Returns the new revision, or -1 when the revision moved (caller re-reads and retries).
@@ -221,7 +241,9 @@ if ARGV[1] ~= '' and ARGV[1] ~= rev then return -1 end
 local n = tonumber(ARGV[2])
 for i = 1, n do
   redis.call('HDEL', KEYS[1], ARGV[2 + i])
-  redis.call('DEL', KEYS[3 + 3 * i - 2], KEYS[3 + 3 * i - 1], KEYS[3 + 3 * i])
+  redis.call('HDEL', KEYS[4], ARGV[2 + i])
+  redis.call('HDEL', KEYS[5], ARGV[2 + i])
+  redis.call('DEL', KEYS[5 + 3 * i - 2], KEYS[5 + 3 * i - 1], KEYS[5 + 3 * i])
 end
 for i = 3 + n, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 local new = redis.call('INCR', KEYS[2])
@@ -543,6 +565,8 @@ class RedisStore:
             self.keys.stats(endpoint_id),
             self.keys.failure(endpoint_id),
             self.keys.events,
+            self.keys.view_stats,
+            self.keys.view_failures,
         ]
         ok, value = await self._call(self._run(self._write_stats, keys, args), "write stats")
         if int(ok):
@@ -561,7 +585,12 @@ class RedisStore:
         lease_ttl_ms: int,
         failure_ttl_ms: int,
     ) -> WriteResult:
-        keys = [self.keys.lease(endpoint_id), self.keys.failure(endpoint_id), self.keys.events]
+        keys = [
+            self.keys.lease(endpoint_id),
+            self.keys.failure(endpoint_id),
+            self.keys.events,
+            self.keys.view_failures,
+        ]
         args: list[str | int] = [
             _fenced_value(poller_id, token),
             lease_ttl_ms,
@@ -618,7 +647,13 @@ class RedisStore:
     async def _apply_registry(
         self, expected_rev: int | None, remove: Sequence[str], put: Mapping[str, str]
     ) -> int:
-        keys = [self.keys.endpoints, self.keys.endpoints_rev, self.keys.events]
+        keys = [
+            self.keys.endpoints,
+            self.keys.endpoints_rev,
+            self.keys.events,
+            self.keys.view_stats,
+            self.keys.view_failures,
+        ]
         for e in remove:
             keys += [self.keys.stats(e), self.keys.failure(e), self.keys.lease(e)]
         args: list[str | int] = ["" if expected_rev is None else str(expected_rev), len(remove)]

@@ -34,22 +34,15 @@ __all__ = [
 
 State = Literal["fresh", "stale", "failing", "unknown"]
 
-# KEYS: endpoints, members, endpoints rev   ARGV: key prefix ("{ns}:")
+# KEYS: endpoints, members, endpoints rev, view stats, view failures
 # Returns {seconds, microseconds, rev, {id, json, ...}, {member, expiry, ...},
-#          then per registry id: stats (flat), failure (flat), lease value or ""}.
-# Every key shares the hash tag, so computed names stay in one Cluster slot.
+#          {id, stats record, ...}, {id, failure record, ...}}: five reads, whatever the
+# number of endpoints (reading each endpoint's hashes costs Redis ~15 ms per 1,000).
 SNAPSHOT_LUA = """
 local t = redis.call('TIME')
-local reg = redis.call('HGETALL', KEYS[1])
-local out = {t[1], t[2], redis.call('GET', KEYS[3]) or '0', reg,
-             redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')}
-for i = 1, #reg, 2 do
-  local id = reg[i]
-  out[#out + 1] = redis.call('HGETALL', ARGV[1] .. 'stats:' .. id)
-  out[#out + 1] = redis.call('HGETALL', ARGV[1] .. 'failure:' .. id)
-  out[#out + 1] = redis.call('GET', ARGV[1] .. 'lease:' .. id) or ''
-end
-return out
+return {t[1], t[2], redis.call('GET', KEYS[3]) or '0', redis.call('HGETALL', KEYS[1]),
+        redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES'), redis.call('HGETALL', KEYS[4]),
+        redis.call('HGETALL', KEYS[5])}
 """
 
 # KEYS: endpoints, stats, failure, lease   ARGV: endpoint id
@@ -60,6 +53,16 @@ return {t[1], t[2], redis.call('HGET', KEYS[1], ARGV[1]) or '',
         redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
         redis.call('GET', KEYS[4]) or ''}
 """
+
+
+def _fields(raw: Mapping[str, str] | str) -> dict[str, str]:
+    """A hash as read, or the JSON body of a view record."""
+    if isinstance(raw, str):
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError("record body is not an object")
+        return {str(k): str(v) for k, v in data.items()}
+    return dict(raw)
 
 
 def _pairs(flat: Sequence[Any]) -> dict[str, str]:
@@ -140,7 +143,7 @@ class EndpointView:
         age_ms: int | None,
         owner: str | None,
         token: int | None,
-        raw: tuple[str, dict[str, str], dict[str, str]],
+        raw: tuple[str, dict[str, str] | str, dict[str, str] | str],
         timing: Timing | None = None,
     ) -> None:
         self.id = endpoint_id
@@ -149,7 +152,8 @@ class EndpointView:
         self.age_ms = age_ms
         self.owner = owner
         self.token = token
-        self.raw = raw  # (registry json, stats hash, failure hash)
+        #: (registry JSON, stats hash or record body, failure hash or record body)
+        self.raw = raw
         self.timing = timing
         # stats, failure, entry; False = not parsed yet. Shared with copies.
         self._parsed: list[Any] = [False, False, False]
@@ -172,9 +176,9 @@ class EndpointView:
         if parsed is False:
             try:
                 if index == 0:
-                    parsed = EndpointStats.from_hash(self.raw[1]) if self.raw[1] else None
+                    parsed = EndpointStats.from_hash(_fields(self.raw[1])) if self.raw[1] else None
                 elif index == 1:
-                    parsed = Failure.from_hash(self.raw[2]) if self.raw[2] else None
+                    parsed = Failure.from_hash(_fields(self.raw[2])) if self.raw[2] else None
                 else:
                     parsed = endpoint_from_json(self.id, self.raw[0]) if self.raw[0] else None
             except Exception:  # malformed data from a foreign writer reads as absent
@@ -291,30 +295,63 @@ def make_entry(
     )
 
 
+def _record(record: str | None, now_ms: int, fields: int) -> tuple[list[str], str] | None:
+    """Split a view record ``header|json`` into header fields and body; None if it is
+    absent, expired (the header's expiry has passed) or malformed."""
+    if not record:
+        return None
+    head, sep, body = record.partition("|")
+    parts = head.split(" ")
+    if not sep or len(parts) != fields or not all(p.isdigit() for p in parts[: fields - 2]):
+        return None
+    expires = int(parts[fields - 3])
+    return (parts, body) if expires > now_ms else None
+
+
 def build_view(
     reply: Sequence[Any], stale_after_intervals: float = 2.0, stale_after_ms: int | None = None
 ) -> View:
-    """The snapshot script's reply -> View (pure; shared by the async and sync readers)."""
+    """The snapshot script's reply -> View (pure; shared by the async and sync readers).
+
+    Stats records are ``<scraped_at_ms> <interval_ms> <expires_at_ms> <poller> <token>|``
+    and failure records ``<at_ms> <expires_at_ms> <poller> <token>|`` followed by the
+    hash's fields as JSON; only the header is read here, the JSON on first use.
+    """
     now_ms = _now_ms(reply[0], reply[1])
-    registry = reply[3]
     members = reply[4]
     pollers = sorted(
         str(members[i]) for i in range(0, len(members), 2) if float(members[i + 1]) >= now_ms
     )
+    view_stats, view_failures = _pairs(reply[5]), _pairs(reply[6])
     endpoints: dict[str, EndpointView] = {}
-    base = 5
-    for n in range(len(registry) // 2):
-        endpoint_id = str(registry[2 * n])
-        stats_flat, failure_flat, lease = reply[base + 3 * n : base + 3 * n + 3]
-        endpoints[endpoint_id] = make_entry(
+    for endpoint_id, entry_json in _pairs(reply[3]).items():
+        stats = _record(view_stats.get(endpoint_id), now_ms, 5)
+        failure = _record(view_failures.get(endpoint_id), now_ms, 4)
+        scraped = failure_at = None
+        owner, token, writer_at = None, None, -1
+        bound = stale_after_ms
+        if stats is not None:
+            scraped, writer_at = int(stats[0][0]), int(stats[0][0])
+            owner, token = stats[0][3], int(stats[0][4]) if stats[0][4].isdigit() else None
+            if bound is None:
+                bound = int(int(stats[0][1]) * stale_after_intervals)
+        if failure is not None:
+            failure_at = int(failure[0][0])
+            if failure_at >= writer_at:
+                owner, token = (
+                    failure[0][2],
+                    int(failure[0][3]) if failure[0][3].isdigit() else None,
+                )
+        t = Timing(scraped, 3000 if bound is None else bound, failure_at, failure is not None)
+        state, age = t.state_at(now_ms)
+        endpoints[endpoint_id] = EndpointView(
             endpoint_id,
-            str(registry[2 * n + 1]),
-            _pairs(stats_flat),
-            _pairs(failure_flat),
-            str(lease),
-            now_ms,
-            stale_after_intervals,
-            stale_after_ms,
+            state=state,
+            age_ms=age,
+            owner=owner,
+            token=token,
+            raw=(entry_json, stats[1] if stats else {}, failure[1] if failure else {}),
+            timing=t,
         )
     return View(now_ms, int(reply[2]), endpoints, pollers)
 
@@ -342,7 +379,13 @@ def one_from_reply(
 
 
 def snapshot_call(keys: Keys) -> tuple[list[str], list[str]]:
-    return [keys.endpoints, keys.members, keys.endpoints_rev], [keys.prefix + ":"]
+    return [
+        keys.endpoints,
+        keys.members,
+        keys.endpoints_rev,
+        keys.view_stats,
+        keys.view_failures,
+    ], []
 
 
 def get_one_call(keys: Keys, endpoint_id: str) -> tuple[list[str], list[str]]:
