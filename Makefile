@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install redis-server fmt lint test demo bench all clean
+.PHONY: install redis-server promtool fmt lint test demo bench all clean
 
 $(BIN)/poller: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,6 +21,13 @@ redis-server:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null; }
 
+# promtool (Debian's prometheus package) checks the alerting rules in deploy/.
+promtool:
+	@command -v promtool >/dev/null || { \
+	  echo "promtool not found: installing Debian's prometheus package"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus >/dev/null; }
+
 fmt: install
 	$(BIN)/ruff format poller tests
 	$(BIN)/ruff check --fix poller tests
@@ -30,7 +37,7 @@ lint: install
 	$(BIN)/ruff check poller tests
 	$(BIN)/mypy
 
-test: install redis-server lint
+test: install redis-server promtool lint
 	$(BIN)/pytest -q
 
 # Three pollers share a dozen simulated engines on an embedded Redis; Ctrl-C stops it.
