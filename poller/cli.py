@@ -231,7 +231,8 @@ _REDIS_URL = click.option(
     "--redis-url",
     envvar="POLLER_REDIS_URL",
     metavar="URL",
-    help="redis://, rediss:// or unix:// URL [env POLLER_REDIS_URL]",
+    help="redis://, rediss://, unix:// or redis+sentinel://HOST:PORT[,...]/MASTER URL "
+    "[env POLLER_REDIS_URL]",
 )
 _NAMESPACE = click.option(
     "--namespace",

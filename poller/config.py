@@ -34,7 +34,8 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 class RedisSettings(BaseModel):
     model_config = _FROZEN
 
-    #: redis://, rediss:// (TLS) or unix:// URL; user and password may be in it (ACL).
+    #: redis://, rediss:// (TLS), unix:// or redis+sentinel://h1:26379,h2:26379/master[/db]
+    #: URL; user and password may be in it (ACL).
     url: str = "redis://127.0.0.1:6379/0"
     #: Key prefix is ``{namespace}``: the hash tag keeps every key in one Cluster slot.
     namespace: str = Field(default="llmgw", pattern=r"^[A-Za-z0-9._:-]{1,64}$")

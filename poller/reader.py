@@ -54,25 +54,40 @@ def _backoff(failures: int) -> float:
     return float(min(5.0, 0.1 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0))
 
 
-class StatsReader:
-    """Read the view (asyncio). Build from a URL or an existing redis-py client."""
+class _Reader:
+    """What both readers share: keys, freshness bound, resync period, the two scripts."""
 
     def __init__(
         self,
-        client: aioredis.Redis | RedisCluster,
+        client: Any,
         namespace: str = "llmgw",
         *,
         stale_after_intervals: float = 2.0,
         stale_after_ms: int | None = None,
         resync_s: float = 5.0,
     ) -> None:
-        self.store = RedisStore(client, namespace)
         self.keys = Keys(namespace)
         self.stale_after_intervals = stale_after_intervals
         self.stale_after_ms = stale_after_ms
         self.resync_s = resync_s
         self._snapshot = client.register_script(SNAPSHOT_LUA)
         self._get_one = client.register_script(GET_ONE_LUA)
+
+    def _view(self, reply: Any) -> View:
+        return build_view(reply, self.stale_after_intervals, self.stale_after_ms)
+
+    def _entry(self, endpoint_id: str, reply: Any) -> tuple[int, EndpointView | None]:
+        return one_from_reply(endpoint_id, reply, self.stale_after_intervals, self.stale_after_ms)
+
+
+class StatsReader(_Reader):
+    """Read the view (asyncio). Build from a URL or an existing redis-py client."""
+
+    def __init__(
+        self, client: aioredis.Redis | RedisCluster, namespace: str = "llmgw", **kwargs: Any
+    ) -> None:
+        super().__init__(client, namespace, **kwargs)
+        self.store = RedisStore(client, namespace)
 
     @classmethod
     def from_url(cls, url: str, namespace: str = "llmgw", **kwargs: Any) -> StatsReader:
@@ -83,13 +98,12 @@ class StatsReader:
 
     async def snapshot(self) -> View:
         keys, args = snapshot_call(self.keys)
-        reply = await self.store._call(self._snapshot(keys=keys, args=args), "snapshot")
-        return build_view(reply, self.stale_after_intervals, self.stale_after_ms)
+        return self._view(await self.store._call(self._snapshot(keys=keys, args=args), "snapshot"))
 
     async def _one(self, endpoint_id: str) -> tuple[int, EndpointView | None]:
         keys, args = get_one_call(self.keys, endpoint_id)
         reply = await self.store._call(self._get_one(keys=keys, args=args), "read endpoint")
-        return one_from_reply(endpoint_id, reply, self.stale_after_intervals, self.stale_after_ms)
+        return self._entry(endpoint_id, reply)
 
     async def get(self, endpoint_id: str) -> EndpointView | None:
         """One endpoint, or None if it is not in the registry."""
@@ -155,25 +169,12 @@ class StatsReader:
                 cache.apply(endpoint_id, now_ms, entry)
 
 
-class SyncStatsReader:
+class SyncStatsReader(_Reader):
     """The same reader for threaded gateways (redis-py's blocking client)."""
 
-    def __init__(
-        self,
-        client: redis.Redis,
-        namespace: str = "llmgw",
-        *,
-        stale_after_intervals: float = 2.0,
-        stale_after_ms: int | None = None,
-        resync_s: float = 5.0,
-    ) -> None:
+    def __init__(self, client: redis.Redis, namespace: str = "llmgw", **kwargs: Any) -> None:
+        super().__init__(client, namespace, **kwargs)
         self.client = client
-        self.keys = Keys(namespace)
-        self.stale_after_intervals = stale_after_intervals
-        self.stale_after_ms = stale_after_ms
-        self.resync_s = resync_s
-        self._snapshot = client.register_script(SNAPSHOT_LUA)
-        self._get_one = client.register_script(GET_ONE_LUA)
 
     @classmethod
     def from_url(cls, url: str, namespace: str = "llmgw", **kwargs: Any) -> SyncStatsReader:
@@ -195,13 +196,12 @@ class SyncStatsReader:
 
     def snapshot(self) -> View:
         keys, args = snapshot_call(self.keys)
-        reply = self._call(self._snapshot, "snapshot", keys=keys, args=args)
-        return build_view(reply, self.stale_after_intervals, self.stale_after_ms)
+        return self._view(self._call(self._snapshot, "snapshot", keys=keys, args=args))
 
     def _one(self, endpoint_id: str) -> tuple[int, EndpointView | None]:
         keys, args = get_one_call(self.keys, endpoint_id)
         reply = self._call(self._get_one, "read endpoint", keys=keys, args=args)
-        return one_from_reply(endpoint_id, reply, self.stale_after_intervals, self.stale_after_ms)
+        return self._entry(endpoint_id, reply)
 
     def get(self, endpoint_id: str) -> EndpointView | None:
         return self._one(endpoint_id)[1]

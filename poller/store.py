@@ -298,9 +298,58 @@ def connect(settings: RedisSettings) -> aioredis.Redis | RedisCluster:
         "health_check_interval": 10,
     }
     retry = Retry(NoBackoff(), 1)
+    if settings.url.split("://", 1)[0] in ("redis+sentinel", "rediss+sentinel"):
+        return _sentinel_master(settings.url, retry, options)
     if settings.cluster:
         return RedisCluster.from_url(settings.url, retry=retry, **options)
     return aioredis.Redis.from_url(settings.url, retry=retry, **options)
+
+
+def _sentinel_master(url: str, retry: Retry, options: dict[str, Any]) -> aioredis.Redis:
+    """``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``.
+
+    The client asks the sentinels for the current master on every (re)connection, so it
+    follows a failover by itself. The user and password are the master's; sentinels
+    protected by a password take it from ``?sentinel_password=``.
+    """
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    from redis.asyncio.sentinel import Sentinel
+
+    from .errors import ConfigError
+
+    parts = urlsplit(url)
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    hosts: list[tuple[str, int]] = []
+    for item in hostlist.split(","):
+        host, _, port = item.rpartition(":") if ":" in item else (item, "", "26379")
+        if not host or not port.isdigit():
+            raise ConfigError(f"bad sentinel address {item!r} in the Redis URL", field="redis.url")
+        hosts.append((host, int(port)))
+    path = [p for p in parts.path.split("/") if p]
+    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ConfigError(
+            "a sentinel URL names the service: redis+sentinel://host:26379/mymaster[/db]",
+            field="redis.url",
+        )
+    user, _, password = userinfo.partition(":")
+    query = parse_qs(parts.query)
+    tls = parts.scheme.startswith("rediss")
+    sentinel_kwargs: dict[str, Any] = {
+        "socket_timeout": options["socket_timeout"],
+        "socket_connect_timeout": options["socket_connect_timeout"],
+    }
+    if "sentinel_password" in query:
+        sentinel_kwargs["password"] = query["sentinel_password"][0]
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, ssl=tls, **options)  # type: ignore[no-untyped-call]
+    master: aioredis.Redis = sentinel.master_for(
+        path[0],
+        retry=retry,
+        username=unquote(user) or None,
+        password=unquote(password) or None,
+        db=int(path[1]) if len(path) == 2 else 0,
+    )
+    return master
 
 
 class WriteBatcher:
@@ -410,6 +459,10 @@ class RedisStore:
 
     async def close(self) -> None:
         await self.client.aclose()
+        # A Sentinel-managed client keeps its own connections to the sentinels.
+        manager = getattr(getattr(self.client, "connection_pool", None), "sentinel_manager", None)
+        for sentinel in getattr(manager, "sentinels", ()):
+            await sentinel.aclose()
 
     async def _call(self, awaitable: Awaitable[T], what: str) -> T:
         """The one place redis-py's exceptions become ours."""

@@ -205,6 +205,13 @@ class Worker:
                 self._redis_state(False, str(exc))
                 # Capped exponential backoff with jitter, so a fleet does not stampede.
                 delay = min(5.0, delay * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0)
+            except Exception:
+                # A bug or a client library surprise must not silently end coordination
+                # (leases would lapse while the process looks alive): log it and go on.
+                failures += 1
+                self.metrics.redis_errors.labels("unexpected").inc()
+                log.exception("coordination step failed; retrying")
+                delay = min(5.0, delay * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
             except TimeoutError:

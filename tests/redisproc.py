@@ -14,8 +14,9 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
+
+from poller.embedded import free_port, wait_until
 
 INSTALL_HINT = (
     "redis-server not found on PATH: the integration tests need it. "
@@ -29,12 +30,6 @@ def redis_server_binary() -> str:
     if path is None:
         raise RuntimeError(INSTALL_HINT)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _bindable(port: int) -> bool:
@@ -56,17 +51,6 @@ def free_cluster_port() -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
-def wait_until(cond, timeout_s: float = 5.0, interval_s: float = 0.02, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
-
-
 def _ping(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
@@ -79,8 +63,14 @@ def _ping(port: int) -> bool:
 class RedisProcess:
     """One redis-server on 127.0.0.1:<port>; restartable on the same port."""
 
-    def __init__(self, port: int | None = None, extra_args: list[str] | None = None):
+    def __init__(
+        self,
+        port: int | None = None,
+        extra_args: list[str] | None = None,
+        config_file: Path | None = None,
+    ):
         self.port = port or free_port()
+        self.config_file = config_file  # must come first on the command line (sentinel)
         self.extra_args = list(extra_args or [])
         self.dir = Path(tempfile.mkdtemp(prefix="poller-redis-"))
         self.proc: subprocess.Popen[bytes] | None = None
@@ -92,6 +82,7 @@ class RedisProcess:
     def start(self) -> RedisProcess:
         args = [
             redis_server_binary(),
+            *([str(self.config_file)] if self.config_file else []),
             "--port",
             str(self.port),
             "--bind",
@@ -202,7 +193,7 @@ class RedisCluster:
             ).stdout
             return "cluster_state:ok" in out
 
-        wait_until(ok, 30, 0.1, what="cluster_state:ok")
+        wait_until(ok, 30, "cluster_state:ok", 0.1)
         return self
 
     def cleanup(self) -> None:
