@@ -252,6 +252,13 @@ return new
 """
 
 
+# KEYS: endpoints, rev   Returns {rev, {id, json, ...}}: one consistent read, also on
+# Cluster (whose redis-py MULTI pipelines run on a private event loop in a thread).
+READ_REGISTRY_LUA = """
+return {redis.call('GET', KEYS[2]) or '0', redis.call('HGETALL', KEYS[1])}
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class Acquired:
     """Outcome of acquiring one lease: ``token`` when we hold it, else ``holder``."""
@@ -448,6 +455,7 @@ class RedisStore:
         self._write_failure = register(WRITE_FAILURE_LUA)
         self._heartbeat = register(HEARTBEAT_LUA)
         self._registry = register(REGISTRY_LUA)
+        self._read_registry = register(READ_REGISTRY_LUA)
 
     @classmethod
     def from_settings(cls, settings: RedisSettings) -> RedisStore:
@@ -683,11 +691,13 @@ class RedisStore:
         return int(await self._call(self.client.get(self.keys.endpoints_rev), "GET rev") or 0)
 
     async def read_registry(self) -> Registry:
-        """Registry and revision from one MULTI, so they belong together."""
-        pipe = self.client.pipeline(transaction=True)
-        pipe.get(self.keys.endpoints_rev)
-        pipe.hgetall(self.keys.endpoints)
-        rev, raw = await self._call(pipe.execute(), "read registry")
+        """Registry and revision read together, so they belong together."""
+        rev, flat = await self._call(
+            self._read_registry(keys=[self.keys.endpoints, self.keys.endpoints_rev]),
+            "read registry",
+        )
+        it = iter(flat)
+        raw = dict(zip(it, it, strict=True))
         endpoints: dict[str, Endpoint] = {}
         invalid: dict[str, str] = {}
         for endpoint_id, value in raw.items():

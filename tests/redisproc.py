@@ -138,7 +138,7 @@ class RedisProcess:
 
 
 class RedisCluster:
-    """Three masters (no replicas) on loopback, made with redis-cli --cluster create."""
+    """Masters (and replicas) on loopback, made with redis-cli --cluster create."""
 
     def __init__(self, masters: int = 3, replicas: int = 0):
         self.nodes = [
@@ -151,6 +151,9 @@ class RedisCluster:
                     "nodes.conf",
                     "--cluster-node-timeout",
                     "1000",
+                    # replicas must hold the data before a test kills their master
+                    "--repl-diskless-sync-delay",
+                    "0",
                 ],
             )
             for _ in range(masters * (1 + replicas))
@@ -194,7 +197,24 @@ class RedisCluster:
             return "cluster_state:ok" in out
 
         wait_until(ok, 30, "cluster_state:ok", 0.1)
+
+        def replicas_linked() -> bool:
+            for node in self.nodes:
+                info = subprocess.run(
+                    [cli, "-p", str(node.port), "info", "replication"],
+                    capture_output=True,
+                    text=True,
+                    timeout=5,
+                ).stdout
+                if "role:slave" in info and "master_link_status:up" not in info:
+                    return False
+            return True
+
+        wait_until(replicas_linked, 30, "replicas in sync", 0.1)
         return self
+
+    def node(self, port: int) -> RedisProcess:
+        return next(n for n in self.nodes if n.port == port)
 
     def cleanup(self) -> None:
         for node in self.nodes:

@@ -1,0 +1,76 @@
+"""The whole flow on a Redis Cluster (3 masters, 3 replicas), through a master failover."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from procs import PollerProc, until
+from redisproc import RedisCluster
+
+from poller.errors import StoreError
+from poller.reader import StatsReader
+from poller.registry import endpoint_from_dict
+from poller.sim import Simulator, fleet
+from poller.store import RedisStore
+
+pytestmark = pytest.mark.slow
+NS = "clu"
+
+
+async def test_pollers_registry_reader_and_events_on_cluster_through_failover(
+    tmp_path: Path,
+) -> None:
+    cluster = RedisCluster(masters=3, replicas=1).start()
+    client = aioredis.RedisCluster.from_url(cluster.url, decode_responses=True)
+    store, reader = RedisStore(client, NS), StatsReader(client, NS)
+    procs: list[PollerProc] = []
+    try:
+        async with Simulator(fleet(9, engines=("vllm", "sglang", "tgi")), seed=12) as sim:
+            await store.replace_registry(
+                {e["id"]: endpoint_from_dict(None, e) for e in sim.registry()}
+            )
+            env = {"POLLER_REDIS__CLUSTER": "true"}
+            procs = [
+                PollerProc(f"p{i}", cluster.url, NS, tmp_path, env=env).start() for i in range(3)
+            ]
+
+            async def fresh() -> bool:
+                try:
+                    view = await reader.snapshot()
+                except StoreError:
+                    return False
+                return len(view.endpoints) == 9 and all(
+                    e.state == "fresh" for e in view.endpoints.values()
+                )
+
+            await until(fresh, 20, "every endpoint fresh on the cluster")
+            view = await reader.snapshot()
+            assert sorted(view.pollers) == ["p0", "p1", "p2"]
+
+            # events cross the cluster: a cached reader follows writes
+            async with reader.cached() as cache:
+                seq = cache.get(sim.ids[0]).stats.seq  # type: ignore[union-attr]
+                await until(
+                    lambda: cache.get(sim.ids[0]).stats.seq > seq,  # type: ignore[union-attr]
+                    5,
+                    "an event-driven update in the cache",
+                )
+
+            # kill the master holding the {clu} slot: its replica takes over
+            master = client.get_node_from_key(f"{{{NS}}}:endpoints")
+            cluster.node(int(master.port)).stop()
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            await asyncio.sleep(2.0)
+            await until(fresh, 25, "fresh again after the failover")
+            took = loop.time() - started
+            assert took < 25
+            assert all(p.running() for p in procs)
+    finally:
+        for p in procs:
+            p.cleanup()
+        await client.aclose()
+        cluster.cleanup()
