@@ -86,6 +86,12 @@ def cli() -> None:
     "--max-body-bytes", type=click.IntRange(1024), default=8 * 1024 * 1024, show_default=True
 )
 @click.option(
+    "--tls-ca-file",
+    metavar="FILE",
+    help="https: verify the engine against this CA bundle, not the system trust store.",
+)
+@click.option("--tls-insecure", is_flag=True, help="https: do not verify the engine's certificate.")
+@click.option(
     "--example",
     is_flag=True,
     help="Check the bundled example page of --engine, served on a loopback port.",
@@ -99,6 +105,8 @@ def check(
     metrics_path: str | None,
     timeout_s: float,
     max_body_bytes: int,
+    tls_ca_file: str | None,
+    tls_insecure: bool,
     example: bool,
     as_json: bool,
 ) -> None:
@@ -113,7 +121,15 @@ def check(
 
     async def run() -> dict[str, Any]:
         async with serve_example(engine) if example else _nothing(url or "") as base:
-            endpoint = _endpoint(base, engine, api_key_env, api_key_file, metrics_path)
+            endpoint = _endpoint(
+                base,
+                engine,
+                api_key_env=api_key_env,
+                api_key_file=api_key_file,
+                metrics_path=metrics_path,
+                tls_ca_file=tls_ca_file,
+                tls_insecure=tls_insecure or None,
+            )
             return await check_endpoint(endpoint, engine, timeout_s, max_body_bytes)
 
     report = asyncio.run(run())
@@ -129,17 +145,10 @@ async def _nothing(value: str) -> AsyncIterator[str]:
     yield value
 
 
-def _endpoint(
-    url: str, engine: str, api_key_env: str | None, api_key_file: str | None, path: str | None
-) -> Endpoint:
+def _endpoint(url: str, engine: str, **options: Any) -> Endpoint:
+    """The entry `check` scrapes; options left at None are not set."""
     data: dict[str, Any] = {"id": "check", "url": url, "engine": engine}
-    for key, value in (
-        ("api_key_env", api_key_env),
-        ("api_key_file", api_key_file),
-        ("metrics_path", path),
-    ):
-        if value is not None:
-            data[key] = value
+    data.update((key, value) for key, value in options.items() if value is not None)
     try:
         return endpoint_from_dict(None, data)
     except ConfigError as exc:
@@ -289,6 +298,27 @@ _NAMESPACE = click.option(
     metavar="FILE",
     help="Keep the registry equal to this YAML/TOML file [env POLLER_ENDPOINTS_FILE]",
 )
+@click.option(
+    "--redis-tls-ca",
+    metavar="FILE",
+    help="rediss: CA bundle to verify Redis with [env POLLER_REDIS__TLS_CA_FILE; "
+    "default: the system trust store]",
+)
+@click.option(
+    "--redis-tls-cert",
+    metavar="FILE",
+    help="rediss: client certificate (PEM) [env POLLER_REDIS__TLS_CERT_FILE]",
+)
+@click.option(
+    "--redis-tls-key",
+    metavar="FILE",
+    help="rediss: client certificate's key [env POLLER_REDIS__TLS_KEY_FILE]",
+)
+@click.option(
+    "--redis-tls-insecure",
+    is_flag=True,
+    help="rediss: do not verify the Redis certificate [env POLLER_REDIS__TLS_INSECURE]",
+)
 @click.option("--log-format", envvar="POLLER_LOG_FORMAT", type=click.Choice(["text", "json"]))
 @click.option(
     "--log-level",
@@ -304,6 +334,10 @@ def run(
     timeout_s: float | None,
     health_port: int | None,
     endpoints_file: str | None,
+    redis_tls_ca: str | None,
+    redis_tls_cert: str | None,
+    redis_tls_key: str | None,
+    redis_tls_insecure: bool,
     log_format: str | None,
     log_level: str | None,
 ) -> None:
@@ -318,6 +352,11 @@ def run(
             "scrape.timeout_s": timeout_s,
             "health.port": health_port,
             "endpoints_file": endpoints_file,
+            "redis.tls_ca_file": redis_tls_ca,
+            "redis.tls_cert_file": redis_tls_cert,
+            "redis.tls_key_file": redis_tls_key,
+            # An absent flag must not override the file or the environment.
+            "redis.tls_insecure": True if redis_tls_insecure else None,
             "log_format": log_format,
             "log_level": log_level.upper() if log_level else None,
         },
@@ -688,6 +727,39 @@ def bench(
         click.echo(f"Error: bench failed: {exc}", err=True)
         sys.exit(1)
     click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+
+
+@cli.command()
+@click.option(
+    "--duration",
+    "duration_s",
+    type=click.FloatRange(10, 86400),
+    default=600,
+    show_default=True,
+    help="Seconds to run.",
+)
+@click.option("--endpoints", type=click.IntRange(10, 5000), default=300, show_default=True)
+@click.option(
+    "--every",
+    "every_s",
+    type=click.FloatRange(5, 3600),
+    default=20,
+    show_default=True,
+    help="Seconds between disruptions.",
+)
+@click.option("--json", "as_json", is_flag=True)
+def soak(duration_s: float, endpoints: int, every_s: float, as_json: bool) -> None:
+    """Disrupt a local cluster for a while and check the invariants; exit 1 on a violation."""
+    from .soak import SoakConfig, format_summary, run_soak, violations
+
+    cfg = SoakConfig(endpoints=endpoints, duration_s=duration_s, every_s=every_s)
+    try:
+        result = run_soak(cfg, say=lambda line: click.echo(line, err=as_json))
+    except (RuntimeError, TimeoutError) as exc:
+        click.echo(f"Error: soak failed: {exc}", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(result, indent=2) if as_json else format_summary(result))
+    sys.exit(1 if violations(result) else 0)
 
 
 def main() -> None:

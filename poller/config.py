@@ -8,19 +8,30 @@ takes only its own sub-model. Unknown keys are errors, and every cross-field rul
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import socket
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import ConfigError
 
 __all__ = [
     "CoordinationSettings",
     "HealthSettings",
+    "HostAllowlist",
     "RedisSettings",
     "ScrapeSettings",
     "Settings",
@@ -47,6 +58,41 @@ class RedisSettings(BaseModel):
     #: Gather the fenced writes of this many milliseconds into one pipeline (0: off).
     #: A lone command costs the client ~5x the CPU of a pipelined one.
     write_batch_ms: float = Field(default=5.0, ge=0, le=100)
+    # TLS (rediss:// and rediss+sentinel:// only). The server certificate and its host
+    # name are always verified, against the system trust store unless a CA file is named.
+    #: PEM bundle of the CA(s) that signed the Redis (and Sentinel) server certificates.
+    tls_ca_file: str | None = None
+    #: Client certificate (PEM; may hold the key too) for servers with tls-auth-clients.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    #: Skip certificate verification (encrypted but unauthenticated). Logged as a WARNING.
+    tls_insecure: bool = False
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> RedisSettings:
+        tls_files = {
+            "tls_ca_file": self.tls_ca_file,
+            "tls_cert_file": self.tls_cert_file,
+            "tls_key_file": self.tls_key_file,
+        }
+        named = [name for name, path in tls_files.items() if path]
+        if (named or self.tls_insecure) and not self.url.startswith("rediss"):
+            which = ", ".join(named or ["tls_insecure"])
+            raise ValueError(f"{which} needs a rediss:// or rediss+sentinel:// URL")
+        if self.tls_key_file and not self.tls_cert_file:
+            raise ValueError("tls_key_file needs tls_cert_file")
+        if self.tls_insecure and self.tls_ca_file:
+            raise ValueError("tls_insecure skips verification: tls_ca_file would be ignored")
+        # Checked here, at start-up, because redis-py reads them only at the first
+        # connection, where a missing file would look like an unreachable Redis forever.
+        for name in named:
+            path = tls_files[name] or ""
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as exc:
+                raise ValueError(f"{name}: cannot read {path!r}: {exc.strerror}") from None
+        return self
 
 
 class CoordinationSettings(BaseModel):
@@ -96,6 +142,24 @@ class ScrapeSettings(BaseModel):
     default_engine: str = "vllm"
     #: Stats and failure hashes expire after this many intervals without a write.
     stats_ttl_intervals: float = Field(default=3.0, ge=1.5, le=1000)
+    #: Hosts the poller may scrape: CIDRs or IPs (``10.0.0.0/8``, ``fd00::/8``) for IP
+    #: literals, names (``gw.internal``) or wildcards (``*.engines.internal``) for host
+    #: names. Empty: any host. See ``HostAllowlist`` for the exact rules.
+    allowed_hosts: tuple[str, ...] = ()
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        # POLLER_SCRAPE__ALLOWED_HOSTS=10.0.0.0/8,*.engines.internal
+        if isinstance(value, str):
+            return tuple(item.strip() for item in value.split(",") if item.strip())
+        return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _check_hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        HostAllowlist.parse(value)  # raises ValueError naming the bad entry
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -123,6 +187,75 @@ class ScrapeSettings(BaseModel):
                 f"unknown default_engine {self.default_engine!r}; accepted: {accepted}"
             )
         return self
+
+
+_LABEL = r"(?!-)[a-z0-9_-]{1,63}(?<!-)"
+_NAME_RE = re.compile(rf"(\*\.)?{_LABEL}(\.{_LABEL})*")
+# What getaddrinfo would read as an IPv4 address although ipaddress does not: 10.1,
+# 0x0a000001, 167772161, 012.0.0.1. Such a host never matches a name pattern.
+_NUMERIC_HOST_RE = re.compile(r"(0x[0-9a-f]*|[0-9]+)(\.(0x[0-9a-f]*|[0-9]+)){0,3}")
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True, slots=True)
+class HostAllowlist:
+    """``scrape.allowed_hosts``, compiled. Nothing is resolved, ever.
+
+    An IP literal in a URL is checked against the CIDR entries only; a host name against
+    the name entries only. So ``10.0.0.0/8`` does not allow ``gw.internal`` even if it
+    resolves into 10/8, and ``gw.internal`` does not allow its addresses: resolving at
+    check time would let DNS decide, and the answer could change before the request.
+    ``*.x.internal`` matches names under ``x.internal`` at any depth, not ``x.internal``.
+    """
+
+    networks: tuple[IPNetwork, ...] = ()
+    names: frozenset[str] = frozenset()
+    suffixes: tuple[str, ...] = ()  # ".x.internal" for "*.x.internal"
+
+    @classmethod
+    def parse(cls, entries: tuple[str, ...] | list[str]) -> HostAllowlist:
+        networks: list[IPNetwork] = []
+        names: set[str] = set()
+        suffixes: list[str] = []
+        for raw in entries:
+            entry = raw.strip().lower().removeprefix("[").removesuffix("]").rstrip(".")
+            try:
+                networks.append(ipaddress.ip_network(entry, strict=False))
+                continue
+            except ValueError:
+                pass
+            if not _NAME_RE.fullmatch(entry) or _NUMERIC_HOST_RE.fullmatch(
+                entry.removeprefix("*.")
+            ):
+                raise ValueError(
+                    f"allowed_hosts entry {raw!r} is neither a CIDR/IP nor a host name "
+                    "pattern (gw.internal, *.engines.internal)"
+                )
+            if entry.startswith("*."):
+                suffixes.append(entry[1:])
+            else:
+                names.add(entry)
+        return cls(tuple(networks), frozenset(names), tuple(suffixes))
+
+    @property
+    def empty(self) -> bool:
+        return not (self.networks or self.names or self.suffixes)
+
+    def allows(self, host: str) -> bool:
+        """``host`` as in a URL (``urlsplit().hostname``: lower case, IPv6 unbracketed)."""
+        if self.empty:
+            return True
+        host = host.lower().removeprefix("[").removesuffix("]").rstrip(".")
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            if _NUMERIC_HOST_RE.fullmatch(host):
+                return False  # an IPv4 address in disguise: neither a name nor a CIDR match
+            return host in self.names or any(host.endswith(s) for s in self.suffixes)
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped  # ::ffff:10.0.0.5 connects to 10.0.0.5
+        return any(address in network for network in self.networks)
 
 
 class HealthSettings(BaseModel):

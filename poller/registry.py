@@ -76,6 +76,11 @@ class Endpoint(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     #: Ask for gzip. Off by default: compressing moves CPU onto the engine's API server.
     accept_gzip: bool = False
+    #: https only: a PEM CA bundle on the pollers to verify the engine's certificate with
+    #: (default: the system trust store).
+    tls_ca_file: str | None = None
+    #: https only: do not verify the engine's certificate (logged as a WARNING).
+    tls_insecure: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -150,6 +155,10 @@ class Endpoint(BaseModel):
     def _check_combination(self) -> Endpoint:
         if self.api_key_env and self.api_key_file:
             raise ValueError("set api_key_env or api_key_file, not both")
+        if (self.tls_ca_file or self.tls_insecure) and urlsplit(self.url).scheme != "https":
+            raise ValueError("tls_ca_file and tls_insecure need an https URL")
+        if self.tls_ca_file and self.tls_insecure:
+            raise ValueError("set tls_ca_file or tls_insecure, not both")
         if self.interval_s is not None and self.timeout_s is not None:
             if self.timeout_s >= self.interval_s:
                 raise ValueError(

@@ -11,14 +11,26 @@ transport): 0.55 ms of CPU per scrape of a 61 KB page at 200 endpoints, against 
 with one httpcore-backed client per endpoint and 18 ms with one shared httpcore client,
 whose pool scan grows with the number of hosts. ``http_client="httpcore"`` selects the
 per-endpoint clients; tests inject a transport per endpoint.
+
+TLS: engines are verified against the system trust store, or against the endpoint's
+``tls_ca_file``; ``tls_insecure`` turns verification off (with a WARNING). One
+``ssl.SSLContext`` is built per distinct (CA file, insecure) pair, and the aiohttp stack
+gets one session per pair, since httpx-aiohttp cannot pass aiohttp a per-request
+``ssl=``; endpoints with the default TLS settings all share the first session.
+
+URL policy: redirects are never followed, and with ``scrape.allowed_hosts`` set a host
+outside it is never contacted (a ``config`` failure). The host checked is the one in the
+request httpx builds, i.e. exactly what the transport will connect to.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,15 +38,25 @@ import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
+from .config import HostAllowlist
 from .errors import FetchError
 from .registry import Endpoint
 
 __all__ = ["Fetched", "Scraper", "TransportFactory", "resolve_api_key"]
 
+log = logging.getLogger(__name__)
+
 #: Builds the transport for one endpoint's client; tests pass httpx.MockTransport.
 TransportFactory = Callable[[Endpoint], httpx.AsyncBaseTransport]
 
 _ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
+
+#: An endpoint's TLS settings, (tls_ca_file, tls_insecure): one SSLContext per value.
+TlsKey = tuple[str | None, bool]
+
+
+def _tls_key(endpoint: Endpoint) -> TlsKey:
+    return (endpoint.tls_ca_file, endpoint.tls_insecure)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,14 +109,19 @@ class Scraper:
         max_body_bytes: int,
         http_client: str = "aiohttp",
         transport_factory: TransportFactory | None = None,
+        allowed_hosts: Sequence[str] = (),
     ) -> None:
         self.max_body_bytes = max_body_bytes
         if transport_factory is None and http_client == "httpcore":
-            transport_factory = _httpcore_transport
+            transport_factory = self._httpcore_transport
         self._transport_factory = transport_factory
-        self._clients: dict[str, httpx.AsyncClient] = {}
-        self._shared: httpx.AsyncClient | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._allowlist = HostAllowlist.parse(tuple(allowed_hosts))
+        self._contexts: dict[TlsKey, ssl.SSLContext] = {}
+        # Per-endpoint clients remember the TLS settings they were built with, so an entry
+        # whose tls_ca_file/tls_insecure changed gets a new client.
+        self._clients: dict[str, tuple[TlsKey, httpx.AsyncClient]] = {}
+        self._shared: dict[TlsKey, tuple[aiohttp.ClientSession, httpx.AsyncClient]] = {}
+        self._warned_insecure: set[str] = set()
 
     @staticmethod
     def _new_client(transport: httpx.AsyncBaseTransport) -> httpx.AsyncClient:
@@ -104,40 +131,82 @@ class Scraper:
             trust_env=False,  # no proxy or netrc surprises: engines are addressed directly
         )
 
-    def _client(self, endpoint: Endpoint) -> httpx.AsyncClient:
+    def _ssl_context(self, endpoint: Endpoint) -> ssl.SSLContext:
+        """The cached context for the endpoint's TLS settings; a bad CA file is ``config``."""
+        key = _tls_key(endpoint)
+        context = self._contexts.get(key)
+        if context is not None:
+            return context
+        ca_file, insecure = key
+        try:
+            # Only the named bundle, not the system store too: a private CA narrows trust.
+            context = ssl.create_default_context(cafile=ca_file)
+        except OSError as exc:  # ssl.SSLError too; not cached: a file mounted later works
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise FetchError(
+                "config", f"cannot use tls_ca_file {ca_file}: {why}", endpoint=endpoint.id
+            ) from None
+        if insecure:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        self._contexts[key] = context
+        return context
+
+    def _httpcore_transport(self, endpoint: Endpoint) -> httpx.AsyncBaseTransport:
+        return httpx.AsyncHTTPTransport(
+            verify=self._ssl_context(endpoint),
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+        )
+
+    async def _client(self, endpoint: Endpoint) -> httpx.AsyncClient:
+        key = _tls_key(endpoint)
         if self._transport_factory is None:
-            if self._shared is None:
-                # One session for every endpoint: aiohttp keys its pool by host, so the
-                # cost per request does not grow with the number of endpoints.
-                self._session = aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+            shared = self._shared.get(key)
+            if shared is None:
+                # One session for every endpoint with these TLS settings: aiohttp keys its
+                # pool by host, so the cost per request does not grow with the endpoints.
+                session = aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(
+                        limit=0, limit_per_host=0, ssl=self._ssl_context(endpoint)
+                    ),
                     auto_decompress=False,  # httpx decodes; we ask for identity anyway
                     trust_env=False,
                 )
-                self._shared = self._new_client(AiohttpTransport(client=self._session))
-            return self._shared
-        client = self._clients.get(endpoint.id)
-        if client is None:
-            client = self._new_client(self._transport_factory(endpoint))
-            self._clients[endpoint.id] = client
+                shared = (session, self._new_client(AiohttpTransport(client=session)))
+                self._shared[key] = shared
+            return shared[1]
+        cached = self._clients.get(endpoint.id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        if cached is not None:
+            await self.discard(endpoint.id)
+        client = self._new_client(self._transport_factory(endpoint))
+        self._clients[endpoint.id] = (key, client)
         return client
 
     async def discard(self, endpoint_id: str) -> None:
         """Close the endpoint's own client, if it has one (lease lost, endpoint removed)."""
-        client = self._clients.pop(endpoint_id, None)
-        if client is not None:
-            await client.aclose()
+        cached = self._clients.pop(endpoint_id, None)
+        if cached is not None:
+            await cached[1].aclose()
 
     async def aclose(self) -> None:
         clients, self._clients = self._clients, {}
-        for client in clients.values():
+        for _, client in clients.values():
             await client.aclose()
-        if self._shared is not None:
-            await self._shared.aclose()
-            self._shared = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        shared, self._shared = self._shared, {}
+        for session, client in shared.values():
+            await client.aclose()
+            await session.close()
+
+    def _check_host(self, endpoint: Endpoint, request: httpx.Request) -> None:
+        if self._allowlist.empty:
+            return
+        host = request.url.raw_host.decode("ascii", "replace")
+        if not self._allowlist.allows(host):
+            raise FetchError(
+                "config", f"host {host} is not in scrape.allowed_hosts", endpoint=endpoint.id
+            )
 
     async def fetch(self, endpoint: Endpoint, default_path: str, timeout_s: float) -> Fetched:
         """GET the page within ``timeout_s`` overall (a drip-fed body cannot stretch it)."""
@@ -160,24 +229,30 @@ class Scraper:
         except httpx.TimeoutException as exc:
             if _disconnected(exc):
                 raise FetchError(
-                    "unreachable", _describe(exc.__cause__ or exc), endpoint=endpoint.id
+                    "unreachable", _unreachable(exc.__cause__ or exc), endpoint=endpoint.id
                 ) from exc
             raise FetchError(
                 "timeout", f"{type(exc).__name__} after {timeout_s:g}s", endpoint=endpoint.id
             ) from exc
         except (httpx.ConnectError, httpx.UnsupportedProtocol) as exc:
-            raise FetchError("unreachable", _describe(exc), endpoint=endpoint.id) from exc
+            raise FetchError("unreachable", _unreachable(exc), endpoint=endpoint.id) from exc
         except httpx.DecodingError as exc:
             raise FetchError("parse", f"cannot decode body: {exc}", endpoint=endpoint.id) from exc
         except (httpx.TransportError, OSError) as exc:
             # Reset or closed mid-response, protocol violations: the engine is not serving.
-            raise FetchError("unreachable", _describe(exc), endpoint=endpoint.id) from exc
+            raise FetchError("unreachable", _unreachable(exc), endpoint=endpoint.id) from exc
 
     async def _get(
         self, endpoint: Endpoint, url: str, headers: dict[str, str], timeout_s: float, t0: float
     ) -> Fetched:
-        client = self._client(endpoint)
+        client = await self._client(endpoint)
         request = client.build_request("GET", url, headers=headers, timeout=timeout_s)
+        self._check_host(endpoint, request)
+        if endpoint.tls_insecure and endpoint.id not in self._warned_insecure:
+            self._warned_insecure.add(endpoint.id)
+            log.warning(
+                "endpoint=%s has tls_insecure: its certificate is not verified", endpoint.id
+            )
         response = await client.send(request, stream=True)
         try:
             status = response.status_code
@@ -213,12 +288,6 @@ class Scraper:
         return f"body of {size}+ bytes exceeds the {self.max_body_bytes}-byte cap"
 
 
-def _httpcore_transport(endpoint: Endpoint) -> httpx.AsyncBaseTransport:
-    return httpx.AsyncHTTPTransport(
-        limits=httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    )
-
-
 def _disconnected(exc: httpx.TimeoutException) -> bool:
     """httpx-aiohttp maps every aiohttp connection error to ConnectTimeout; a refused
     connect or a server that hung up is 'unreachable', not a timeout."""
@@ -226,6 +295,29 @@ def _disconnected(exc: httpx.TimeoutException) -> bool:
     if isinstance(cause, aiohttp.ServerTimeoutError | aiohttp.SocketTimeoutError):
         return False
     return isinstance(cause, aiohttp.ClientConnectionError | OSError)
+
+
+def _unreachable(exc: BaseException) -> str:
+    """The detail of an ``unreachable`` failure; TLS problems say so first."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        # aiohttp wraps the ssl error and keeps it in an attribute, not in __cause__.
+        inner = getattr(cause, "certificate_error", None) or getattr(cause, "os_error", None)
+        if isinstance(inner, BaseException) and inner is not cause:
+            cause = inner
+            continue
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            why = cause.verify_message or cause.reason or str(cause)
+            return (
+                f"TLS certificate verification failed: {why} (tls_ca_file names the CA "
+                "bundle to verify it with)"
+            )[:300]
+        if isinstance(cause, ssl.SSLError):
+            return f"TLS handshake failed: {cause.reason or cause}"[:300]
+        cause = cause.__cause__ or cause.__context__
+    return _describe(exc)
 
 
 def _describe(exc: BaseException) -> str:

@@ -303,6 +303,7 @@ def connect(settings: RedisSettings) -> aioredis.Redis | RedisCluster:
         "socket_connect_timeout": settings.connect_timeout_s,
         "decode_responses": True,
         "health_check_interval": 10,
+        **_tls_options(settings),
     }
     retry = Retry(NoBackoff(), 1)
     if settings.url.split("://", 1)[0] in ("redis+sentinel", "rediss+sentinel"):
@@ -312,12 +313,35 @@ def connect(settings: RedisSettings) -> aioredis.Redis | RedisCluster:
     return aioredis.Redis.from_url(settings.url, retry=retry, **options)
 
 
+def _tls_options(settings: RedisSettings) -> dict[str, Any]:
+    """redis-py's ``ssl_*`` arguments for a rediss URL (plain connections reject them).
+
+    Verification is explicit rather than left to redis-py's defaults, which older
+    versions set to no host name check.
+    """
+    if not settings.url.startswith("rediss"):
+        return {}  # RedisSettings refuses TLS settings without a rediss URL
+    options: dict[str, Any] = {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
+    if settings.tls_insecure:
+        log.warning("redis.tls_insecure is set: the Redis server's certificate is not verified")
+        options = {"ssl_cert_reqs": "none", "ssl_check_hostname": False}
+    if settings.tls_ca_file:
+        options["ssl_ca_certs"] = settings.tls_ca_file
+    if settings.tls_cert_file:
+        options["ssl_certfile"] = settings.tls_cert_file
+    if settings.tls_key_file:
+        options["ssl_keyfile"] = settings.tls_key_file
+    return options
+
+
 def _sentinel_master(url: str, retry: Retry, options: dict[str, Any]) -> aioredis.Redis:
     """``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``.
 
     The client asks the sentinels for the current master on every (re)connection, so it
     follows a failover by itself. The user and password are the master's; sentinels
-    protected by a password take it from ``?sentinel_password=``.
+    protected by a password take it from ``?sentinel_password=``. With
+    ``rediss+sentinel://`` the sentinels and the master are both spoken to over TLS, with
+    the same CA and client certificate: the sentinel password must not travel in clear.
     """
     from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -345,9 +369,15 @@ def _sentinel_master(url: str, retry: Retry, options: dict[str, Any]) -> aioredi
     sentinel_kwargs: dict[str, Any] = {
         "socket_timeout": options["socket_timeout"],
         "socket_connect_timeout": options["socket_connect_timeout"],
+        # redis-py's default retry backs off for seconds per sentinel (~9 s for a
+        # certificate that can never verify); fail fast like the master connections.
+        "retry": retry,
     }
     if "sentinel_password" in query:
         sentinel_kwargs["password"] = query["sentinel_password"][0]
+    if tls:
+        sentinel_kwargs["ssl"] = True
+        sentinel_kwargs.update((k, v) for k, v in options.items() if k.startswith("ssl_"))
     sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, ssl=tls, **options)  # type: ignore[no-untyped-call]
     master: aioredis.Redis = sentinel.master_for(
         path[0],

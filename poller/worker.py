@@ -110,6 +110,7 @@ class Worker:
             max_body_bytes=settings.scrape.max_body_bytes,
             http_client=settings.scrape.http_client,
             transport_factory=transport_factory,
+            allowed_hosts=settings.scrape.allowed_hosts,
         )
         self.metrics = metrics or PollerMetrics()
         self.owned: dict[str, Owned] = {}

@@ -1,0 +1,247 @@
+"""Endpoint URL policy: schemes, credentials, redirects, and ``scrape.allowed_hosts``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import fakeredis
+import httpx
+import pytest
+from aiohttp import web
+
+from poller.config import HostAllowlist, Settings, load_settings
+from poller.errors import ConfigError, FetchError
+from poller.registry import Endpoint, endpoint_from_json
+from poller.scrape import Scraper
+from poller.store import RedisStore
+from poller.worker import Worker
+
+VLLM = b"vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.5\n"
+
+ALLOWLIST = (
+    "10.0.0.0/8",
+    "192.168.7.5",  # a bare address is a /32
+    "fd00::/8",
+    "[::1]",  # brackets are tolerated
+    "gw.internal",
+    "*.engines.internal",
+    "Mixed.Case.Example.",  # case and a trailing dot do not matter
+)
+
+
+@pytest.mark.parametrize(
+    ("host", "allowed"),
+    [
+        ("10.1.2.3", True),
+        ("11.0.0.1", False),
+        ("192.168.7.5", True),
+        ("192.168.7.6", False),
+        ("fd12:3456::1", True),
+        ("fe80::1", False),
+        ("::1", True),
+        ("[::1]", True),
+        ("::ffff:10.0.0.1", True),  # IPv4-mapped: connects to 10.0.0.1
+        ("::ffff:11.0.0.1", False),
+        ("gw.internal", True),
+        ("GW.Internal.", True),
+        ("x.gw.internal", False),  # an exact name does not allow its subdomains
+        ("a.engines.internal", True),
+        ("a.b.engines.internal", True),  # any depth under the wildcard
+        ("engines.internal", False),  # but not the apex
+        ("evilengines.internal", False),
+        ("engines.internal.evil.com", False),
+        ("mixed.case.example", True),
+        # IPv4 in forms getaddrinfo accepts but ipaddress does not: never a name match
+        ("10.1", False),
+        ("0x0a000001", False),
+        ("167772161", False),
+        ("012.0.0.1", False),
+        ("", False),
+    ],
+)
+def test_allowlist_matching(host: str, allowed: bool) -> None:
+    assert HostAllowlist.parse(ALLOWLIST).allows(host) is allowed
+
+
+def test_names_and_addresses_do_not_imply_each_other() -> None:
+    """Nothing is resolved: a CIDR does not allow names, a name does not allow addresses."""
+    by_cidr = HostAllowlist.parse(["127.0.0.0/8"])
+    assert by_cidr.allows("127.0.0.1") and not by_cidr.allows("localhost")
+    by_name = HostAllowlist.parse(["localhost"])
+    assert by_name.allows("localhost") and not by_name.allows("127.0.0.1")
+    assert not by_name.allows("::1")
+
+
+def test_empty_allowlist_allows_everything() -> None:
+    empty = HostAllowlist.parse([])
+    assert empty.empty and empty.allows("anything.example") and empty.allows("10.1")
+
+
+def test_ipv6_with_a_zone_matches_its_network() -> None:
+    link_local = HostAllowlist.parse(["fe80::/10"])
+    assert link_local.allows("fe80::1%25eth0") and link_local.allows("fe80::1")
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "*",
+        "*.",
+        "a*.b",
+        "*.10.0",
+        "http://gw.internal",
+        "gw.internal:8000",
+        "a..b",
+        "-a.b",
+        "10.0.0.0/33",
+        "10.1",
+        "gw internal",
+    ],
+)
+def test_bad_allowlist_entries_are_config_errors(entry: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(None, {"scrape.allowed_hosts": [entry]}, {})
+    assert str(err.value).startswith("scrape.allowed_hosts: ") and repr(entry) in str(err.value)
+
+
+def test_allowlist_from_env_toml_and_defaults(tmp_path: Path) -> None:
+    env = {"POLLER_SCRAPE__ALLOWED_HOSTS": "10.0.0.0/8, *.engines.internal,,"}
+    assert load_settings(None, None, env).scrape.allowed_hosts == (
+        "10.0.0.0/8",
+        "*.engines.internal",
+    )
+    assert Settings().scrape.allowed_hosts == ()
+    config = tmp_path / "p.toml"
+    config.write_text('[scrape]\nallowed_hosts = ["gw.internal", "fd00::/8"]\n')
+    assert load_settings(config, None, {}).scrape.allowed_hosts == ("gw.internal", "fd00::/8")
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("ftp://10.0.0.5/x", "scheme must be http or https"),
+        ("file:///etc/passwd", "scheme must be http or https"),
+        ("http://user:pw@10.0.0.5:8000", "credentials in the URL are not allowed"),
+        ("http://user@10.0.0.5:8000", "credentials in the URL are not allowed"),
+        ("http://10.0.0.5:8000/?x=1", "query or fragment"),
+    ],
+)
+def test_registry_url_rules_stay(url: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        endpoint_from_json("e1", json.dumps({"url": url}))
+
+
+# --- the scrape path ----------------------------------------------------------------------
+
+
+class Engine:
+    """A local HTTP server that counts requests per path."""
+
+    def __init__(self) -> None:
+        self.hits: dict[str, int] = {}
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.hits[request.path] = self.hits.get(request.path, 0) + 1
+        if request.path == "/redirect/metrics":
+            raise web.HTTPFound("/target/metrics")
+        if request.path == "/away/metrics":  # to a host that is not in any allowlist
+            raise web.HTTPFound("http://localhost:9/metrics")
+        return web.Response(body=VLLM, content_type="text/plain")
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Engine]:
+    e = Engine()
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", e.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    e.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    yield e
+    await runner.cleanup()
+
+
+@pytest.mark.parametrize("http_client", ["aiohttp", "httpcore"])
+@pytest.mark.parametrize("path", ["redirect", "away"])
+async def test_redirects_are_not_followed(engine: Engine, http_client: str, path: str) -> None:
+    scraper = Scraper(max_body_bytes=100_000, http_client=http_client)
+    try:
+        with pytest.raises(FetchError) as err:
+            await scraper.fetch(Endpoint(id="e", url=f"{engine.url}/{path}"), "/metrics", 2.0)
+    finally:
+        await scraper.aclose()
+    assert err.value.reason == "http_status" and err.value.detail == "HTTP 302"
+    assert engine.hits == {f"/{path}/metrics": 1}
+
+
+@pytest.mark.parametrize("http_client", ["aiohttp", "httpcore"])
+async def test_disallowed_host_is_never_contacted(engine: Engine, http_client: str) -> None:
+    scraper = Scraper(
+        max_body_bytes=100_000, http_client=http_client, allowed_hosts=["localhost", "10.0.0.0/8"]
+    )
+    try:
+        with pytest.raises(FetchError) as err:
+            await scraper.fetch(Endpoint(id="e", url=engine.url), "/metrics", 2.0)
+        assert err.value.reason == "config"
+        assert err.value.detail == "host 127.0.0.1 is not in scrape.allowed_hosts"
+        assert engine.hits == {}
+        allowed = Endpoint(id="e", url=engine.url.replace("127.0.0.1", "localhost"))
+        assert (await scraper.fetch(allowed, "/metrics", 2.0)).status == 200
+    finally:
+        await scraper.aclose()
+    assert engine.hits == {"/metrics": 1}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.requests: list[httpx.Request] = []
+
+    def factory(self, endpoint: Endpoint) -> httpx.AsyncBaseTransport:
+        def handle(request: httpx.Request) -> httpx.Response:
+            self.requests.append(request)
+            return httpx.Response(200, content=VLLM)
+
+        return httpx.MockTransport(handle)
+
+
+async def test_worker_writes_a_config_failure_for_a_disallowed_endpoint(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    recorder = Recorder()
+    client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    settings = Settings.model_validate(
+        {"id": "p1", "scrape": {"allowed_hosts": ["*.engines.internal", "10.0.0.0/8"]}}
+    )
+    worker = Worker(settings, RedisStore(client, "t"), transport_factory=recorder.factory)
+    try:
+        # Written straight into the hash, as a foreign writer would: the policy is applied
+        # where the poller scrapes, not where entries are written.
+        await client.hset(
+            "{t}:endpoints",
+            mapping={
+                "outside": json.dumps({"url": "http://169.254.169.254"}),
+                "inside": json.dumps({"url": "http://a.engines.internal:8000"}),
+            },
+        )
+        await worker.store.ensure_schema()
+        await worker._heartbeat()
+        await worker._sync_registry()
+        await worker._reconcile()
+        assert set(worker.owned) == {"outside", "inside"}
+        caplog.set_level("WARNING", logger="poller.worker")
+        await worker.scrape_once("outside")
+        await worker.scrape_once("inside")
+        failure = await client.hgetall("{t}:failure:outside")
+        assert failure["reason"] == "config"
+        assert failure["detail"] == "host 169.254.169.254 is not in scrape.allowed_hosts"
+        assert [str(r.url) for r in recorder.requests] == ["http://a.engines.internal:8000/metrics"]
+        assert (await worker.store.read_stats("inside"))["running"] == "1"
+        assert any("169.254.169.254" in r.getMessage() for r in caplog.records)
+    finally:
+        await worker.scraper.aclose()
+        await client.aclose()
