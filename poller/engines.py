@@ -174,13 +174,28 @@ assert tuple(ENGINE_SPECS) == ENGINES, "registry.ENGINES and ENGINE_SPECS must a
 _NOT_A_MODEL = frozenset({"", "undefined", "unknown"})
 
 
+# Larger values are not counts or fractions an engine could mean (and 2**53 is where
+# floats stop being exact integers, which readers in other languages rely on).
+_MAX_VALUE = float(2**53)
+
+
 def _values(samples: Sequence[Sample], metric: Metric) -> list[float]:
-    """Usable values of one source: NaN and negative sentinels dropped."""
+    """Usable values of one source: NaN, infinities, negative sentinels and absurdly
+    large numbers dropped."""
     return [
         s.value
         for s in samples
-        if s.name == metric.name and metric.matches(s) and s.value >= 0 and not math.isnan(s.value)
+        if s.name == metric.name and metric.matches(s) and 0 <= s.value < _MAX_VALUE
     ]
+
+
+def _dedupe(samples: Sequence[Sample]) -> list[Sample]:
+    """One sample per series (the last one written): a page listing a series twice
+    must not count it twice."""
+    seen: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {}
+    for sample in samples:
+        seen[(sample.name, tuple(sorted(sample.labels.items())))] = sample
+    return list(seen.values()) if len(seen) < len(samples) else list(samples)
 
 
 @dataclass(frozen=True)
@@ -237,6 +252,7 @@ class EngineMapping:
 
     def extract(self, samples: Sequence[Sample]) -> Signals:
         """Fold parsed samples into Signals; ContractError lists every missing signal."""
+        samples = _dedupe(samples)
         sources: dict[str, str] = {}
         missing: list[str] = []
 
@@ -326,7 +342,7 @@ class EngineMapping:
         return (
             names("running_lora_adapters"),
             names("waiting_lora_adapters"),
-            int(max_lora) if max_lora.isdigit() else None,
+            int(max_lora) if max_lora.isascii() and max_lora.isdigit() else None,
         )
 
     def _models(self, samples: Sequence[Sample]) -> tuple[str, ...]:

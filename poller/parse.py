@@ -48,6 +48,8 @@ _OPEN = re.compile(r"[ \t]*+\{")
 # value [timestamp] [# exemplar], then only whitespace (the \r of CRLF) to the line end.
 _TAIL = re.compile(r"[ \t]*+([^\s#]\S*+)(?:[ \t]++([^\s#]\S*+))?+(?:[ \t]++#.*+)?+\s*+\Z")
 _BLANK_OR_COMMENT = re.compile(r"\s*+(?:#|\Z)")
+# The start of a line holding something other than blanks or a comment.
+_CONTENT_LINE = re.compile(r"^[ \t\r\f\v]*+[^#\s]", re.MULTILINE)
 _ESCAPE = re.compile(r'\\[\\"n]')
 # Exactly the escapes prometheus_client undoes; any other `\x` is kept as written.
 _UNESCAPED = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
@@ -142,18 +144,22 @@ def looks_like_exposition(text: str, lines: int = 3) -> bool:
     A page that is empty or holds only comments counts as exposition text.
     """
     pos = 1 if text.startswith(_BOM) else 0
-    size = len(text)
-    while pos <= size and lines > 0:
+    while lines > 0:
+        # Jump over blank and comment lines in C: a page of megabytes of newlines must
+        # not cost a Python iteration per line.
+        found = _CONTENT_LINE.search(text, pos)
+        if found is None:
+            return True
+        pos = found.start()
         end = _line_end(text, pos)
-        if not _BLANK_OR_COMMENT.match(text, pos, end):
-            match = _NAME.match(text, pos, end)
-            if match is None or match.end() == end or text[match.end()] not in "{ \t":
-                return False
-            try:
-                _sample(text, match[0], pos)
-            except ParseError:
-                return False
-            lines -= 1
+        match = _NAME.match(text, pos, end)
+        if match is None or match.end() == end or text[match.end()] not in "{ \t":
+            return False
+        try:
+            _sample(text, match[0], pos)
+        except ParseError:
+            return False
+        lines -= 1
         pos = end + 1
     return True
 

@@ -84,7 +84,7 @@ def prefix_hit_rate(
 
 def format_number(value: float) -> str:
     """Decimal string for Redis: integers without a fraction, others with repr precision."""
-    if value == int(value) and math.isfinite(value) and abs(value) < 2**53:
+    if math.isfinite(value) and abs(value) < 2**53 and value == int(value):
         return str(int(value))
     return repr(float(value))
 
