@@ -108,14 +108,14 @@ class Coordinator:
             # Release (not just forget) so the preferred owner can take them at once.
             await self.store.release_leases(self.poller_id, give_up)
             for e in give_up:
-                del self.held[e]
+                self.held.pop(e, None)  # a rejected write may have forgotten it meanwhile
             result.lost.extend(sorted(give_up))
 
         renewed = await self.store.renew_leases(self.poller_id, self.held, ttl)
         for e, ok in renewed.items():
             if not ok:
                 log.warning("lease lost: endpoint=%s", e)
-                del self.held[e]
+                self.held.pop(e, None)
                 result.lost.append(e)
 
         wanted = sorted(mine - self.held.keys())
@@ -128,9 +128,11 @@ class Coordinator:
         result.duration_s = time.perf_counter() - started
         return result
 
-    def forget(self, endpoint_id: str) -> None:
-        """A fenced write was rejected: the lease is someone else's now."""
-        self.held.pop(endpoint_id, None)
+    def forget(self, endpoint_id: str, token: int | None = None) -> None:
+        """A fenced write was rejected: the lease is someone else's now. With ``token``,
+        only if we still hold it under that token (not one re-acquired meanwhile)."""
+        if token is None or self.held.get(endpoint_id) == token:
+            self.held.pop(endpoint_id, None)
 
     async def leave(self) -> int:
         """Graceful exit: leave membership first, so survivors' next reconcile no longer

@@ -59,6 +59,23 @@ def validate_endpoint_id(endpoint_id: str) -> str:
     return endpoint_id
 
 
+def _check_host(host: str) -> None:
+    """Reject host names the HTTP client would refuse later (at every scrape)."""
+    if host.startswith("[") or ":" in host or host.replace(".", "").isdigit():
+        return  # IP literals are checked by the client as addresses
+    if len(host) > 253:
+        raise ValueError("the host name is longer than 253 characters")
+    for label in host.split("."):
+        try:
+            ascii_label = label.encode("idna")
+            if ascii_label.startswith(b"xn--"):
+                ascii_label.decode("idna")  # punycode that decodes to nothing is invalid
+        except UnicodeError:
+            raise ValueError(f"host label {label[:70]!r} is not a valid name") from None
+        if not 0 < len(ascii_label) <= 63:
+            raise ValueError(f"host label {label[:70]!r} must be 1 to 63 characters")
+
+
 class Endpoint(BaseModel):
     """One registry entry. ``id`` is the hash field; the rest is its JSON value."""
 
@@ -105,6 +122,9 @@ class Endpoint(BaseModel):
     @field_validator("url")
     @classmethod
     def _check_url(cls, value: str) -> str:
+        if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
+            # urlsplit drops tabs and newlines silently; the HTTP client would refuse them
+            raise ValueError("the URL contains whitespace or control characters")
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https"):
             raise ValueError(f"scheme must be http or https, got {parts.scheme or 'none'!r}")
@@ -118,6 +138,7 @@ class Endpoint(BaseModel):
             parts.port  # noqa: B018 - raises on a bad port
         except ValueError as exc:
             raise ValueError(f"bad port: {exc}") from None
+        _check_host(parts.hostname)
         return value.rstrip("/")
 
     @field_validator("engine")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import ssl
 import time
 from collections.abc import Callable, Sequence
@@ -67,8 +68,32 @@ class Fetched:
     elapsed_s: float
 
 
+# A bearer token is visible ASCII (RFC 6750 allows less; anything else cannot be a
+# header value, and the HTTP libraries' errors would quote it).
+_TOKEN_RE = re.compile(r"[\x21-\x7e]+")
+
+
 def resolve_api_key(endpoint: Endpoint) -> str | None:
-    """The bearer token for an endpoint, from the poller's environment or a file."""
+    """The bearer token for an endpoint, from the poller's environment or a file.
+
+    The key never appears in an error: a key that is not one header-safe word is a
+    ``config`` failure that says where it came from, not what it is."""
+    key = _read_api_key(endpoint)
+    if key is not None and not _TOKEN_RE.fullmatch(key):
+        source = (
+            f"environment variable {endpoint.api_key_env}"
+            if endpoint.api_key_env
+            else f"api_key_file {endpoint.api_key_file}"
+        )
+        raise FetchError(
+            "config",
+            f"the API key in {source} is not one word of visible ASCII characters",
+            endpoint=endpoint.id,
+        )
+    return key
+
+
+def _read_api_key(endpoint: Endpoint) -> str | None:
     if endpoint.api_key_env:
         value = os.environ.get(endpoint.api_key_env)
         if not value:
@@ -238,9 +263,19 @@ class Scraper:
             raise FetchError("unreachable", _unreachable(exc), endpoint=endpoint.id) from exc
         except httpx.DecodingError as exc:
             raise FetchError("parse", f"cannot decode body: {exc}", endpoint=endpoint.id) from exc
-        except (httpx.TransportError, OSError) as exc:
-            # Reset or closed mid-response, protocol violations: the engine is not serving.
+        except (httpx.TransportError, aiohttp.ClientError, OSError) as exc:
+            # Reset or closed mid-response, protocol violations (a bad status line, a bad
+            # Content-Length or chunk size: aiohttp's errors pass httpx-aiohttp unmapped):
+            # the engine is not serving.
             raise FetchError("unreachable", _unreachable(exc), endpoint=endpoint.id) from exc
+        except (httpx.InvalidURL, UnicodeError, ValueError) as exc:
+            # The request could not even be built (a URL or header the client refuses);
+            # the exception text may quote the header, so it is not repeated.
+            raise FetchError(
+                "config",
+                f"cannot build the request ({type(exc).__name__}): check the URL",
+                endpoint=endpoint.id,
+            ) from exc
 
     async def _get(
         self, endpoint: Endpoint, url: str, headers: dict[str, str], timeout_s: float, t0: float

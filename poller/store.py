@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ class Keys:
         self.members = f"{self.prefix}:members"
         self.fence = f"{self.prefix}:fence"
         self.events = f"{self.prefix}:events"
+        self.epoch = f"{self.prefix}:epoch"
         # The whole view in two hashes, for snapshots in one cheap read (docs/schema.md).
         self.view_stats = f"{self.prefix}:view:stats"
         self.view_failures = f"{self.prefix}:view:failures"
@@ -208,23 +210,30 @@ return {1, count}
 """
 )
 
-# KEYS: members, schema   ARGV: poller id ("" = only read), member ttl ms, schema version
+# KEYS: members, schema, epoch
+# ARGV: poller id ("" = only read), member ttl ms, schema version, a fresh random epoch
 # Adds/refreshes us (score = Redis-clock expiry), prunes expired members, claims the schema
-# version if Redis has none (a restart that lost everything is noticed within a heartbeat)
-# and returns {now, schema version found, member, member, ...}: the live members.
+# version and a data epoch if Redis has none (a restart that lost everything gets a new
+# epoch: pollers notice within a heartbeat, even when the registry revision repeats) and
+# returns {now, schema version found, epoch, member, member, ...}: the live members.
 HEARTBEAT_LUA = (
     _NOW_MS
     + """
 local schema = redis.call('GET', KEYS[2])
+local epoch = redis.call('GET', KEYS[3])
 if ARGV[1] ~= '' then
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
   if not schema then
     redis.call('SET', KEYS[2], ARGV[3])
     schema = ARGV[3]
   end
+  if not epoch then
+    redis.call('SET', KEYS[3], ARGV[4])
+    epoch = ARGV[4]
+  end
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
 end
-local out = {now, schema or ''}
+local out = {now, schema or '', epoch or ''}
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf')) do out[#out + 1] = m end
 return out
 """
@@ -302,6 +311,9 @@ def connect(settings: RedisSettings) -> aioredis.Redis | RedisCluster:
         "socket_timeout": settings.socket_timeout_s,
         "socket_connect_timeout": settings.connect_timeout_s,
         "decode_responses": True,
+        # A foreign writer's invalid UTF-8 must not break every read of the registry:
+        # decode with U+FFFD, and the entry fails validation like any bad entry.
+        "encoding_errors": "replace",
         "health_check_interval": 10,
         **_tls_options(settings),
     }
@@ -473,6 +485,7 @@ class RedisStore:
     ) -> None:
         self.client = client
         self.keys = Keys(namespace)
+        self.epoch = ""
         #: Batch fenced writes over this window (0: one EVALSHA per write). redis-py does
         #: not pipeline EVALSHA on Cluster, so Cluster clients write one by one.
         batching = write_batch_window_s > 0 and not isinstance(client, RedisCluster)
@@ -512,6 +525,12 @@ class RedisStore:
             raise StoreError(f"Redis unreachable during {what}: {exc}") from exc
         except rexc.RedisError as exc:
             raise StoreError(f"Redis error during {what}: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            # Only with a client of the caller's that decodes strictly; connect() replaces.
+            raise StoreError(
+                f"Redis returned invalid UTF-8 during {what} (use a client with "
+                "encoding_errors='replace', as poller.store.connect() builds)"
+            ) from exc
 
     def _run(self, script: Any, keys: list[str], args: list[Any]) -> Awaitable[Any]:
         if self._batcher is not None:
@@ -539,14 +558,16 @@ class RedisStore:
         Raises SchemaMismatch if Redis holds data of another schema version."""
         reply = await self._call(
             self._heartbeat(
-                keys=[self.keys.members, self.keys.schema],
-                args=[poller_id, member_ttl_ms, SCHEMA_VERSION],
+                keys=[self.keys.members, self.keys.schema, self.keys.epoch],
+                args=[poller_id, member_ttl_ms, SCHEMA_VERSION, secrets.token_hex(8)],
             ),
             "heartbeat",
         )
         if poller_id and reply[1] != SCHEMA_VERSION:
             raise self._mismatch(reply[1])
-        return int(reply[0]), sorted(reply[2:])
+        #: The data epoch Redis reported: it changes only when Redis lost everything.
+        self.epoch = str(reply[2])
+        return int(reply[0]), sorted(reply[3:])
 
     def _mismatch(self, found: str | None) -> SchemaMismatch:
         return SchemaMismatch(

@@ -29,7 +29,7 @@ from .engines import EngineMapping, mapping_for
 from .errors import ConfigError, PollerError, SchemaMismatch, ScrapeError, StoreError
 from .leases import Coordinator, ReconcileResult
 from .metrics import PollerMetrics
-from .registry import Endpoint, endpoints_from_file
+from .registry import Endpoint, endpoints_from_file, validate_endpoint_id
 from .scrape import Scraper, TransportFactory
 from .stats import prefix_hit_rate, stats_fields
 from .store import RedisStore
@@ -127,6 +127,8 @@ class Worker:
         self._scheduler: AsyncIOScheduler | None = None
         self._file_mtime: float | None = None
         self._started = False  # leftovers of an earlier run of this id released
+        self._epoch = ""  # the Redis data epoch seen at the last heartbeat
+        self._unusable: set[str] = set()
         #: Set when the poller must stop (another schema version in Redis).
         self.fatal: PollerError | None = None
         self.on_fatal: Callable[[], None] | None = None
@@ -234,6 +236,15 @@ class Worker:
     async def _heartbeat(self) -> bool:
         before = time.time()
         changed = await self.coordinator.heartbeat()
+        if self.store.epoch != self._epoch:
+            if self._epoch:
+                # Redis lost everything (an empty restart): its registry revision may
+                # repeat an old number, so read the registry and the file again.
+                log.warning("redis lost its data (new epoch): re-reading the registry")
+                self.registry_rev = -1
+                self._file_mtime = None
+                changed = True
+            self._epoch = self.store.epoch
         now_ms = self.coordinator.redis_now_ms
         self.clock_offset_ms = now_ms - (before + time.time()) * 500
         self.last_heartbeat = time.monotonic()
@@ -252,7 +263,18 @@ class Worker:
         self.entries = {
             e: ep for e, ep in registry.endpoints.items() if (ep.engine or "") != "external"
         }
-        self.invalid = registry.invalid
+        self.invalid = {}
+        for endpoint_id, error in registry.invalid.items():
+            try:
+                validate_endpoint_id(endpoint_id)
+            except ConfigError:
+                # An id that breaks keys, events or log lines cannot carry a failure
+                # record: it is left alone (and shown by `poller endpoints ls`).
+                if endpoint_id not in self._unusable:
+                    self._unusable.add(endpoint_id)
+                    log.error("registry id %r is unusable; ignoring it", endpoint_id[:100])
+                continue
+            self.invalid[endpoint_id] = error
         for _endpoint_id, owned in self.owned.items():
             self._configure(owned)
             self._schedule(owned, replace=True)
@@ -384,9 +406,11 @@ class Worker:
             replace_existing=True,
         )
 
-    async def _drop(self, endpoint_id: str, why: str) -> None:
+    async def _drop(self, endpoint_id: str, why: str, token: int | None = None) -> None:
         owned = self.owned.pop(endpoint_id, None)
-        self.coordinator.forget(endpoint_id)
+        if token is None and owned is not None:
+            token = owned.token  # never forget a lease re-acquired under a newer token
+        self.coordinator.forget(endpoint_id, token)
         if self._scheduler is not None and self._scheduler.get_job(endpoint_id) is not None:
             self._scheduler.remove_job(endpoint_id)
         await self.scraper.discard(endpoint_id)
@@ -431,8 +455,8 @@ class Worker:
     async def scrape_once(self, endpoint_id: str) -> None:
         """Fetch, parse and write one endpoint: the job body (tests call it directly)."""
         owned = self.owned.get(endpoint_id)
-        if owned is None or not self.redis_ok:
-            return  # no lease, or no Redis to write to: spare the engine
+        if owned is None or not self.ready:
+            return  # no lease, or no Redis to write to (or a stuck one): spare the engine
         engine = owned.mapping.engine if owned.mapping else "unknown"
         started = time.perf_counter()
         try:
@@ -532,9 +556,13 @@ class Worker:
 
     async def _lease_lost(self, owned: Owned, holder: str) -> None:
         self.metrics.write_rejections.inc()
+        if self.owned.get(owned.endpoint_id) is not owned:
+            # A write with an old token came back rejected after the lease was lost and
+            # re-acquired under a new token: the new ownership stands.
+            return
         self.metrics.lease_losses.inc()
         log.warning("lease lost endpoint=%s holder=%s", owned.endpoint_id, holder or "(none)")
-        await self._drop(owned.endpoint_id, "lease lost")
+        await self._drop(owned.endpoint_id, "lease lost", owned.token)
         self._wake.set()
 
 

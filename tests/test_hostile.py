@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import fakeredis
 import httpx
 import pytest
@@ -44,12 +43,12 @@ from procs import PollerProc, until
 from prometheus_client.parser import text_string_to_metric_families
 from redisproc import RedisProcess
 
-from poller.config import Settings
+from poller.config import RedisSettings, Settings
 from poller.engines import ENGINE_SPECS, EngineMapping, Metric, Ratio, mapping_for
-from poller.errors import ContractError, ParseError, ScrapeError
+from poller.errors import ConfigError, ContractError, ParseError, ScrapeError, StoreError
 from poller.parse import decode_body, looks_like_exposition, parse, parse_all
 from poller.reader import StatsReader
-from poller.registry import Endpoint, endpoint_from_dict
+from poller.registry import Endpoint, endpoint_from_dict, validate_endpoint_id
 from poller.scrape import Scraper
 from poller.sim import EndpointSpec, Simulator
 from poller.stats import stats_fields
@@ -774,25 +773,10 @@ async def test_slowloris_headers_time_out_within_the_overall_timeout() -> None:
     assert elapsed < 0.5 + 2.0
 
 
-_AIOHTTP_FRAMING_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=aiohttp.ClientResponseError,
-    reason="BUG poller/scrape.py Scraper.fetch (its except clauses): with the default "
-    "aiohttp client, httpx-aiohttp lets aiohttp.ClientResponseError (bad status line, bad "
-    "framing, header abuse) through unmapped; it escapes fetch and no failure is recorded",
-)
-
-
 def _framing_cases() -> Iterator[Any]:
-    mapped_by_aiohttp = {"cut-mid-body", "closed-at-once"}
     for client in ("aiohttp", "httpcore"):
         for case in RAW_RESPONSES:
-            marks = (
-                [_AIOHTTP_FRAMING_BUG]
-                if client == "aiohttp" and case not in mapped_by_aiohttp
-                else []
-            )
-            yield pytest.param(client, case, id=f"{client}-{case}", marks=marks)
+            yield pytest.param(client, case, id=f"{client}-{case}")
 
 
 @pytest.mark.parametrize(("http_client", "case"), list(_framing_cases()))
@@ -803,14 +787,6 @@ async def test_malformed_http_ends_in_a_failure_reason(http_client: str, case: s
     assert got in ("unreachable", "parse"), (got, detail)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=aiohttp.ClientResponseError,
-    reason="BUG poller/worker.py:433 (scrape_once) + scrape.py Scraper.fetch: an endpoint URL "
-    "pointing at a "
-    "non-HTTP port (here an SSH banner) makes every scrape raise out of the job; the view "
-    "never shows a failure for it",
-)
 async def test_scrape_once_records_a_failure_for_a_non_http_port() -> None:
     async with RawHTTP() as raw, worker_owning(f"{raw.url}/ssh-banner") as worker:
         await worker.scrape_once("e1")
@@ -822,37 +798,12 @@ async def test_scrape_once_records_a_failure_for_a_non_http_port() -> None:
 
 
 def _key_cases() -> Iterator[Any]:
-    def xfail(raises: type[BaseException], why: str) -> Any:
-        return pytest.mark.xfail(strict=True, raises=raises, reason=why)
-
-    newline_aiohttp = xfail(
-        ValueError,
-        "BUG poller/scrape.py resolve_api_key + Scraper.fetch: a key file with an inner "
-        "newline (a PEM-like or commented file; or api_key_file=/proc/self/environ) is sent "
-        "as a header; aiohttp raises ValueError, which escapes fetch: no failure recorded",
-    )
-    newline_httpcore = xfail(
-        AssertionError,
-        "SECRET LEAK poller/scrape.py Scraper.fetch (TransportError branch) + _describe: "
-        "h11's LocalProtocolError message quotes the whole header value ('Illegal header "
-        'value b"Bearer <key>"\'); _describe() copies it into the failure detail (Redis, '
-        "view, logs). api_key_file=/proc/self/environ leaks the poller's environment so",
-    )
-    non_ascii = xfail(
-        UnicodeEncodeError,
-        "BUG poller/scrape.py Scraper.fetch/_get (build_request): a non-ASCII key makes "
-        "httpx raise UnicodeEncodeError encoding the header; it escapes fetch (both clients)",
-    )
-    yield pytest.param(
-        "aiohttp", "file", "{key}\nsecond line\n", id="aiohttp-newline", marks=newline_aiohttp
-    )
-    yield pytest.param(
-        "httpcore", "file", "{key}\nsecond line\n", id="httpcore-newline", marks=newline_httpcore
-    )
-    yield pytest.param("aiohttp", "env", "{key}-cl\u00e9", id="aiohttp-non-ascii", marks=non_ascii)
-    yield pytest.param(
-        "httpcore", "env", "{key}-cl\u00e9", id="httpcore-non-ascii", marks=non_ascii
-    )
+    # A key with a newline (a PEM-like file, or api_key_file=/proc/self/environ) or a
+    # non-ASCII character cannot be a header: h11's error would quote it, aiohttp's and
+    # httpx's would escape fetch. Both must end as a config failure that never shows it.
+    for client in ("aiohttp", "httpcore"):
+        yield pytest.param(client, "file", "{key}\nsecond line\n", id=f"{client}-newline")
+        yield pytest.param(client, "env", "{key}-cl\u00e9", id=f"{client}-non-ascii")
 
 
 @pytest.mark.parametrize(("http_client", "source", "template"), list(_key_cases()))
@@ -941,6 +892,19 @@ BAD_URLS = {
 }
 
 
+def _unusable(endpoint_id: str) -> bool:
+    try:
+        validate_endpoint_id(endpoint_id)
+    except ConfigError:
+        return True
+    return False
+
+
+# Ids that break keys, events or log lines (spaces, newlines, 1 MB): pollers leave them
+# alone and log them once, shortened, instead of failing them under unusable keys.
+UNUSABLE = {e for e in [*_bad_entries("http://x"), HUGE_ID] if _unusable(e)}
+
+
 @dataclass
 class RegistryRun:
     view: View
@@ -1020,6 +984,7 @@ async def _registry_scenario(server: RedisProcess, log_dir: Path) -> RegistryRun
                 failing = all(
                     (f := view[e].failure) is not None and f.reason == "config"
                     for e in [*bad, HUGE_ID]
+                    if e not in UNUSABLE
                 )
                 return view if good and failing else None
 
@@ -1061,6 +1026,10 @@ def registry_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryR
 def test_bad_registry_entry_gets_a_config_failure_naming_the_problem(
     registry_run: RegistryRun, endpoint_id: str
 ) -> None:
+    if endpoint_id in UNUSABLE:
+        assert registry_run.later[endpoint_id].failure is None
+        assert f"registry id {endpoint_id[:100]!r} is unusable" in registry_run.log
+        return
     for view in (registry_run.view, registry_run.later):
         failure = view[endpoint_id].failure
         assert failure is not None and failure.reason == "config"
@@ -1070,25 +1039,12 @@ def test_bad_registry_entry_gets_a_config_failure_naming_the_problem(
 
 
 @pytest.mark.slow
-def test_megabyte_id_gets_a_bounded_config_failure(registry_run: RegistryRun) -> None:
-    # Held and failed like any invalid id; the detail is cut to the schema's 1000 chars.
-    failure = registry_run.later[HUGE_ID].failure
-    assert failure is not None and failure.reason == "config" and failure.count >= 2
-    assert len(failure.detail) <= 1000
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="WEAKNESS poller/errors.py:45-50 (ConfigError prefix) + registry.py:53-58 "
-    "(validate_endpoint_id) quote the whole id, twice, before the problem: for a 1 MB id "
-    "the 1000-char detail (store.py write_failure, detail[:1000]) "
-    "is all 'x' and never says what is wrong; each DEBUG scrape logs ~3 MB (id + detail)",
-)
-def test_megabyte_id_failure_detail_names_the_problem(registry_run: RegistryRun) -> None:
-    failure = registry_run.later[HUGE_ID].failure
-    assert failure is not None and "invalid endpoint id" in failure.detail
+def test_megabyte_id_is_ignored_and_logged_briefly(registry_run: RegistryRun) -> None:
+    # No lease, no failure under a 1 MB key, no 1 MB events or log lines: one short line.
+    assert registry_run.later[HUGE_ID].failure is None
+    assert not [k for k in registry_run.keys if HUGE_ID in k]
+    assert max(len(line) for line in registry_run.log.splitlines()) < 2000
+    assert not [e for e in registry_run.events if len(e) > 1000]
 
 
 @pytest.mark.slow
@@ -1115,27 +1071,14 @@ def test_inline_secret_stays_in_the_entry_its_writer_put_it_in(registry_run: Reg
 
 
 @pytest.mark.slow
-def test_id_with_a_space_is_failed_under_its_own_keys(registry_run: RegistryRun) -> None:
-    # What happens today: the worker takes the invalid id like any other, holds a lease on
-    # "{ns}:lease:bad id", writes "{ns}:failure:bad id" (config) and so shows it to readers.
-    # Redis keys may contain spaces, so no other endpoint's keys are touched.
-    assert f"{{{NS}}}:failure:bad id" in registry_run.keys
-    assert f"{{{NS}}}:lease:bad id" in registry_run.keys
-    assert f"{{{NS}}}:stats:bad id" not in registry_run.keys
-    assert (
-        f"{{{NS}}}:stats:bad" not in registry_run.keys
-        and f"{{{NS}}}:failure:bad" not in registry_run.keys
-    )
+def test_id_with_a_space_is_left_alone(registry_run: RegistryRun) -> None:
+    # An id the schema forbids would make events ambiguous ("failure bad id config" reads
+    # as endpoint "bad"): the poller takes no lease on it and writes nothing under it.
+    assert not [k for k in registry_run.keys if k.endswith(":bad id") or k.endswith(":bad")]
+    assert "registry id 'bad id' is unusable" in registry_run.log
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="CONTRACT poller/store.py WRITE_FAILURE_LUA (l.180) and RELEASE_LUA (l.118) publish "
-    "'failure <id> <reason>' / 'released <id>' for ids the schema forbids (spaces, newlines): "
-    "'failure bad id config' reads as endpoint 'bad' (reader.py:167 and :274 take the first token)",
-)
 def test_every_event_names_one_registered_id(registry_run: RegistryRun) -> None:
     registered = set(registry_run.view.endpoints)
     odd = []
@@ -1151,26 +1094,12 @@ def test_every_event_names_one_registered_id(registry_run: RegistryRun) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="LOG INJECTION poller/worker.py:303 (_few) and :505-523 (_log_failure) log "
-    "registry ids with %s: an id with a newline writes a forged line into the text log",
-)
 def test_registry_ids_cannot_forge_log_lines(registry_run: RegistryRun) -> None:
     assert not [line for line in registry_run.log.splitlines() if line.startswith(FORGED)]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("endpoint_id", sorted(BAD_URLS))
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG poller/registry.py:102 (_check_url) accepts URLs httpx/idna reject (urlsplit "
-    "silently drops \\t\\r\\n; no IDNA check) and poller/scrape.py Scraper.fetch does not map "
-    "httpx.InvalidURL/UnicodeError/idna.IDNAError: every scrape raises out of the job, "
-    "the endpoint never shows a failure",
-)
 def test_url_the_client_rejects_is_a_failure_not_silence(
     registry_run: RegistryRun, endpoint_id: str
 ) -> None:
@@ -1180,30 +1109,27 @@ def test_url_the_client_rejects_is_a_failure_not_silence(
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=UnicodeDecodeError,
-    reason="BUG poller/store.py RedisStore.read_registry (l.686) (and the view.py snapshot "
-    "readers) decode every "
-    "registry value as UTF-8; one non-UTF-8 value raises UnicodeDecodeError, which _call "
-    "does not map to StoreError",
-)
-async def test_non_utf8_registry_value_is_an_invalid_entry(real_client: aioredis.Redis) -> None:
-    await real_client.hset("{t}:endpoints", "ok", json.dumps({"url": "http://127.0.0.1:9"}))
-    await real_client.hset("{t}:endpoints", "binary", b'{"url": "http://\xff"}')
-    registry = await RedisStore(real_client, "t").read_registry()
-    assert set(registry.endpoints) == {"ok"} and "binary" in registry.invalid
+async def test_non_utf8_registry_value_is_an_invalid_entry(redis_server: RedisProcess) -> None:
+    # The clients the poller builds (connect()) decode with U+FFFD: the entry is invalid,
+    # the others are fine. A caller's own strict client gets a StoreError, not a crash.
+    store = RedisStore.from_settings(RedisSettings(url=redis_server.url, namespace="t"))
+    try:
+        await store.client.flushall()
+        await store.client.hset("{t}:endpoints", "ok", json.dumps({"url": "http://127.0.0.1:9"}))
+        await store.client.hset("{t}:endpoints", "binary", b'{"url": "http://\xff"}')
+        registry = await store.read_registry()
+        assert set(registry.endpoints) == {"ok"} and "binary" in registry.invalid
+    finally:
+        await store.close()
+    strict = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        with pytest.raises(StoreError, match="invalid UTF-8"):
+            await RedisStore(strict, "t").read_registry()
+    finally:
+        await strict.aclose()
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG poller/worker.py:175-212 (_coordination_loop): UnicodeDecodeError from "
-    "RedisStore.read_registry (store.py l.686) "
-    "is neither StoreError nor caught: the coordination task dies silently, /readyz turns "
-    "503 and no endpoint (good ones included) is scraped again, on every poller",
-)
 async def test_non_utf8_registry_value_does_not_stop_the_poller(
     own_redis: RedisProcess, tmp_path: Path
 ) -> None:
@@ -1213,17 +1139,14 @@ async def test_non_utf8_registry_value_does_not_stop_the_poller(
             f"{{{NS}}}:endpoints", "good-vllm", json.dumps({"url": sim.base_url("good-vllm")})
         )
         await client.hset(f"{{{NS}}}:endpoints", "binary", b'{"url": "http://\xff"}')
-        reader = StatsReader(aioredis.Redis.from_url(own_redis.url, decode_responses=True), NS)
+        reader = StatsReader.from_url(own_redis.url, NS)  # decodes with U+FFFD, like pollers
         with_poller = PollerProc("p0", own_redis.url, NS, tmp_path).start()
         try:
 
             async def good_fresh() -> bool:
-                try:
-                    view = await reader.snapshot()
-                except UnicodeDecodeError:  # the reader has the same bug; look at the hash
-                    stats = await client.hgetall(f"{{{NS}}}:stats:good-vllm")
-                    return bool(stats)
-                return view["good-vllm"].state == "fresh"
+                view = await reader.snapshot()
+                binary = view["binary"]
+                return view["good-vllm"].state == "fresh" and binary.failure is not None
 
             await until(good_fresh, 6, "good endpoint scraped despite one binary entry")
         finally:
