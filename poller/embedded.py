@@ -29,6 +29,7 @@ __all__ = [
     "process_cpu_s",
     "process_rss_mb",
     "redis_for",
+    "start_redis_server",
     "start_pollers",
     "start_sim",
     "wait_until",
@@ -120,6 +121,27 @@ class Proc:
         return self.popen.wait(5)
 
 
+def start_redis_server(workdir: Path, port: int, cpu: int | None = None) -> Proc:
+    """redis-server from PATH on 127.0.0.1:``port``, keeping nothing on disk."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server not found on PATH (apt-get install redis-server)")
+    args = [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(workdir),
+    ]
+    return Proc("redis", args, workdir / "redis.log", cpu=cpu)
+
+
 @contextlib.contextmanager
 def embedded_redis(workdir: Path) -> Iterator[tuple[str, Proc | None]]:
     """A private Redis on a free loopback port: redis-server from PATH when there is one,
@@ -127,24 +149,7 @@ def embedded_redis(workdir: Path) -> Iterator[tuple[str, Proc | None]]:
     port = free_port()
     binary = shutil.which("redis-server")
     if binary is not None:
-        proc = Proc(
-            "redis",
-            [
-                binary,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(workdir),
-            ],
-            workdir / "redis.log",
-            cpu=1,
-        )
+        proc = start_redis_server(workdir, port, cpu=1)
         try:
             wait_until(lambda: _port_open(port) or not proc.alive(), 10, "redis-server")
             if not proc.alive():

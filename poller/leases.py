@@ -61,6 +61,9 @@ class ReconcileResult:
     gained: dict[str, int] = field(default_factory=dict)  # id -> token
     lost: list[str] = field(default_factory=list)  # released, renew failed, or removed
     contested: list[str] = field(default_factory=list)  # preferred but held by another
+    #: Contested, and the holder is no longer a live member (it died): its lease lapses
+    #: within a TTL, and retrying soon beats waiting for the next reconcile.
+    orphaned: list[str] = field(default_factory=list)
     duration_s: float = 0.0
 
 
@@ -125,6 +128,9 @@ class Coordinator:
                 result.gained[acquired.endpoint_id] = acquired.token
             else:
                 result.contested.append(acquired.endpoint_id)
+                holder = (acquired.holder or "").partition(" ")[0]
+                if holder not in self.members:
+                    result.orphaned.append(acquired.endpoint_id)
         result.duration_s = time.perf_counter() - started
         return result
 

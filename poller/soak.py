@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import signal
 import statistics
 import time
@@ -37,6 +36,7 @@ from .embedded import (
     http_json,
     process_rss_mb,
     start_pollers,
+    start_redis_server,
     start_sim,
     wait_until,
     workdir,
@@ -98,29 +98,7 @@ class Soak:
     # --- processes ---------------------------------------------------------------------
 
     def _start_redis(self) -> Proc:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError(
-                "the soak restarts Redis: it needs redis-server on PATH "
-                "(apt-get install redis-server)"
-            )
-        proc = Proc(
-            "redis",
-            [
-                binary,
-                "--port",
-                str(self.redis_port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.work),
-            ],
-            self.work / "redis.log",
-        )
+        proc = start_redis_server(self.work, self.redis_port)
         wait_until(lambda: _pong(self.redis_port), 10, "redis-server")
         return proc
 

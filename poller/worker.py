@@ -317,6 +317,10 @@ class Worker:
         result = await self.coordinator.reconcile(self.scraped_ids())
         self.metrics.reconcile_duration.observe(result.duration_s)
         await self._apply(result)
+        if result.orphaned:
+            # A dead poller's leases lapse at most a lease TTL after its last renewal:
+            # try again shortly instead of a whole reconcile interval later.
+            asyncio.get_running_loop().call_later(0.2, self._wake.set)
 
     async def _apply(self, result: ReconcileResult) -> None:
         for endpoint_id in result.lost:

@@ -146,3 +146,13 @@ def test_coordination_settings_are_validated(bad: dict[str, int]) -> None:
 
     with pytest.raises(ValidationError):
         CoordinationSettings(**bad)
+
+
+async def test_leases_of_a_dead_holder_are_reported_as_orphaned() -> None:
+    server = fakeredis.FakeServer()
+    [c] = coordinators(1, server)
+    await c.heartbeat()
+    await c.store.client.set("{t}:lease:a", "ghost 5")  # held by a poller that is gone
+    result = await c.reconcile(["a", "c"])
+    assert result.contested == ["a"] and result.orphaned == ["a"]
+    assert sorted(result.gained) == ["c"]

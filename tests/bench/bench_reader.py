@@ -418,21 +418,22 @@ def watch_seqs(cache: Any) -> Iterator[dict[str, list[tuple[int, float]]]]:
     seen: dict[str, list[tuple[int, float]]] = defaultdict(list)
     apply, load = cache.apply, cache.load
 
-    def note(e: str, raw_stats: dict[str, str], now: float) -> None:
-        seq = int(raw_stats.get("seq") or 0)
+    def note(e: str, entry: Any, now: float) -> None:
+        stats = entry.stats  # a hash (events) or a view record (snapshots): parse either
+        seq = stats.seq if stats is not None else 0
         if not seen[e] or seen[e][-1][0] != seq:
             seen[e].append((seq, now))
 
     def wrapped_apply(endpoint_id: str, now_ms: int, entry: Any) -> None:
         apply(endpoint_id, now_ms, entry)
         if entry is not None:
-            note(endpoint_id, entry.raw[1], time.perf_counter())
+            note(endpoint_id, entry, time.perf_counter())
 
     def wrapped_load(view: View) -> None:
         load(view)
         now = time.perf_counter()
         for e, v in view.endpoints.items():
-            note(e, v.raw[1], now)
+            note(e, v, now)
 
     cache.apply, cache.load = wrapped_apply, wrapped_load
     try:
@@ -566,7 +567,9 @@ async def run(n: int, server: RedisProcess) -> dict[str, Any]:
             prop_rows, prop = await bench_propagation(server.url, cache, data, rng)
             rows += prop_rows
         info = await client.info("server")
-        field_counts = Counter(len(e.raw[1]) for e in view.endpoints.values() if e.raw[1])
+        field_counts = Counter(
+            len(e.stats.to_dict()) for e in view.endpoints.values() if e.stats is not None
+        )
         return {
             "machine": {
                 "cores": os.cpu_count(),
