@@ -31,9 +31,11 @@ import os
 import re
 import ssl
 import time
-from collections.abc import Callable, Sequence
+import zlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import httpx
@@ -307,11 +309,19 @@ class Scraper:
                 raise FetchError("too_large", self._too_large(int(declared)), endpoint=endpoint.id)
             chunks: list[bytes] = []
             size = 0
-            async for chunk in response.aiter_bytes():
-                size += len(chunk)
-                if size > self.max_body_bytes:
-                    raise FetchError("too_large", self._too_large(size), endpoint=endpoint.id)
-                chunks.append(chunk)
+            # Raw bytes, decoded here with a bound: httpx would inflate a whole network
+            # chunk before we could count it (a 64 KB gzip bomb is 64 MiB decoded).
+            # (In-memory test transports hand over a response already read and decoded.)
+            encoding = response.headers.get("content-encoding", "")
+            read = response.is_stream_consumed
+            decoder = _Decoder("" if read else encoding, endpoint.id)
+            async for raw in _once(response.content) if read else response.aiter_raw():
+                for chunk in decoder.feed(raw, self.max_body_bytes - size + 1):
+                    size += len(chunk)
+                    if size > self.max_body_bytes:
+                        raise FetchError("too_large", self._too_large(size), endpoint=endpoint.id)
+                    chunks.append(chunk)
+            decoder.finish()
         finally:
             await response.aclose()
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -321,6 +331,47 @@ class Scraper:
 
     def _too_large(self, size: int) -> str:
         return f"body of {size}+ bytes exceeds the {self.max_body_bytes}-byte cap"
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+class _Decoder:
+    """Content-Encoding identity, gzip or deflate, decoded in bounded steps."""
+
+    def __init__(self, encoding: str, endpoint_id: str) -> None:
+        self.encoding = encoding.strip().lower()
+        self.endpoint_id = endpoint_id
+        self._zlib: Any = None
+        if self.encoding in ("gzip", "x-gzip", "deflate"):
+            self._zlib = zlib.decompressobj(wbits=47)  # gzip or zlib header, detected
+        elif self.encoding not in ("", "identity"):
+            raise FetchError(
+                "parse", f"unsupported Content-Encoding {encoding[:40]!r}", endpoint=endpoint_id
+            )
+
+    def feed(self, raw: bytes, room: int) -> list[bytes]:
+        """Decoded pieces of ``raw``, stopping once more than ``room`` bytes came out."""
+        if self._zlib is None:
+            return [raw]
+        out: list[bytes] = []
+        try:
+            data = raw
+            while data and room > 0:
+                piece = self._zlib.decompress(data, room)
+                out.append(piece)
+                room -= len(piece)
+                data = self._zlib.unconsumed_tail
+        except zlib.error as exc:
+            raise FetchError(
+                "parse", f"cannot decode {self.encoding} body: {exc}", endpoint=self.endpoint_id
+            ) from None
+        return out
+
+    def finish(self) -> None:
+        if self._zlib is not None and not self._zlib.eof and self._zlib.unconsumed_tail:
+            raise FetchError("parse", f"truncated {self.encoding} body", endpoint=self.endpoint_id)
 
 
 def _disconnected(exc: httpx.TimeoutException) -> bool:

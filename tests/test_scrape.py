@@ -57,6 +57,7 @@ async def handler(request: web.Request) -> web.StreamResponse:
         "status401": lambda: web.Response(status=401),
         "redirect": lambda: web.Response(status=302, headers={"Location": "/ok/metrics"}),
         "big-declared": lambda: web.Response(body=b"x" * 300_000),
+        "brotli": lambda: web.Response(body=b"\x0b\x02", headers={"Content-Encoding": "br"}),
     }
     if mode in simple:
         return simple[mode]()
@@ -129,6 +130,7 @@ async def test_gzip_only_when_asked(scraper: Scraper, server: str) -> None:
         ("big-chunked", "too_large", "200000-byte cap"),
         ("big-declared", "too_large", "300000+ bytes"),
         ("cut", "unreachable", ""),
+        ("brotli", "parse", "unsupported Content-Encoding 'br'"),
     ],
 )
 async def test_failures_map_to_reasons(
