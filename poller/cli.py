@@ -594,9 +594,8 @@ def status(
         console = Console(width=200)  # piped: whole rows, never wrapped at 80 columns
 
     async def go() -> None:
-        reader = StatsReader.from_url(
-            settings.redis.url, settings.redis.namespace, stale_after_ms=stale_after_ms
-        )
+        # from_settings, not from_url: POLLER_REDIS__TLS_* and cluster settings apply too
+        reader = StatsReader.from_settings(settings.redis, stale_after_ms=stale_after_ms)
         try:
             view = await reader.snapshot()
             if as_json:

@@ -32,7 +32,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from .config import RedisSettings
 from .errors import StoreError
-from .store import Keys, RedisStore, connect
+from .store import Keys, RedisStore, connect, tls_options
 from .view import (
     GET_ONE_LUA,
     SNAPSHOT_LUA,
@@ -91,7 +91,12 @@ class StatsReader(_Reader):
 
     @classmethod
     def from_url(cls, url: str, namespace: str = "llmgw", **kwargs: Any) -> StatsReader:
-        return cls(connect(RedisSettings(url=url, namespace=namespace)), namespace, **kwargs)
+        return cls.from_settings(RedisSettings(url=url, namespace=namespace), **kwargs)
+
+    @classmethod
+    def from_settings(cls, settings: RedisSettings, **kwargs: Any) -> StatsReader:
+        """The poller's own client set-up: timeouts, TLS options, Sentinel, Cluster."""
+        return cls(connect(settings), settings.namespace, **kwargs)
 
     async def aclose(self) -> None:
         await self.store.close()
@@ -178,10 +183,21 @@ class SyncStatsReader(_Reader):
 
     @classmethod
     def from_url(cls, url: str, namespace: str = "llmgw", **kwargs: Any) -> SyncStatsReader:
+        return cls.from_settings(RedisSettings(url=url, namespace=namespace), **kwargs)
+
+    @classmethod
+    def from_settings(cls, settings: RedisSettings, **kwargs: Any) -> SyncStatsReader:
+        """A blocking client with the settings' timeouts and TLS options (plain URLs;
+        Sentinel and Cluster need a client of the caller's)."""
         client = redis.Redis.from_url(
-            url, decode_responses=True, socket_timeout=2.0, socket_connect_timeout=2.0
+            settings.url,
+            decode_responses=True,
+            encoding_errors="replace",
+            socket_timeout=settings.socket_timeout_s,
+            socket_connect_timeout=settings.connect_timeout_s,
+            **tls_options(settings),
         )
-        return cls(client, namespace, **kwargs)
+        return cls(client, settings.namespace, **kwargs)
 
     def close(self) -> None:
         self.client.close()

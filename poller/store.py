@@ -315,7 +315,7 @@ def connect(settings: RedisSettings) -> aioredis.Redis | RedisCluster:
         # decode with U+FFFD, and the entry fails validation like any bad entry.
         "encoding_errors": "replace",
         "health_check_interval": 10,
-        **_tls_options(settings),
+        **tls_options(settings),
     }
     retry = Retry(NoBackoff(), 1)
     if settings.url.split("://", 1)[0] in ("redis+sentinel", "rediss+sentinel"):
@@ -325,7 +325,7 @@ def connect(settings: RedisSettings) -> aioredis.Redis | RedisCluster:
     return aioredis.Redis.from_url(settings.url, retry=retry, **options)
 
 
-def _tls_options(settings: RedisSettings) -> dict[str, Any]:
+def tls_options(settings: RedisSettings) -> dict[str, Any]:
     """redis-py's ``ssl_*`` arguments for a rediss URL (plain connections reject them).
 
     Verification is explicit rather than left to redis-py's defaults, which older

@@ -7,6 +7,7 @@ only so RedisProcess can see the server is up) and aiohttp HTTPS servers on 127.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
 from collections.abc import AsyncIterator, Iterator
@@ -24,7 +25,7 @@ from poller import cli as cli_module
 from poller.config import RedisSettings, Settings, load_settings
 from poller.embedded import free_port
 from poller.errors import ConfigError, FetchError, StoreError
-from poller.reader import StatsReader
+from poller.reader import StatsReader, SyncStatsReader
 from poller.registry import Endpoint, endpoint_from_json
 from poller.scrape import Scraper
 from poller.store import RedisStore
@@ -522,3 +523,23 @@ def test_check_command_takes_tls_options(pki: Pki) -> None:
     ok_code, ok_out, bad_code, bad_out = asyncio.run(serve_and_check())
     assert ok_code == 0, ok_out
     assert bad_code == 1 and "TLS certificate verification failed" in bad_out
+
+
+async def test_readers_and_status_take_the_tls_settings(tls_redis: TlsRedis, pki: Pki) -> None:
+    settings = RedisSettings(url=tls_redis.url, tls_ca_file=str(pki.ca), namespace="rt")
+    reader = StatsReader.from_settings(settings)
+    try:
+        assert (await reader.snapshot()).endpoints == {}
+    finally:
+        await reader.aclose()
+    sync_reader = SyncStatsReader.from_settings(settings)
+    try:
+        assert sync_reader.snapshot().endpoints == {}
+    finally:
+        sync_reader.close()
+    env = {"POLLER_REDIS_URL": tls_redis.url, "POLLER_REDIS__TLS_CA_FILE": str(pki.ca)}
+    result = await asyncio.to_thread(
+        CliRunner().invoke, cli_module.cli, ["status", "--json", "--namespace", "rt"], env=env
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["endpoints"] == []
