@@ -31,8 +31,9 @@ import redis.exceptions as rexc
 from redis.asyncio.cluster import RedisCluster
 
 from .config import RedisSettings
+from .connection import connect, tls_options
 from .errors import StoreError
-from .store import Keys, RedisStore, connect, tls_options
+from .store import Keys, RedisStore
 from .view import (
     GET_ONE_LUA,
     SNAPSHOT_LUA,

@@ -23,10 +23,9 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from .config import RedisSettings
+from .connection import connect
 from .errors import SchemaMismatch, StoreError
 from .registry import Endpoint, endpoint_from_json, validate_endpoint_id
 
@@ -301,106 +300,6 @@ class Registry:
         return sorted([*self.endpoints, *self.invalid])
 
 
-def connect(settings: RedisSettings) -> aioredis.Redis | RedisCluster:
-    """A client with timeouts on every call and one quick retry on a dropped connection.
-
-    redis-py's default retry backs off for seconds; a poller prefers to fail the call
-    and try again at its next tick, with its own capped backoff.
-    """
-    options: dict[str, Any] = {
-        "socket_timeout": settings.socket_timeout_s,
-        "socket_connect_timeout": settings.connect_timeout_s,
-        "decode_responses": True,
-        # A foreign writer's invalid UTF-8 must not break every read of the registry:
-        # decode with U+FFFD, and the entry fails validation like any bad entry.
-        "encoding_errors": "replace",
-        "health_check_interval": 10,
-        **tls_options(settings),
-    }
-    retry = Retry(NoBackoff(), 1)
-    if settings.url.split("://", 1)[0] in ("redis+sentinel", "rediss+sentinel"):
-        return _sentinel_master(settings.url, retry, options)
-    if settings.cluster:
-        return RedisCluster.from_url(settings.url, retry=retry, **options)
-    return aioredis.Redis.from_url(settings.url, retry=retry, **options)
-
-
-def tls_options(settings: RedisSettings) -> dict[str, Any]:
-    """redis-py's ``ssl_*`` arguments for a rediss URL (plain connections reject them).
-
-    Verification is explicit rather than left to redis-py's defaults, which older
-    versions set to no host name check.
-    """
-    if not settings.url.startswith("rediss"):
-        return {}  # RedisSettings refuses TLS settings without a rediss URL
-    options: dict[str, Any] = {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
-    if settings.tls_insecure:
-        log.warning("redis.tls_insecure is set: the Redis server's certificate is not verified")
-        options = {"ssl_cert_reqs": "none", "ssl_check_hostname": False}
-    if settings.tls_ca_file:
-        options["ssl_ca_certs"] = settings.tls_ca_file
-    if settings.tls_cert_file:
-        options["ssl_certfile"] = settings.tls_cert_file
-    if settings.tls_key_file:
-        options["ssl_keyfile"] = settings.tls_key_file
-    return options
-
-
-def _sentinel_master(url: str, retry: Retry, options: dict[str, Any]) -> aioredis.Redis:
-    """``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``.
-
-    The client asks the sentinels for the current master on every (re)connection, so it
-    follows a failover by itself. The user and password are the master's; sentinels
-    protected by a password take it from ``?sentinel_password=``. With
-    ``rediss+sentinel://`` the sentinels and the master are both spoken to over TLS, with
-    the same CA and client certificate: the sentinel password must not travel in clear.
-    """
-    from urllib.parse import parse_qs, unquote, urlsplit
-
-    from redis.asyncio.sentinel import Sentinel
-
-    from .errors import ConfigError
-
-    parts = urlsplit(url)
-    userinfo, _, hostlist = parts.netloc.rpartition("@")
-    hosts: list[tuple[str, int]] = []
-    for item in hostlist.split(","):
-        host, _, port = item.rpartition(":") if ":" in item else (item, "", "26379")
-        if not host or not port.isdigit():
-            raise ConfigError(f"bad sentinel address {item!r} in the Redis URL", field="redis.url")
-        hosts.append((host, int(port)))
-    path = [p for p in parts.path.split("/") if p]
-    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
-        raise ConfigError(
-            "a sentinel URL names the service: redis+sentinel://host:26379/mymaster[/db]",
-            field="redis.url",
-        )
-    user, _, password = userinfo.partition(":")
-    query = parse_qs(parts.query)
-    tls = parts.scheme.startswith("rediss")
-    sentinel_kwargs: dict[str, Any] = {
-        "socket_timeout": options["socket_timeout"],
-        "socket_connect_timeout": options["socket_connect_timeout"],
-        # redis-py's default retry backs off for seconds per sentinel (~9 s for a
-        # certificate that can never verify); fail fast like the master connections.
-        "retry": retry,
-    }
-    if "sentinel_password" in query:
-        sentinel_kwargs["password"] = query["sentinel_password"][0]
-    if tls:
-        sentinel_kwargs["ssl"] = True
-        sentinel_kwargs.update((k, v) for k, v in options.items() if k.startswith("ssl_"))
-    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, ssl=tls, **options)  # type: ignore[no-untyped-call]
-    master: aioredis.Redis = sentinel.master_for(
-        path[0],
-        retry=retry,
-        username=unquote(user) or None,
-        password=unquote(password) or None,
-        db=int(path[1]) if len(path) == 2 else 0,
-    )
-    return master
-
-
 class WriteBatcher:
     """Sends the fenced writes that arrive within ``window_s`` as one pipeline.
 
@@ -529,7 +428,7 @@ class RedisStore:
             # Only with a client of the caller's that decodes strictly; connect() replaces.
             raise StoreError(
                 f"Redis returned invalid UTF-8 during {what} (use a client with "
-                "encoding_errors='replace', as poller.store.connect() builds)"
+                "encoding_errors='replace', as poller.connection.connect() builds)"
             ) from exc
 
     def _run(self, script: Any, keys: list[str], args: list[Any]) -> Awaitable[Any]:
