@@ -158,6 +158,7 @@ class StatsReader(_Reader):
 
     async def _apply_events(self, cache: ViewCache, pubsub: Any) -> None:
         next_resync = time.monotonic() + self.resync_s
+        next_ping = time.monotonic() + 1.0
         while True:
             timeout = max(0.0, next_resync - time.monotonic())
             message = await pubsub.get_message(timeout=min(timeout, 1.0))
@@ -165,6 +166,12 @@ class StatsReader(_Reader):
                 cache.load(await self.snapshot())
                 next_resync = time.monotonic() + self.resync_s
             if message is None:
+                if time.monotonic() >= next_ping:
+                    # A quiet channel may mean a frozen Redis (SIGSTOP, partition): one
+                    # PING a second, bounded, notices it in ~2 s instead of at a resync.
+                    async with asyncio.timeout(1.0):
+                        await self.store.ping()
+                    next_ping = time.monotonic() + 1.0
                 continue
             kind, _, rest = str(message["data"]).partition(" ")
             if kind == "endpoints":

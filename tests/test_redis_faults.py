@@ -387,7 +387,8 @@ async def test_redis_outage_pollers_wait_readers_serve_the_last_view(
 
     Measured over 4 runs (stopped / sigstop): every endpoint fresh again 1.07-2.17 s /
     2.91-4.65 s after Redis returned, the cached reader fresh again after 2.17-4.12 s /
-    2.91-4.65 s; the reader noticed (healthy False) after 0.11-0.16 s / 7.0-7.1 s; RSS
+    2.91-4.65 s; the reader noticed (healthy False) after 0.11-0.16 s / 7.0-7.1 s (the
+    latter before the cached reader pinged a quiet channel each second: ~2 s since); RSS
     growth 0.1-0.3 MB / 0.2-0.4 MB; retry gaps 0.5, 1-2, then 2.1-5.0 s (5 s cap, 0.5-1x
     jitter) / 4.6-11.4 s (a call to a frozen Redis itself takes 4-6 s: the 2 s socket
     timeout, then redis-py's one retry on a new connection); 20-40 scrapes in ~35 s
