@@ -27,6 +27,7 @@ __all__ = [
     "embedded_redis",
     "free_port",
     "process_cpu_s",
+    "poller_args",
     "process_rss_mb",
     "redis_for",
     "start_redis_server",
@@ -230,6 +231,23 @@ def start_sim(
     return proc, f"http://127.0.0.1:{admin_port}", registry
 
 
+def poller_args(
+    redis_url: str,
+    namespace: str,
+    poller_id: str,
+    interval_s: float,
+    health_port: int,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The command line of one ``poller run`` process."""
+    return [
+        sys.executable, "-m", "poller", "run",
+        "--redis-url", redis_url, "--namespace", namespace, "--id", poller_id,
+        "--interval", str(interval_s), "--health-port", str(health_port),
+        *extra,
+    ]  # fmt: skip
+
+
 def start_pollers(
     workdir: Path,
     redis_url: str,
@@ -246,23 +264,7 @@ def start_pollers(
         port = free_port()
         proc = Proc(
             poller_id,
-            [
-                sys.executable,
-                "-m",
-                "poller",
-                "run",
-                "--redis-url",
-                redis_url,
-                "--namespace",
-                namespace,
-                "--id",
-                poller_id,
-                "--interval",
-                str(interval_s),
-                "--health-port",
-                str(port),
-                *extra,
-            ],
+            poller_args(redis_url, namespace, poller_id, interval_s, port, extra),
             workdir / f"{poller_id}.log",
             cpu=cpu,
         )

@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
@@ -14,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from redisproc import free_port
+
+from poller.embedded import poller_args
 
 
 class PollerProc:
@@ -31,25 +32,14 @@ class PollerProc:
         self.id = poller_id
         self.health_port = free_port()
         self.log_path = log_dir / f"{poller_id}.log"
-        self.args = [
-            sys.executable,
-            "-m",
-            "poller",
-            "run",
-            "--redis-url",
+        self.args = poller_args(
             redis_url,
-            "--namespace",
             namespace,
-            "--id",
             poller_id,
-            "--interval",
-            str(interval_s),
-            "--health-port",
-            str(self.health_port),
-            "--log-level",
-            "DEBUG",
-            *extra_args,
-        ]
+            interval_s,
+            self.health_port,
+            ("--log-level", "DEBUG", *extra_args),
+        )
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 
