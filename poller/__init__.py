@@ -4,11 +4,12 @@ The package's public API is the reader a gateway uses; the service (``poller run
 lives in the modules behind the ``service`` extra.
 """
 
-from ._version import __version__
-from .errors import PollerError, StoreError
-from .reader import StatsReader, SyncStatsReader
-from .stats import EndpointStats, Failure
-from .view import EndpointView, View, ViewCache, pick
+from poller._version import __version__
+from poller.errors import PollerError, StoreError
+from poller.reader.pick import pick
+from poller.reader.reader import StatsReader, SyncStatsReader
+from poller.reader.view import EndpointView, View, ViewCache
+from poller.stats import EndpointStats, Failure
 
 __all__ = [
     "EndpointStats",

@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from .errors import ConfigError
+from poller.errors import ConfigError
 
 __all__ = [
     "CoordinationSettings",
@@ -179,7 +179,7 @@ class ScrapeSettings(BaseModel):
             )
         if self.jitter_s * 4 > self.interval_s:
             raise ValueError(f"jitter_s ({self.jitter_s}) must be at most a quarter of interval_s")
-        from .registry import ENGINES
+        from poller.registry import ENGINES
 
         if self.default_engine not in ENGINES or self.default_engine == "external":
             accepted = ", ".join(e for e in ENGINES if e != "external")

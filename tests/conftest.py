@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from redisproc import RedisCluster, RedisProcess
 
-from poller.store import RedisStore
+from poller.redis.store import RedisStore
 
 DATA = Path(__file__).parent / "data"
 

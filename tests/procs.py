@@ -14,7 +14,7 @@ from pathlib import Path
 
 from redisproc import free_port
 
-from poller.embedded import poller_args
+from poller.lab.embedded import poller_args
 
 
 class PollerProc:

@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from poller.embedded import free_port, wait_until
+from poller.lab.embedded import free_port, wait_until
 
 INSTALL_HINT = (
     "redis-server not found on PATH: the integration tests need it. "

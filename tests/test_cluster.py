@@ -11,10 +11,10 @@ from procs import PollerProc, until
 from redisproc import RedisCluster
 
 from poller.errors import StoreError
+from poller.lab.sim import Simulator, fleet
 from poller.reader import StatsReader
+from poller.redis.store import RedisStore
 from poller.registry import endpoint_from_dict
-from poller.sim import Simulator, fleet
-from poller.store import RedisStore
 
 pytestmark = pytest.mark.slow
 NS = "clu"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -53,8 +54,8 @@ from redisproc import free_cluster_port, free_port, redis_server_binary, wait_un
 from poller._version import __version__
 from poller.cli import cli
 from poller.config import HealthSettings, Settings, load_settings
-from poller.metrics import PollerMetrics
 from poller.registry import endpoints_from_file
+from poller.service.metrics import PollerMetrics
 from poller.stats import FAILURE_REASONS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,8 +161,9 @@ def test_sdist_and_wheel_install_and_run_outside_the_source_tree(tmp_path: Path)
 
     names = set(zipfile.ZipFile(wheel).namelist())
     for engine in ENGINES:
-        assert f"poller/data/{engine}.txt" in names, f"bundled page {engine}.txt not in wheel"
-    assert {"poller/py.typed", "poller/sim/__main__.py", "poller/__main__.py"} <= names
+        assert f"poller/scrape/data/{engine}.txt" in names, f"bundled page {engine}.txt missing"
+    assert {"poller/py.typed", "poller/lab/sim/__main__.py", "poller/__main__.py"} <= names
+    assert "poller/redis/scripts/write_stats.lua" in names
     assert not any(n.startswith("tests/") for n in names)
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "poller = poller.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
@@ -192,7 +194,39 @@ def test_sdist_and_wheel_install_and_run_outside_the_source_tree(tmp_path: Path)
     for engine in ("vllm", "trtllm"):
         check = run(str(target / "bin" / "poller"), "check", "--example", "--engine", engine)
         assert check.returncode == 0, f"{engine}: {check.stdout}\n{check.stderr}"
-    assert run(target_python, "-m", "poller.sim", "--help").returncode == 0
+    assert run(target_python, "-m", "poller.lab.sim", "--help").returncode == 0
+
+    # Without the service extra (a gateway's install: redis and pydantic only), the reader
+    # imports and every command exits 2 with one line naming the install command.
+    minimal = tmp_path / "minimal-deps"
+    minimal.mkdir()
+    for name in _READER_DEPS:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        origin = Path(spec.origin)
+        source_path = origin.parent if origin.name == "__init__.py" else origin
+        (minimal / source_path.name).symlink_to(source_path)
+    (Path(site.stdout.strip()) / "test-deps.pth").write_text(f"{minimal}\n")
+    reader = run(target_python, "-c", "from poller import StatsReader, pick; print('ok')")
+    assert reader.returncode == 0 and reader.stdout.strip() == "ok", reader.stderr
+    for args in (["--version"], ["run"], ["status"], ["check", "--example"], []):
+        bare = run(str(target / "bin" / "poller"), *args)
+        assert bare.returncode == 2, (args, bare)
+        assert "Traceback" not in bare.stderr, bare.stderr
+        assert bare.stderr.strip().count("\n") == 0, bare.stderr
+        assert "pip install 'llmgw-poller[service]'" in bare.stderr, bare.stderr
+
+
+#: What a gateway's install brings (the package's own dependencies, no extras).
+_READER_DEPS = (
+    "redis",
+    "hiredis",
+    "pydantic",
+    "pydantic_core",
+    "annotated_types",
+    "typing_extensions",
+    "typing_inspection",
+)
 
 
 # --- every file parses ---------------------------------------------------------------------
@@ -407,8 +441,8 @@ def test_compose_wires_the_simulator_the_registry_sync_and_three_pollers() -> No
 
     # Simulator: every flag exists, a dozen endpoints over every engine, a registry file.
     sim = services["sim"]
-    assert sim["entrypoint"] == ["python", "-m", "poller.sim"]
-    help_text = _run([sys.executable, "-m", "poller.sim", "--help"]).stdout
+    assert sim["entrypoint"] == ["python", "-m", "poller.lab.sim"]
+    help_text = _run([sys.executable, "-m", "poller.lab.sim", "--help"]).stdout
     args = sim["command"]
     for flag in (a for a in args if a.startswith("--")):
         assert re.search(rf"(^|\s){re.escape(flag)}\b", help_text), f"simulator has no {flag}"
@@ -868,9 +902,9 @@ def test_acl_file_loads_and_each_user_gets_exactly_its_commands(acl_redis: _Redi
 
 def test_a_poller_and_a_reader_run_as_the_acl_users(acl_redis: _Redis, tmp_path: Path) -> None:
     """The real code paths, not a list: registry sync, poller run, gateway reads."""
-    from poller.check import serve_example
     from poller.reader import StatsReader, SyncStatsReader
-    from poller.worker import Worker
+    from poller.scrape.check import serve_example
+    from poller.service.worker import Worker
 
     async def scenario() -> None:
         async with serve_example("vllm") as base:

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from poller.engines import ENGINE_SPECS, mapping_for
 from poller.errors import ConfigError, ContractError, ParseError
-from poller.parse import Sample, parse_all
+from poller.scrape.engines import ENGINE_SPECS, mapping_for
+from poller.scrape.parse import Sample, parse_all
 from poller.stats import Signals, prefix_hit_rate
 
 DATA = Path(__file__).parent / "data"

@@ -44,17 +44,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from redisproc import RedisProcess
 
 from poller.config import RedisSettings, Settings
-from poller.engines import ENGINE_SPECS, EngineMapping, Metric, Ratio, mapping_for
 from poller.errors import ConfigError, ContractError, ParseError, ScrapeError, StoreError
-from poller.parse import decode_body, looks_like_exposition, parse, parse_all
+from poller.lab.sim import EndpointSpec, Simulator
 from poller.reader import StatsReader
+from poller.reader.view import View
+from poller.redis.store import RedisStore
 from poller.registry import Endpoint, endpoint_from_dict, validate_endpoint_id
-from poller.scrape import Scraper
-from poller.sim import EndpointSpec, Simulator
+from poller.scrape.engines import ENGINE_SPECS, EngineMapping, Metric, Ratio, mapping_for
+from poller.scrape.http import Scraper
+from poller.scrape.parse import decode_body, looks_like_exposition, parse, parse_all
+from poller.service.worker import Worker
 from poller.stats import stats_fields
-from poller.store import RedisStore
-from poller.view import View
-from poller.worker import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
@@ -633,11 +633,11 @@ async def test_garbage_from_the_simulator_is_a_parse_failure() -> None:
 
 OVERSIZED_SCRIPT = """
 import asyncio, json, resource, sys, time
-from poller.engines import mapping_for
+from poller.scrape.engines import mapping_for
 from poller.errors import ScrapeError
 from poller.registry import Endpoint
-from poller.scrape import Scraper
-from poller.sim import EndpointSpec, Simulator
+from poller.scrape.http import Scraper
+from poller.lab.sim import EndpointSpec, Simulator
 
 def peak_kb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -1143,7 +1143,7 @@ async def test_non_utf8_registry_value_does_not_stop_the_poller(
         finally:
             with_poller.cleanup()
             await client.aclose()
-            await reader.store.client.aclose()
+            await reader.aclose()
 
 
 @pytest.mark.slow

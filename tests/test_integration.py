@@ -19,11 +19,11 @@ import redis.asyncio as aioredis
 from procs import pollers, until
 from redisproc import RedisProcess
 
+from poller.lab.sim import EndpointSpec, Simulator, fleet
 from poller.reader import StatsReader
+from poller.reader.view import View
+from poller.redis.store import RedisStore
 from poller.registry import endpoint_from_dict
-from poller.sim import EndpointSpec, Simulator, fleet
-from poller.store import RedisStore
-from poller.view import View
 
 pytestmark = pytest.mark.slow
 NS = "it"

@@ -7,8 +7,8 @@ import fakeredis
 import pytest
 
 from poller.config import CoordinationSettings
-from poller.leases import Coordinator, assign, owner_of, weight
-from poller.store import RedisStore
+from poller.redis.store import RedisStore
+from poller.service.coordinator import Coordinator, assign, owner_of, weight
 
 IDS = [f"endpoint-{i}" for i in range(1000)]
 

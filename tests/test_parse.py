@@ -1,4 +1,4 @@
-"""Tests for poller.parse: hand-written pages, real captures, and property tests.
+"""Tests for poller.scrape.parse: hand-written pages, real captures, and property tests.
 
 The oracle is prometheus_client's full text parser. Two of its habits are undone before
 comparing: it renames a counter's samples to ``<name>_total`` when the TYPE line lacks
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from poller.errors import ParseError, ScrapeError
-from poller.parse import (
+from poller.scrape.parse import (
     Sample,
     Selector,
     decode_body,

@@ -8,9 +8,10 @@ import redis.asyncio as aioredis
 from redisproc import RedisCluster, RedisProcess
 
 from poller.reader import StatsReader, SyncStatsReader
+from poller.reader.pick import pick
+from poller.reader.view import EndpointView, View
+from poller.redis.store import RedisStore
 from poller.registry import Endpoint
-from poller.store import RedisStore
-from poller.view import EndpointView, View, pick
 
 NS = "r"
 

@@ -30,15 +30,15 @@ from redisproc import RedisProcess
 from tcpproxy import TcpProxy
 
 from poller.config import CoordinationSettings, Settings
-from poller.embedded import process_rss_mb
 from poller.errors import StoreError
-from poller.leases import Coordinator
+from poller.lab.embedded import process_rss_mb
+from poller.lab.sim import Simulator, fleet
 from poller.reader import StatsReader
+from poller.reader.view import View, ViewCache
+from poller.redis.store import Keys, RedisStore
 from poller.registry import Endpoint, endpoint_from_dict
-from poller.sim import Simulator, fleet
-from poller.store import Keys, RedisStore
-from poller.view import View, ViewCache
-from poller.worker import Worker
+from poller.service.coordinator import Coordinator
+from poller.service.worker import Worker
 
 pytestmark = pytest.mark.slow
 NS = "rf"

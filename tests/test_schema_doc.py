@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from poller.redis.lua import lua
 from poller.registry import Endpoint
 from poller.stats import FAILURE_FIELDS, FAILURE_REASONS, STATS_FIELDS
-from poller.store import WRITE_FAILURE_LUA
 
 DOC = (Path(__file__).parent.parent / "docs" / "schema.md").read_text()
 
@@ -35,7 +35,7 @@ def test_failure_fields_match_the_code() -> None:
     documented = table_after("<!-- failure-fields")
     assert documented == list(FAILURE_FIELDS)
     for name in documented:  # and the script really writes each of them
-        assert f"'{name}'" in WRITE_FAILURE_LUA or name in ("poller", "token")
+        assert f"'{name}'" in lua("write_failure") or name in ("poller", "token")
 
 
 def test_registry_fields_match_the_model() -> None:

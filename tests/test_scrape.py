@@ -13,7 +13,7 @@ from redisproc import free_port
 
 from poller.errors import FetchError
 from poller.registry import Endpoint
-from poller.scrape import Scraper
+from poller.scrape.http import Scraper
 
 PAGE = (Path(__file__).parent / "data" / "vllm-v1-synthetic-61k.txt").read_bytes()
 

@@ -12,10 +12,10 @@ from redisproc import RedisProcess, redis_server_binary, wait_until
 
 from poller.config import RedisSettings
 from poller.errors import ConfigError, StoreError
+from poller.lab.sim import Simulator, fleet
 from poller.reader import StatsReader
+from poller.redis.store import RedisStore, connect
 from poller.registry import endpoint_from_dict
-from poller.sim import Simulator, fleet
-from poller.store import RedisStore, connect
 
 pytestmark = pytest.mark.slow
 NS = "sen"

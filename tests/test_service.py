@@ -13,8 +13,8 @@ from procs import PollerProc, until
 from redisproc import RedisProcess
 
 from poller.errors import StoreError
+from poller.lab.sim import Simulator, fleet
 from poller.reader import StatsReader
-from poller.sim import Simulator, fleet
 
 pytestmark = pytest.mark.slow
 NS = "svc"

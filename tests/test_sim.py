@@ -14,11 +14,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from poller.engines import mapping_for
 from poller.errors import ConfigError, ContractError, ParseError
+from poller.lab.sim import ENGINES, FAULT_MODES, EndpointSpec, Simulator, fleet, main, run_sim
+from poller.lab.sim.model import STEP_S, EndpointLoad, LoadParams
 from poller.registry import endpoint_from_dict
-from poller.sim import ENGINES, FAULT_MODES, EndpointSpec, Simulator, fleet, main, run_sim
-from poller.sim.model import STEP_S, EndpointLoad, LoadParams
+from poller.scrape.engines import mapping_for
 
 
 class FakeClock:

@@ -8,8 +8,8 @@ from redisproc import RedisProcess
 
 from poller.config import RedisSettings
 from poller.errors import SchemaMismatch, StoreError
+from poller.redis.store import Keys, RedisStore
 from poller.registry import Endpoint
-from poller.store import Keys, RedisStore
 
 FIELDS = {
     "engine": "vllm",

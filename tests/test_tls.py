@@ -21,14 +21,15 @@ from aiohttp import web
 from click.testing import CliRunner
 from redisproc import RedisProcess, redis_server_binary
 
-from poller import cli as cli_module
+import poller.cli.run as run_module
+from poller.cli.app import cli
 from poller.config import RedisSettings, Settings, load_settings
-from poller.embedded import free_port
 from poller.errors import ConfigError, FetchError, StoreError
+from poller.lab.embedded import free_port
 from poller.reader import StatsReader, SyncStatsReader
+from poller.redis.store import RedisStore
 from poller.registry import Endpoint, endpoint_from_json
-from poller.scrape import Scraper
-from poller.store import RedisStore
+from poller.scrape.http import Scraper
 
 PAGE = (Path(__file__).parent / "data" / "vllm-v1-synthetic-61k.txt").read_bytes()
 FIELDS = {"engine": "vllm", "running": "3", "waiting": "1", "interval_ms": "1000"}
@@ -207,7 +208,7 @@ async def test_host_name_is_verified(pki: Pki) -> None:
 async def test_insecure_connects_and_warns_once(
     tls_redis: TlsRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="poller.store")
+    caplog.set_level(logging.WARNING, logger="poller.redis.store")
     async with opened(RedisSettings(url=tls_redis.url, tls_insecure=True)) as store:
         assert await store.ping()
         await store.heartbeat("p1", 2000)
@@ -218,7 +219,7 @@ async def test_insecure_connects_and_warns_once(
 async def test_verified_connection_does_not_warn(
     tls_redis: TlsRedis, pki: Pki, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="poller.store")
+    caplog.set_level(logging.WARNING, logger="poller.redis.store")
     async with opened(RedisSettings(url=tls_redis.url, tls_ca_file=str(pki.ca))) as store:
         assert await store.ping()
     assert not [r for r in caplog.records if "tls_insecure" in r.getMessage()]
@@ -342,12 +343,12 @@ def test_run_flags_reach_the_settings(
         seen.append(settings)
         return 0
 
-    monkeypatch.setattr(cli_module, "serve", fake_serve)
-    monkeypatch.setattr(cli_module, "setup_logging", lambda *a: None)
+    monkeypatch.setattr(run_module, "serve", fake_serve)
+    monkeypatch.setattr(run_module, "setup_logging", lambda *a: None)
     base = ["run", "--redis-url", "rediss://127.0.0.1:6380/0", "--health-port", "0"]
     runner = CliRunner()
     done = runner.invoke(
-        cli_module.cli,
+        cli,
         [
             *base,
             "--redis-tls-ca",
@@ -363,9 +364,9 @@ def test_run_flags_reach_the_settings(
     redis = seen[0].redis
     assert redis.tls_ca_file == str(pki.ca) and redis.tls_key_file == str(pki.client_key)
     assert not redis.tls_insecure
-    done = runner.invoke(cli_module.cli, [*base, "--redis-tls-insecure"], env={})
+    done = runner.invoke(cli, [*base, "--redis-tls-insecure"], env={})
     assert done.exit_code == 0 and seen[1].redis.tls_insecure
-    done = runner.invoke(cli_module.cli, [*base, "--redis-tls-ca", str(tmp_path / "none.pem")])
+    done = runner.invoke(cli, [*base, "--redis-tls-ca", str(tmp_path / "none.pem")])
     assert done.exit_code == 2 and "cannot read" in done.output
 
 
@@ -440,7 +441,7 @@ async def test_https_host_name_is_verified(scraper: Scraper, pki: Pki) -> None:
 async def test_https_insecure_fetches_and_warns_once_per_endpoint(
     scraper: Scraper, engine: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="poller.scrape")
+    caplog.set_level(logging.WARNING, logger="poller.scrape.http")
     for endpoint_id in ("a", "a", "b"):
         fetched = await scraper.fetch(ep(engine, endpoint_id, tls_insecure=True), "/metrics", 2.0)
         assert fetched.body == PAGE
@@ -513,10 +514,8 @@ def test_check_command_takes_tls_options(pki: Pki) -> None:
         async with https_server(pki.server) as url:
             runner = CliRunner()
             args = ["check", url, "--engine", "vllm", "--timeout", "5"]
-            ok = await asyncio.to_thread(
-                runner.invoke, cli_module.cli, [*args, "--tls-ca-file", str(pki.ca)]
-            )
-            bad = await asyncio.to_thread(runner.invoke, cli_module.cli, args)
+            ok = await asyncio.to_thread(runner.invoke, cli, [*args, "--tls-ca-file", str(pki.ca)])
+            bad = await asyncio.to_thread(runner.invoke, cli, args)
             return ok.exit_code, ok.output, bad.exit_code, bad.output
 
     # `poller check` runs its own event loop, so it runs in a thread beside the server's.
@@ -539,7 +538,7 @@ async def test_readers_and_status_take_the_tls_settings(tls_redis: TlsRedis, pki
         sync_reader.close()
     env = {"POLLER_REDIS_URL": tls_redis.url, "POLLER_REDIS__TLS_CA_FILE": str(pki.ca)}
     result = await asyncio.to_thread(
-        CliRunner().invoke, cli_module.cli, ["status", "--json", "--namespace", "rt"], env=env
+        CliRunner().invoke, cli, ["status", "--json", "--namespace", "rt"], env=env
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["endpoints"] == []

@@ -13,10 +13,10 @@ from aiohttp import web
 
 from poller.config import HostAllowlist, Settings, load_settings
 from poller.errors import ConfigError, FetchError
+from poller.redis.store import RedisStore
 from poller.registry import Endpoint, endpoint_from_json
-from poller.scrape import Scraper
-from poller.store import RedisStore
-from poller.worker import Worker
+from poller.scrape.http import Scraper
+from poller.service.worker import Worker
 
 VLLM = b"vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.5\n"
 
@@ -233,7 +233,7 @@ async def test_worker_writes_a_config_failure_for_a_disallowed_endpoint(
         await worker._sync_registry()
         await worker._reconcile()
         assert set(worker.owned) == {"outside", "inside"}
-        caplog.set_level("WARNING", logger="poller.worker")
+        caplog.set_level("WARNING", logger="poller.service.worker")
         await worker.scrape_once("outside")
         await worker.scrape_once("inside")
         failure = await client.hgetall("{t}:failure:outside")

@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from poller.config import Settings
+from poller.redis.store import RedisStore
 from poller.registry import Endpoint
-from poller.store import RedisStore
-from poller.worker import GridJitterTrigger, Worker
+from poller.service.worker import GridJitterTrigger, Worker
 
 DATA = Path(__file__).parent / "data"
 VLLM = (DATA / "vllm-v1-synthetic-61k.txt").read_bytes()
@@ -227,7 +227,7 @@ async def test_failures_are_logged_once_per_reason(
 ) -> None:
     await own(worker, ep())
     engines.handlers["e1"] = fail_with(httpx.ConnectError("refused"))
-    with caplog.at_level(logging.INFO, logger="poller.worker"):
+    with caplog.at_level(logging.INFO, logger="poller.service.worker"):
         for _ in range(3):
             await worker.scrape_once("e1")
         engines.handlers["e1"] = lambda r: httpx.Response(200, text="vllm:num_requests_running 1\n")

@@ -1,4 +1,4 @@
-"""Time poller.parse against prometheus_client's full parser on one /metrics page.
+"""Time poller.scrape.parse against prometheus_client's full parser on one /metrics page.
 
 Usage: python tests/bench/bench_parse.py [PAGE]   (default: the 61 KB vLLM V1 page)
 
@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from poller.parse import Sample, Selector, decode_body, parse, parse_all  # noqa: E402
+from poller.scrape.parse import Sample, Selector, decode_body, parse, parse_all  # noqa: E402
 
 DEFAULT_PAGE = ROOT / "tests" / "data" / "vllm-v1-synthetic-61k.txt"
 VLLM_WANTED = [

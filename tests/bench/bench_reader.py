@@ -57,10 +57,11 @@ from redisproc import RedisProcess  # noqa: E402
 
 from poller.config import RedisSettings  # noqa: E402
 from poller.reader import StatsReader, SyncStatsReader  # noqa: E402
+from poller.reader.view import View, build_view, snapshot_call  # noqa: E402
+from poller.redis.lua import lua  # noqa: E402
+from poller.redis.store import Keys, RedisStore, connect  # noqa: E402
 from poller.registry import Endpoint  # noqa: E402
 from poller.stats import Signals, prefix_hit_rate, stats_fields  # noqa: E402
-from poller.store import Keys, RedisStore, connect  # noqa: E402
-from poller.view import SNAPSHOT_LUA, View, build_view, snapshot_call  # noqa: E402
 
 NS = "bench"
 POLLERS = ("poller-0", "poller-1", "poller-2")
@@ -267,7 +268,7 @@ async def bench_snapshots(
     server: RedisProcess, client: aioredis.Redis, reader: StatsReader
 ) -> tuple[list[Row], dict[str, Any], View]:
     keys, args = snapshot_call(Keys(NS))
-    script = client.register_script(SNAPSHOT_LUA)
+    script = client.register_script(lua("snapshot"))
     for _ in range(WARMUP):
         view = await reader.snapshot()
 

@@ -28,9 +28,9 @@ if str(ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))
 
 with atheris.instrument_imports(include=["poller"]):
-    from poller.engines import ENGINE_SPECS, mapping_for
     from poller.errors import ContractError, ParseError
-    from poller.parse import decode_body, looks_like_exposition, parse, parse_all
+    from poller.scrape.engines import ENGINE_SPECS, mapping_for
+    from poller.scrape.parse import decode_body, looks_like_exposition, parse, parse_all
     from poller.stats import stats_fields
 
 ENGINES = sorted(name for name, spec in ENGINE_SPECS.items() if spec.scraped)

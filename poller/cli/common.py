@@ -1,0 +1,58 @@
+"""What the ``poller`` commands share: settings loading, Redis options, store commands."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import click
+
+from poller.config import Settings, load_settings
+from poller.errors import ConfigError, SchemaMismatch, StoreError
+from poller.redis.store import RedisStore
+
+
+def load(config: str | None, overrides: dict[str, Any]) -> Settings:
+    try:
+        return load_settings(config, overrides)
+    except ConfigError as exc:
+        raise click.UsageError(f"invalid setting: {exc}") from None
+
+
+REDIS_URL = click.option(
+    "--redis-url",
+    envvar="POLLER_REDIS_URL",
+    metavar="URL",
+    help="redis://, rediss://, unix:// or redis+sentinel://HOST:PORT[,...]/MASTER URL "
+    "[env POLLER_REDIS_URL]",
+)
+NAMESPACE = click.option(
+    "--namespace",
+    envvar="POLLER_NAMESPACE",
+    metavar="NS",
+    help="Key namespace (prefix {NS}) [env POLLER_NAMESPACE; default llmgw]",
+)
+
+
+@asynccontextmanager
+async def store_session(redis_url: str | None, namespace: str | None) -> AsyncIterator[RedisStore]:
+    settings = load(None, {"redis.url": redis_url, "redis.namespace": namespace})
+    store = RedisStore.from_settings(settings.redis)
+    try:
+        await store.ensure_schema()
+        yield store
+    finally:
+        await store.close()
+
+
+def run_store_command(coro: Any) -> Any:
+    try:
+        return asyncio.run(coro)
+    except SchemaMismatch as exc:
+        raise click.ClickException(str(exc)) from None
+    except StoreError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(1)

@@ -1,0 +1,173 @@
+"""``poller endpoints add|rm|ls|sync``: read and change the registry in Redis."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from poller.cli.common import NAMESPACE, REDIS_URL, run_store_command, store_session
+from poller.errors import ConfigError
+from poller.redis.store import diff_registry
+from poller.registry import ENGINES, endpoint_from_dict, endpoints_from_file
+
+
+@click.group()
+def endpoints() -> None:
+    """Read and change the endpoint registry in Redis."""
+
+
+def _labels(values: tuple[str, ...]) -> dict[str, str]:
+    labels = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not k=v", param_hint="--label")
+        labels[key] = value
+    return labels
+
+
+@endpoints.command("add")
+@click.argument("endpoint_id", metavar="ID")
+@click.argument("url")
+@click.option(
+    "--engine",
+    type=click.Choice(list(ENGINES)),
+    help="Engine mapping (default: the pollers' default engine, vllm unless set).",
+)
+@click.option("--metrics-path", metavar="P")
+@click.option("--api-key-env", metavar="VAR", help="Variable on the pollers holding the key.")
+@click.option("--api-key-file", metavar="F", help="File on the pollers holding the key.")
+@click.option("--interval", "interval_s", type=float, metavar="S")
+@click.option("--timeout", "timeout_s", type=float, metavar="S")
+@click.option("--label", "labels", multiple=True, metavar="K=V")
+@click.option("--replace", is_flag=True, help="Overwrite an existing entry with this id.")
+@REDIS_URL
+@NAMESPACE
+def endpoints_add(
+    endpoint_id: str,
+    url: str,
+    engine: str | None,
+    metrics_path: str | None,
+    api_key_env: str | None,
+    api_key_file: str | None,
+    interval_s: float | None,
+    timeout_s: float | None,
+    labels: tuple[str, ...],
+    replace: bool,
+    redis_url: str | None,
+    namespace: str | None,
+) -> None:
+    """Add (or with --replace, update) one endpoint."""
+    data: dict[str, Any] = {"url": url, "labels": _labels(labels)}
+    for key, value in (
+        ("engine", engine),
+        ("metrics_path", metrics_path),
+        ("api_key_env", api_key_env),
+        ("api_key_file", api_key_file),
+        ("interval_s", interval_s),
+        ("timeout_s", timeout_s),
+    ):
+        if value is not None:
+            data[key] = value
+    try:
+        endpoint = endpoint_from_dict(endpoint_id, data)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+
+    async def go() -> int:
+        async with store_session(redis_url, namespace) as store:
+            return await store.put_endpoint(endpoint, replace=replace)
+
+    rev = run_store_command(go())
+    click.echo(f"{'updated' if replace else 'added'} {endpoint_id} (registry rev {rev})")
+
+
+@endpoints.command("rm")
+@click.argument("endpoint_id", metavar="ID")
+@REDIS_URL
+@NAMESPACE
+def endpoints_rm(endpoint_id: str, redis_url: str | None, namespace: str | None) -> None:
+    """Remove an endpoint with its stats, failure and lease."""
+
+    async def go() -> int | None:
+        async with store_session(redis_url, namespace) as store:
+            return await store.remove_endpoint(endpoint_id)
+
+    try:
+        rev = run_store_command(go())
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    if rev is None:
+        click.echo(f"Error: no endpoint {endpoint_id!r}", err=True)
+        sys.exit(1)
+    click.echo(f"removed {endpoint_id} (registry rev {rev})")
+
+
+@endpoints.command("ls")
+@click.option("--json", "as_json", is_flag=True)
+@REDIS_URL
+@NAMESPACE
+def endpoints_ls(as_json: bool, redis_url: str | None, namespace: str | None) -> None:
+    """List the registry (invalid entries are shown with their error)."""
+
+    async def go() -> Any:
+        async with store_session(redis_url, namespace) as store:
+            return await store.read_registry()
+
+    registry = run_store_command(go())
+    if as_json:
+        out = {
+            "rev": registry.rev,
+            "endpoints": [
+                {"id": e.id, **e.model_dump(exclude={"id"}, exclude_defaults=True)}
+                for e in sorted(registry.endpoints.values(), key=lambda e: e.id)
+            ],
+            "invalid": registry.invalid,
+        }
+        click.echo(json.dumps(out, indent=2, default=list))
+        return
+    click.echo(
+        f"registry rev {registry.rev}: {len(registry.endpoints)} endpoints"
+        + (f", {len(registry.invalid)} invalid" if registry.invalid else "")
+    )
+    for e in sorted(registry.endpoints.values(), key=lambda e: e.id):
+        extra = f" interval={e.interval_s}s" if e.interval_s else ""
+        click.echo(
+            f"  {e.id:<24} {e.engine or '(default)':<9} {e.url}{e.metrics_path or ''}" + extra
+        )
+    for endpoint_id, error in sorted(registry.invalid.items()):
+        click.echo(f"  {endpoint_id:<24} INVALID   {error}")
+
+
+@endpoints.command("sync")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="Print the changes without applying them.")
+@REDIS_URL
+@NAMESPACE
+def endpoints_sync(file: str, dry_run: bool, redis_url: str | None, namespace: str | None) -> None:
+    """Make the registry exactly FILE (YAML or TOML), atomically."""
+    try:
+        wanted = endpoints_from_file(file)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+
+    async def go() -> tuple[int, list[str], list[str], list[str]]:
+        async with store_session(redis_url, namespace) as store:
+            if dry_run:
+                current = await store.read_registry()
+                diff = diff_registry(current.raw, {e.id: e.to_json() for e in wanted.values()})
+                return (current.rev, *diff)
+            return await store.replace_registry(wanted)
+
+    rev, added, changed, removed = run_store_command(go())
+    verb = "would" if dry_run else "did"
+    for sign, ids in (("+", added), ("~", changed), ("-", removed)):
+        for endpoint_id in ids:
+            click.echo(f"{sign} {endpoint_id}")
+    click.echo(
+        f"{verb} add {len(added)}, change {len(changed)}, remove {len(removed)}"
+        + ("" if dry_run else f" (registry rev {rev})")
+    )

@@ -1,0 +1,144 @@
+"""The local tools: ``poller demo``, ``sim``, ``bench`` and ``soak`` (see ``poller.lab``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from poller.logs import setup_logging
+
+
+@click.command()
+@click.option(
+    "--redis-url",
+    metavar="URL",
+    help="Use this Redis (default: an embedded redis-server, else fakeredis).",
+)
+@click.option(
+    "--duration",
+    "duration_s",
+    type=click.FloatRange(1, 86400),
+    metavar="S",
+    help="Stop after S seconds (default: run until Ctrl-C).",
+)
+@click.option("--endpoints", type=click.IntRange(3, 200), default=12, show_default=True)
+def demo(redis_url: str | None, duration_s: float | None, endpoints: int) -> None:
+    """Three pollers share simulated engines; one is killed and restarted. Ctrl-C stops."""
+    from poller.lab.demo import run_demo
+
+    setup_logging("WARNING")
+    try:
+        sys.exit(run_demo(redis_url, duration_s, endpoints))
+    except (RuntimeError, TimeoutError) as exc:
+        click.echo(f"Error: demo failed: {exc}", err=True)
+        sys.exit(1)
+
+
+@click.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    add_help_option=False,
+)
+@click.pass_context
+def sim(ctx: click.Context) -> None:
+    """Serve simulated engines (same options as `python -m poller.lab.sim --help`)."""
+    from poller.lab.sim import main as sim_main
+
+    sys.exit(sim_main(ctx.args))
+
+
+@click.command()
+@click.option("--endpoints", type=click.IntRange(1, 5000), help="Simulated endpoints [200].")
+@click.option("--pollers", type=click.IntRange(1, 16), help="Pollers in the cluster section [3].")
+@click.option("--interval", "interval_s", type=click.FloatRange(0.1, 60), help="Seconds [1].")
+@click.option(
+    "--duration",
+    "duration_s",
+    type=click.FloatRange(1, 600),
+    help="Measurement window per section, seconds [20].",
+)
+@click.option(
+    "--section",
+    "sections",
+    multiple=True,
+    type=click.Choice(["scrape", "cluster", "failover", "reader"]),
+    help="Run only these sections (repeatable).",
+)
+@click.option(
+    "--vs-prometheus",
+    is_flag=True,
+    help="Also scrape the same endpoints with a local `prometheus` binary.",
+)
+@click.option("--quick", is_flag=True, help="Small and short (CI): 30 endpoints, 4 s windows.")
+@click.option("--redis-url", metavar="URL", help="Use this Redis instead of an embedded one.")
+@click.option("--json", "as_json", is_flag=True)
+def bench(
+    endpoints: int | None,
+    pollers: int | None,
+    interval_s: float | None,
+    duration_s: float | None,
+    sections: tuple[str, ...],
+    vs_prometheus: bool,
+    quick: bool,
+    redis_url: str | None,
+    as_json: bool,
+) -> None:
+    """Measure scrape cost, cluster behaviour, failover and reader latency locally."""
+    import dataclasses
+
+    from poller.lab.bench import BenchConfig, format_table, run_bench
+
+    cfg = BenchConfig.quick() if quick else BenchConfig()
+    changes: dict[str, Any] = {"vs_prometheus": vs_prometheus}
+    for name, value in (
+        ("endpoints", endpoints),
+        ("pollers", pollers),
+        ("interval_s", interval_s),
+        ("duration_s", duration_s),
+    ):
+        if value is not None:
+            changes[name] = value
+    if sections:
+        changes["sections"] = sections
+    cfg = dataclasses.replace(cfg, **changes)
+    try:
+        result = run_bench(cfg, redis_url)
+    except (RuntimeError, TimeoutError) as exc:
+        click.echo(f"Error: bench failed: {exc}", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+
+
+@click.command()
+@click.option(
+    "--duration",
+    "duration_s",
+    type=click.FloatRange(10, 86400),
+    default=600,
+    show_default=True,
+    help="Seconds to run.",
+)
+@click.option("--endpoints", type=click.IntRange(10, 5000), default=300, show_default=True)
+@click.option(
+    "--every",
+    "every_s",
+    type=click.FloatRange(5, 3600),
+    default=20,
+    show_default=True,
+    help="Seconds between disruptions.",
+)
+@click.option("--json", "as_json", is_flag=True)
+def soak(duration_s: float, endpoints: int, every_s: float, as_json: bool) -> None:
+    """Disrupt a local cluster for a while and check the invariants; exit 1 on a violation."""
+    from poller.lab.soak import SoakConfig, format_summary, run_soak, violations
+
+    cfg = SoakConfig(endpoints=endpoints, duration_s=duration_s, every_s=every_s)
+    try:
+        result = run_soak(cfg, say=lambda line: click.echo(line, err=as_json))
+    except (RuntimeError, TimeoutError) as exc:
+        click.echo(f"Error: soak failed: {exc}", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(result, indent=2) if as_json else format_summary(result))
+    sys.exit(1 if violations(result) else 0)

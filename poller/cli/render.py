@@ -1,0 +1,110 @@
+"""``poller status``: the shared view as a table (rich) or JSON, read through the reader."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from poller.reader.view import EndpointView, View
+
+__all__ = ["SORT_KEYS", "render"]
+
+_STATE_STYLE = {"fresh": "green", "stale": "yellow", "failing": "red", "unknown": "dim"}
+
+
+def _age(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    if ms < 10_000:
+        return f"{ms / 1000:.1f}s"
+    if ms < 3_600_000:
+        return f"{ms // 60_000}m{(ms // 1000) % 60:02d}s"
+    return f"{ms // 3_600_000}h{(ms // 60_000) % 60:02d}m"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}"
+
+
+def _num(e: EndpointView, name: str) -> float:
+    stats = e.stats
+    value = getattr(stats, name, None) if stats is not None else None
+    return -1.0 if value is None else float(value)
+
+
+SORT_KEYS: dict[str, Callable[[EndpointView], Any]] = {
+    "id": lambda e: e.id,
+    "engine": lambda e: (e.engine or "", e.id),
+    "state": lambda e: (["failing", "stale", "unknown", "fresh"].index(e.state), e.id),
+    "owner": lambda e: (e.owner or "", e.id),
+    "running": lambda e: (-_num(e, "running"), e.id),
+    "waiting": lambda e: (-_num(e, "waiting"), e.id),
+    "kv": lambda e: (-_num(e, "kv_cache_usage"), e.id),
+    "hit": lambda e: (-_num(e, "prefix_cache_hit_rate"), e.id),
+    "age": lambda e: (-(e.age_ms if e.age_ms is not None else -1), e.id),
+}
+
+
+def header(view: View) -> str:
+    counts = view.counts()
+    pollers = ", ".join(view.pollers) or "none"
+    states = "  ".join(f"{state} {n}" for state, n in counts.items())
+    return (
+        f"{len(view.pollers)} live pollers ({pollers})   {len(view.endpoints)} endpoints: {states}"
+    )
+
+
+def render(view: View, sort: str = "id") -> Group:
+    """The header line and the table; rich drops the colours when output is piped."""
+    if not view.endpoints:
+        note = Text(
+            "the registry is empty: add endpoints with `poller endpoints add` or "
+            "`poller endpoints sync FILE` (or run pollers with --endpoints-file)",
+            style="yellow",
+        )
+        return Group(Text(header(view)), note)
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column, justify in (
+        ("ID", "left"),
+        ("ENGINE", "left"),
+        ("STATE", "left"),
+        ("OWNER", "left"),
+        ("RUN", "right"),
+        ("WAIT", "right"),
+        ("KV%", "right"),
+        ("HIT%", "right"),
+        ("LORA", "left"),
+        ("AGE", "right"),
+        ("FAILURE", "left"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for e in sorted(view.endpoints.values(), key=SORT_KEYS[sort]):
+        stats, failure = e.stats, e.failure
+        failing = "-"
+        if failure is not None:
+            failing = f"{failure.reason} for {_age(max(0, view.now_ms - failure.since_ms))}"
+            if failure.missing:
+                failing += f" (missing {', '.join(failure.missing)})"
+            elif failure.detail:
+                failing += f": {failure.detail[:60]}"
+        lora = "-"
+        if stats is not None and stats.lora_max is not None:
+            lora = ",".join(stats.lora_running) or "none"
+        table.add_row(
+            e.id,
+            e.engine or "-",
+            Text(e.state, style=_STATE_STYLE[e.state]),
+            e.owner or "-",
+            "-" if stats is None else str(stats.running),
+            "-" if stats is None else str(stats.waiting),
+            _pct(stats.kv_cache_usage if stats else None),
+            _pct(stats.prefix_cache_hit_rate if stats else None),
+            lora,
+            _age(e.age_ms),
+            failing,
+        )
+    return Group(Text(header(view)), table)

@@ -1,0 +1,133 @@
+"""``poller run``: serve, scraping the endpoints this poller holds leases for."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import click
+
+from poller.cli.common import NAMESPACE, REDIS_URL, load
+from poller.errors import ConfigError
+from poller.logs import setup_logging
+from poller.registry import endpoints_from_file
+from poller.service.serve import serve
+
+
+@click.command()
+@click.option(
+    "--config",
+    "config_file",
+    envvar="POLLER_CONFIG",
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="TOML settings file [env POLLER_CONFIG]",
+)
+@REDIS_URL
+@NAMESPACE
+@click.option(
+    "--id",
+    "poller_id",
+    envvar="POLLER_ID",
+    metavar="ID",
+    help="Stable poller id, e.g. the pod name [env POLLER_ID; default hostname-pid]",
+)
+@click.option(
+    "--interval",
+    "interval_s",
+    envvar="POLLER_INTERVAL",
+    type=float,
+    metavar="S",
+    help="Default scrape interval in seconds [env POLLER_INTERVAL]",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    envvar="POLLER_TIMEOUT",
+    type=float,
+    metavar="S",
+    help="Default scrape timeout, below the interval [env POLLER_TIMEOUT]",
+)
+@click.option(
+    "--health-port",
+    envvar="POLLER_HEALTH_PORT",
+    type=int,
+    metavar="N",
+    help="Port for /healthz, /readyz, /metrics; 0 disables [env POLLER_HEALTH_PORT]",
+)
+@click.option(
+    "--endpoints-file",
+    envvar="POLLER_ENDPOINTS_FILE",
+    metavar="FILE",
+    help="Keep the registry equal to this YAML/TOML file [env POLLER_ENDPOINTS_FILE]",
+)
+@click.option(
+    "--redis-tls-ca",
+    metavar="FILE",
+    help="rediss: CA bundle to verify Redis with [env POLLER_REDIS__TLS_CA_FILE; "
+    "default: the system trust store]",
+)
+@click.option(
+    "--redis-tls-cert",
+    metavar="FILE",
+    help="rediss: client certificate (PEM) [env POLLER_REDIS__TLS_CERT_FILE]",
+)
+@click.option(
+    "--redis-tls-key",
+    metavar="FILE",
+    help="rediss: client certificate's key [env POLLER_REDIS__TLS_KEY_FILE]",
+)
+@click.option(
+    "--redis-tls-insecure",
+    is_flag=True,
+    help="rediss: do not verify the Redis certificate [env POLLER_REDIS__TLS_INSECURE]",
+)
+@click.option("--log-format", envvar="POLLER_LOG_FORMAT", type=click.Choice(["text", "json"]))
+@click.option(
+    "--log-level",
+    envvar="POLLER_LOG_LEVEL",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+def run(
+    config_file: str | None,
+    redis_url: str | None,
+    namespace: str | None,
+    poller_id: str | None,
+    interval_s: float | None,
+    timeout_s: float | None,
+    health_port: int | None,
+    endpoints_file: str | None,
+    redis_tls_ca: str | None,
+    redis_tls_cert: str | None,
+    redis_tls_key: str | None,
+    redis_tls_insecure: bool,
+    log_format: str | None,
+    log_level: str | None,
+) -> None:
+    """Serve: scrape the endpoints this poller holds leases for, forever."""
+    settings = load(
+        config_file,
+        {
+            "redis.url": redis_url,
+            "redis.namespace": namespace,
+            "id": poller_id,
+            "scrape.interval_s": interval_s,
+            "scrape.timeout_s": timeout_s,
+            "health.port": health_port,
+            "endpoints_file": endpoints_file,
+            "redis.tls_ca_file": redis_tls_ca,
+            "redis.tls_cert_file": redis_tls_cert,
+            "redis.tls_key_file": redis_tls_key,
+            # An absent flag must not override the file or the environment.
+            "redis.tls_insecure": True if redis_tls_insecure else None,
+            "log_format": log_format,
+            "log_level": log_level.upper() if log_level else None,
+        },
+    )
+    if settings.endpoints_file:
+        try:
+            endpoints_from_file(settings.endpoints_file)
+        except ConfigError as exc:
+            raise click.UsageError(str(exc)) from None
+    setup_logging(settings.log_level, settings.log_format)
+    sys.exit(asyncio.run(serve(settings)))

@@ -1,0 +1,183 @@
+"""``poller demo``: watch three pollers share a dozen simulated engines and take over.
+
+Starts (all on loopback, all stopped by pid at the end): a Redis (``--redis-url``, else
+an embedded redis-server, else fakeredis's TCP server), the engine simulator with a mixed
+fleet (one endpoint failing, one missing a metric), three ``poller run`` processes, and
+shows the shared view live. About 10 s in it SIGKILLs a poller to show the takeover, and
+restarts it 10 s later to show the rebalancing, narrating each event in one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+
+from poller.cli.render import render
+from poller.lab.bench import sync_registry
+from poller.lab.embedded import Proc, http_json, redis_for, start_pollers, start_sim, workdir
+from poller.reader.reader import StatsReader
+from poller.reader.view import View
+
+__all__ = ["run_demo"]
+
+NS = "demo"
+ENGINES = "vllm,sglang,llamacpp,trtllm,triton,tgi,vllm-v0"
+KILL_AT_S = 10.0
+RESTART_AT_S = 20.0
+
+
+class Demo:
+    def __init__(self, work: Path, redis_url: str, endpoints: int, say: Callable[[str], None]):
+        self.work = work
+        self.redis_url = redis_url
+        self.say = say
+        self.sim, self.admin, registry = start_sim(work, endpoints, ENGINES, cpu=None)
+        asyncio.run(sync_registry(redis_url, NS, registry))
+        ids = [e["id"] for e in http_json(f"{self.admin}/admin/registry")]
+        self.missing, self.failing = ids[0], ids[1]
+        http_json(f"{self.admin}/admin/endpoints/{self.failing}/fault", {"mode": "http500"})
+        http_json(f"{self.admin}/admin/endpoints/{self.missing}/fault", {"mode": "missing"})
+        self.say(
+            f"simulator: {len(ids)} engines ({ENGINES}); {self.failing} answers HTTP 500, "
+            f"{self.missing} lacks its KV-cache metric"
+        )
+        self.ids = ["poller-0", "poller-1", "poller-2"]
+        self.procs: dict[str, Proc] = {}
+        for poller_id in self.ids:
+            self.start_poller(poller_id)
+        self.say("started poller-0, poller-1, poller-2: they divide the endpoints by leases")
+
+    def start_poller(self, poller_id: str) -> None:
+        [(proc, _)] = start_pollers(self.work, self.redis_url, NS, [poller_id])
+        self.procs[poller_id] = proc
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.stop()
+        self.sim.stop()
+
+
+def _owned(view: View, poller: str) -> list[str]:
+    return sorted(e.id for e in view.endpoints.values() if e.owner == poller)
+
+
+def run_demo(redis_url: str | None, duration_s: float | None, endpoints: int = 12) -> int:
+    console = Console()
+    interactive = console.is_terminal
+    if not interactive:
+        console = Console(width=160)  # piped: whole lines, not a table wrapped at 80
+
+    def say(line: str) -> None:
+        console.print(f"[bold cyan]>[/bold cyan] {line}", highlight=False)
+
+    stop = {"now": False}
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop["now"] = True
+
+    old = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        with workdir("poller-demo-") as work:
+            with redis_for(work, redis_url) as (url, redis_proc):
+                kind = "redis-server" if redis_proc else ("fakeredis" if redis_url is None else url)
+                say(f"redis: {kind} at {url} (namespace {NS})")
+                demo = Demo(work, url, endpoints, say)
+                try:
+                    asyncio.run(_watch(demo, console, interactive, duration_s, say, stop))
+                except KeyboardInterrupt:
+                    pass
+                finally:
+                    say("stopping every process the demo started")
+                    demo.stop()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    return 0
+
+
+class Script:
+    """The scripted events: kill poller-1, report the takeover, restart, report rebalance."""
+
+    def __init__(self, demo: Demo, say: Callable[[str], None]) -> None:
+        self.demo = demo
+        self.say = say
+        self.killed_at: float | None = None
+        self.victims: list[str] = []
+        self.restarted_at: float | None = None
+        self.rebalanced = False
+
+    def step(self, view: View, elapsed_s: float) -> None:
+        now = time.monotonic()
+        if self.killed_at is None:
+            if elapsed_s >= KILL_AT_S:
+                self.victims = _owned(view, "poller-1")
+                self.demo.procs["poller-1"].signal(signal.SIGKILL)
+                self.killed_at = now
+                self.say(
+                    f"killed poller-1 (SIGKILL) holding {len(self.victims)} endpoints: "
+                    f"{', '.join(self.victims) or 'none'}"
+                )
+            return
+        if self.victims:
+            owners = {view[e].owner for e in self.victims if e in view.endpoints}
+            if owners and None not in owners and "poller-1" not in owners:
+                who = ", ".join(sorted(str(o) for o in owners))
+                self.say(
+                    f"takeover: {who} now scrape poller-1's endpoints "
+                    f"({now - self.killed_at:.1f} s after the kill: its lease and "
+                    "heartbeat lapsed)"
+                )
+                self.victims = []
+        if self.restarted_at is None:
+            if elapsed_s >= RESTART_AT_S:
+                self.demo.start_poller("poller-1")
+                self.restarted_at = now
+                self.say("restarted poller-1: rendezvous hashing gives it back its share")
+        elif not self.rebalanced and _owned(view, "poller-1"):
+            self.rebalanced = True
+            self.say(
+                f"rebalanced: poller-1 owns {len(_owned(view, 'poller-1'))} endpoints again "
+                f"({now - self.restarted_at:.1f} s after its restart)"
+            )
+
+
+async def _watch(
+    demo: Demo,
+    console: Console,
+    interactive: bool,
+    duration_s: float | None,
+    say: Callable[[str], None],
+    stop: dict[str, bool],
+) -> None:
+    reader = StatsReader.from_url(demo.redis_url, NS)
+    script = Script(demo, say)
+    started = time.monotonic()
+    last_plain = 0.0
+    live = None
+    if interactive:
+        live = Live(render(await reader.snapshot(), "id"), console=console, auto_refresh=False)
+        live.start()
+    try:
+        while not stop["now"]:
+            elapsed = time.monotonic() - started
+            if duration_s is not None and elapsed >= duration_s:
+                break
+            view = await reader.snapshot()
+            script.step(view, elapsed)
+            if live is not None:
+                live.update(render(view, "id"), refresh=True)
+            elif time.monotonic() - last_plain >= 5.0:
+                console.print(render(view, "id"))
+                last_plain = time.monotonic()
+            await asyncio.sleep(0.5)
+        if live is None:
+            console.print(render(await reader.snapshot(), "id"))
+    finally:
+        if live is not None:
+            live.stop()
+        await reader.aclose()

@@ -1,0 +1,36 @@
+"""Engine simulator: what the poller's integration tests and benchmarks run against.
+
+One asyncio process serves many virtual engine endpoints (vLLM V1 and V0, SGLang,
+llama.cpp, trtllm-serve, Triton, TGI) with pages as large as real ones, a load that
+evolves plausibly and deterministically from a seed, and faults switchable at runtime::
+
+    async with Simulator(fleet(6), seed=1) as sim:
+        url = sim.base_url("vllm-0")            # what a registry entry's url is
+        await sim.set_fault("vllm-0", "slow", delay_s=3)
+        assert sim.hits("vllm-0") == 0
+
+Modules: ``model`` (the load), ``templates`` + ``pages_*`` + ``engines`` (the pages),
+``faults``, ``spec`` (``EndpointSpec``, ``fleet``), ``server`` (``Simulator``), ``admin``
+(the JSON admin API) and ``cli`` (``python -m poller.lab.sim``).
+"""
+
+from __future__ import annotations
+
+from poller.lab.sim.cli import main, run_sim
+from poller.lab.sim.endpoint import Snapshot
+from poller.lab.sim.engines import ENGINES
+from poller.lab.sim.faults import FAULT_MODES, Fault
+from poller.lab.sim.server import Simulator
+from poller.lab.sim.spec import EndpointSpec, fleet
+
+__all__ = [
+    "ENGINES",
+    "FAULT_MODES",
+    "EndpointSpec",
+    "Fault",
+    "Simulator",
+    "Snapshot",
+    "fleet",
+    "main",
+    "run_sim",
+]

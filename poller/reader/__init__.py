@@ -1,0 +1,11 @@
+"""The gateway side: snapshots, a cached view, and a reference picker.
+
+Imports only the leaves (errors, config, registry, stats) and ``poller.redis.keys``, so a
+gateway installs no scraping or scheduling stack.
+"""
+
+from poller.reader.pick import pick
+from poller.reader.reader import StatsReader, SyncStatsReader
+from poller.reader.view import EndpointView, View, ViewCache
+
+__all__ = ["EndpointView", "StatsReader", "SyncStatsReader", "View", "ViewCache", "pick"]

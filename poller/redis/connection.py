@@ -1,0 +1,179 @@
+"""Redis clients as the poller builds them: timeouts, one quick retry, TLS, Sentinel.
+
+``connect(settings)`` is used by pollers, the CLI and (through ``from_settings``) the
+readers, so every process talks to Redis the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+import redis.exceptions as rexc
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from poller.config import RedisSettings
+from poller.errors import StoreError
+
+__all__ = ["close_client", "connect", "redis_call", "subscribe", "tls_options"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def connect(settings: RedisSettings) -> aioredis.Redis | RedisCluster:
+    """A client with timeouts on every call and one quick retry on a dropped connection.
+
+    redis-py's default retry backs off for seconds; a poller prefers to fail the call
+    and try again at its next tick, with its own capped backoff.
+    """
+    options: dict[str, Any] = {
+        "socket_timeout": settings.socket_timeout_s,
+        "socket_connect_timeout": settings.connect_timeout_s,
+        "decode_responses": True,
+        # A foreign writer's invalid UTF-8 must not break every read of the registry:
+        # decode with U+FFFD, and the entry fails validation like any bad entry.
+        "encoding_errors": "replace",
+        "health_check_interval": 10,
+        **tls_options(settings),
+    }
+    retry = Retry(NoBackoff(), 1)
+    if settings.url.split("://", 1)[0] in ("redis+sentinel", "rediss+sentinel"):
+        return _sentinel_master(settings.url, retry, options)
+    if settings.cluster:
+        return RedisCluster.from_url(settings.url, retry=retry, **options)
+    return aioredis.Redis.from_url(settings.url, retry=retry, **options)
+
+
+def tls_options(settings: RedisSettings) -> dict[str, Any]:
+    """redis-py's ``ssl_*`` arguments for a rediss URL (plain connections reject them).
+
+    Verification is explicit rather than left to redis-py's defaults, which older
+    versions set to no host name check.
+    """
+    if not settings.url.startswith("rediss"):
+        return {}  # RedisSettings refuses TLS settings without a rediss URL
+    options: dict[str, Any] = {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
+    if settings.tls_insecure:
+        log.warning("redis.tls_insecure is set: the Redis server's certificate is not verified")
+        options = {"ssl_cert_reqs": "none", "ssl_check_hostname": False}
+    if settings.tls_ca_file:
+        options["ssl_ca_certs"] = settings.tls_ca_file
+    if settings.tls_cert_file:
+        options["ssl_certfile"] = settings.tls_cert_file
+    if settings.tls_key_file:
+        options["ssl_keyfile"] = settings.tls_key_file
+    return options
+
+
+def _sentinel_master(url: str, retry: Retry, options: dict[str, Any]) -> aioredis.Redis:
+    """``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``.
+
+    The client asks the sentinels for the current master on every (re)connection, so it
+    follows a failover by itself. The user and password are the master's; sentinels
+    protected by a password take it from ``?sentinel_password=``. With
+    ``rediss+sentinel://`` the sentinels and the master are both spoken to over TLS, with
+    the same CA and client certificate: the sentinel password must not travel in clear.
+    """
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    from redis.asyncio.sentinel import Sentinel
+
+    from poller.errors import ConfigError
+
+    parts = urlsplit(url)
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    hosts: list[tuple[str, int]] = []
+    for item in hostlist.split(","):
+        host, _, port = item.rpartition(":") if ":" in item else (item, "", "26379")
+        if not host or not port.isdigit():
+            raise ConfigError(f"bad sentinel address {item!r} in the Redis URL", field="redis.url")
+        hosts.append((host, int(port)))
+    path = [p for p in parts.path.split("/") if p]
+    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ConfigError(
+            "a sentinel URL names the service: redis+sentinel://host:26379/mymaster[/db]",
+            field="redis.url",
+        )
+    user, _, password = userinfo.partition(":")
+    query = parse_qs(parts.query)
+    tls = parts.scheme.startswith("rediss")
+    sentinel_kwargs: dict[str, Any] = {
+        "socket_timeout": options["socket_timeout"],
+        "socket_connect_timeout": options["socket_connect_timeout"],
+        # redis-py's default retry backs off for seconds per sentinel (~9 s for a
+        # certificate that can never verify); fail fast like the master connections.
+        "retry": retry,
+    }
+    if "sentinel_password" in query:
+        sentinel_kwargs["password"] = query["sentinel_password"][0]
+    if tls:
+        sentinel_kwargs["ssl"] = True
+        sentinel_kwargs.update((k, v) for k, v in options.items() if k.startswith("ssl_"))
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, ssl=tls, **options)  # type: ignore[no-untyped-call]
+    master: aioredis.Redis = sentinel.master_for(
+        path[0],
+        retry=retry,
+        username=unquote(user) or None,
+        password=unquote(password) or None,
+        db=int(path[1]) if len(path) == 2 else 0,
+    )
+    return master
+
+
+async def redis_call(awaitable: Awaitable[T], what: str) -> T:
+    """The one place redis-py's exceptions become ours."""
+    try:
+        return await awaitable
+    except rexc.ResponseError as exc:
+        raise StoreError(f"Redis rejected {what}: {exc}") from exc
+    except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+        raise StoreError(f"Redis unreachable during {what}: {exc}") from exc
+    except rexc.RedisError as exc:
+        raise StoreError(f"Redis error during {what}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        # Only with a client of the caller's that decodes strictly; connect() replaces.
+        raise StoreError(
+            f"Redis returned invalid UTF-8 during {what} (use a client with "
+            "encoding_errors='replace', as poller.redis.connection.connect() builds)"
+        ) from exc
+
+
+async def close_client(client: Any) -> None:
+    """Close a client, and the sentinel connections a Sentinel-managed one keeps."""
+    await client.aclose()
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
+    for sentinel in getattr(manager, "sentinels", ()):
+        await sentinel.aclose()
+
+
+@asynccontextmanager
+async def subscribe(client: Any, *channels: str) -> AsyncIterator[aioredis.client.PubSub]:
+    """A pub/sub connection on ``channels`` (callers read with get_message)."""
+    own = client
+    if isinstance(client, RedisCluster):
+        # Cluster PUBLISH reaches every node: listen on any one of them.
+        node = client.get_random_node()
+        own = aioredis.Redis(host=node.host, port=int(node.port), **_pubsub_options(client))
+    pubsub = own.pubsub(ignore_subscribe_messages=True)
+    try:
+        await redis_call(pubsub.subscribe(*channels), "SUBSCRIBE")
+        yield pubsub
+    finally:
+        try:
+            await pubsub.aclose()
+        except Exception:
+            log.debug("pubsub close failed", exc_info=True)
+        if own is not client:
+            await own.aclose()
+
+
+def _pubsub_options(client: Any) -> dict[str, Any]:
+    kwargs = client.get_connection_kwargs() if hasattr(client, "get_connection_kwargs") else {}
+    keep = ("username", "password", "ssl", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+    return {k: kwargs[k] for k in keep if k in kwargs} | {"decode_responses": True}

@@ -1,0 +1,38 @@
+"""Every key of Redis schema v1 (docs/schema.md): the one home for key names.
+
+Keys share the hash tag ``{<namespace>}`` so multi-key scripts run on Redis Cluster. The
+reader imports this module and nothing else of the writer side.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SCHEMA_VERSION", "Keys"]
+
+SCHEMA_VERSION = "1"
+
+
+class Keys:
+    """Every key of schema v1 under the prefix ``{namespace}``."""
+
+    def __init__(self, namespace: str = "llmgw") -> None:
+        self.namespace = namespace
+        self.prefix = "{" + namespace + "}"
+        self.schema = f"{self.prefix}:schema"
+        self.endpoints = f"{self.prefix}:endpoints"
+        self.endpoints_rev = f"{self.prefix}:endpoints:rev"
+        self.members = f"{self.prefix}:members"
+        self.fence = f"{self.prefix}:fence"
+        self.events = f"{self.prefix}:events"
+        self.epoch = f"{self.prefix}:epoch"
+        # The whole view in two hashes, for snapshots in one cheap read (docs/schema.md).
+        self.view_stats = f"{self.prefix}:view:stats"
+        self.view_failures = f"{self.prefix}:view:failures"
+
+    def lease(self, endpoint_id: str) -> str:
+        return f"{self.prefix}:lease:{endpoint_id}"
+
+    def stats(self, endpoint_id: str) -> str:
+        return f"{self.prefix}:stats:{endpoint_id}"
+
+    def failure(self, endpoint_id: str) -> str:
+        return f"{self.prefix}:failure:{endpoint_id}"

@@ -1,0 +1,6 @@
+-- KEYS: endpoints, stats, failure, lease   ARGV: endpoint id
+-- Returns {seconds, microseconds, registry json or "", stats, failure, lease or ""}.
+local t = redis.call('TIME')
+return {t[1], t[2], redis.call('HGET', KEYS[1], ARGV[1]) or '',
+        redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
+        redis.call('GET', KEYS[4]) or ''}

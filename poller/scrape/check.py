@@ -1,0 +1,128 @@
+"""``poller check``: scrape one endpoint once and report what it read.
+
+Also serves the bundled example pages on a loopback port (``--example``), so the whole
+path (HTTP, parse, mapping) can be tried without an engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any
+
+from poller.errors import ScrapeError
+from poller.registry import Endpoint
+from poller.scrape.engines import ENGINE_SPECS, mapping_for
+from poller.scrape.http import Scraper, metrics_url
+from poller.stats import Signals, prefix_hit_rate
+
+__all__ = ["check_endpoint", "format_report", "serve_example"]
+
+
+@asynccontextmanager
+async def serve_example(engine: str) -> AsyncIterator[str]:
+    """Serve the bundled example page for ``engine`` on a loopback port; yields its base URL."""
+    page = resources.files("poller.scrape").joinpath(f"data/{engine}.txt").read_bytes()
+    path = ENGINE_SPECS[engine].metrics_path.encode()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await reader.readuntil(b"\r\n\r\n")
+            ok = request.split(b" ", 2)[1] == path
+            body = page if ok else b"not found\n"
+            head = b"HTTP/1.1 200 OK\r\n" if ok else b"HTTP/1.1 404 Not Found\r\n"
+            writer.write(
+                head
+                + b"Content-Type: text/plain; version=0.0.4\r\n"
+                + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+                + body
+            )
+            await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def _signal_rows(signals: Signals) -> list[tuple[str, str, str]]:
+    rate = signals.prefix_cache_hit_rate
+    if rate is None:
+        # One scrape has no window: the lifetime ratio of the counters is what we have.
+        rate = prefix_hit_rate(
+            signals.prefix_cache_hits_total, signals.prefix_cache_queries_total, None, None, None
+        )
+    values: dict[str, Any] = {
+        "running": signals.running,
+        "waiting": signals.waiting,
+        "kv_cache_usage": signals.kv_cache_usage,
+        "prefix_cache_hit_rate": None if rate is None else round(rate, 4),
+        "lora": None
+        if signals.lora_max is None
+        else f"running=[{','.join(signals.lora_running)}] "
+        f"waiting=[{','.join(signals.lora_waiting)}] max={signals.lora_max}",
+        "models": ", ".join(signals.models) or None,
+    }
+    rows = []
+    for name, value in values.items():
+        shown = "absent" if value is None else str(value)
+        rows.append((name, shown, signals.sources.get(name, "")))
+    return rows
+
+
+async def check_endpoint(
+    endpoint: Endpoint, engine: str, timeout_s: float, max_bytes: int
+) -> dict[str, Any]:
+    mapping = mapping_for(engine, endpoint.overrides)
+    url = metrics_url(endpoint, mapping.metrics_path)
+    report: dict[str, Any] = {"url": url, "engine": engine, "ok": False}
+    scraper = Scraper(max_body_bytes=max_bytes)
+    started = time.perf_counter()
+    try:
+        fetched = await scraper.fetch(endpoint, mapping.metrics_path, timeout_s)
+        report |= {"status": fetched.status, "bytes": len(fetched.body)}
+        parse_started = time.perf_counter()
+        signals = mapping.read(fetched.body, fetched.content_type)
+        report["parse_us"] = round((time.perf_counter() - parse_started) * 1e6, 1)
+        report |= {"ok": True, "missing": [], "signals": {}, "sources": signals.sources}
+        for name, shown, _ in _signal_rows(signals):
+            report["signals"][name] = None if shown == "absent" else shown
+    except ScrapeError as exc:
+        report |= {"reason": exc.reason, "detail": exc.detail}
+        report["missing"] = list(getattr(exc, "missing", ()))
+    finally:
+        await scraper.aclose()
+    report["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 2)
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines: list[str] = []
+    out = lines.append
+    size = f"{report['bytes'] / 1024:.1f} KB" if "bytes" in report else "-"
+    out(
+        f"GET {report['url']}  status={report.get('status', '-')}  {size}  "
+        f"in {report['elapsed_ms']} ms"
+        + (f" (parse {report['parse_us']} us)" if "parse_us" in report else "")
+    )
+    out(f"engine: {report['engine']}")
+    for name, value in report.get("signals", {}).items():
+        source = report["sources"].get(name, "")
+        out(f"  {name:<22} {value if value is not None else 'absent':<40} {source}")
+    if report["ok"]:
+        out(f"OK: the page satisfies the {report['engine']} contract")
+    else:
+        if report.get("missing"):
+            out("missing: " + ", ".join(report["missing"]))
+        out(f"FAILED: {report['reason']}: {report['detail']}")
+    return "\n".join(lines)

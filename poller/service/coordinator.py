@@ -1,0 +1,148 @@
+"""Who scrapes what: rendezvous assignment over live members, leases as the arbiter.
+
+Every poller computes the same assignment from the same inputs (live members from the
+``P:members`` zset, endpoint ids from the registry), so in steady state nobody fights.
+While views differ (a member just joined or died) two pollers may both want an
+endpoint; the lease decides, and fenced writes make a loser's late write harmless.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from poller.config import CoordinationSettings
+from poller.redis.store import RedisStore
+
+__all__ = ["Coordinator", "ReconcileResult", "assign", "owner_of", "weight"]
+
+log = logging.getLogger(__name__)
+
+
+def weight(member: str, endpoint_id: str) -> int:
+    """A stable 64-bit score for (member, endpoint): the same in every process.
+
+    blake2b rather than ``hash()``, which is salted per process.
+    """
+    digest = hashlib.blake2b(
+        member.encode() + b"\x00" + endpoint_id.encode(), digest_size=8
+    ).digest()
+    return int.from_bytes(digest, "big")
+
+
+def owner_of(endpoint_id: str, members: Sequence[str]) -> str | None:
+    """Highest-random-weight owner; ties (practically impossible) go to the smaller id."""
+    best: str | None = None
+    best_w = -1
+    for member in members:
+        w = weight(member, endpoint_id)
+        if w > best_w or (w == best_w and best is not None and member < best):
+            best, best_w = member, w
+    return best
+
+
+def assign(members: Iterable[str], endpoint_ids: Iterable[str]) -> dict[str, str]:
+    """endpoint id -> owning member. Empty when there are no members.
+
+    Adding a member moves only the endpoints it now wins (about 1/(N+1) of them),
+    and only to itself; removing one moves only its own endpoints.
+    """
+    live = sorted(set(members))
+    if not live:
+        return {}
+    return {e: owner_of(e, live) or live[0] for e in endpoint_ids}
+
+
+@dataclass(slots=True)
+class ReconcileResult:
+    gained: dict[str, int] = field(default_factory=dict)  # id -> token
+    lost: list[str] = field(default_factory=list)  # released, renew failed, or removed
+    contested: list[str] = field(default_factory=list)  # preferred but held by another
+    #: Contested, and the holder is no longer a live member (it died): its lease lapses
+    #: within a TTL, and retrying soon beats waiting for the next reconcile.
+    orphaned: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+
+
+class Coordinator:
+    """One poller's membership and leases. Holds ``held``: endpoint id -> fencing token."""
+
+    def __init__(self, store: RedisStore, poller_id: str, settings: CoordinationSettings):
+        self.store = store
+        self.poller_id = poller_id
+        self.settings = settings
+        self.held: dict[str, int] = {}
+        self.members: list[str] = []
+        self.redis_now_ms = 0  # Redis clock at the last heartbeat
+
+    async def heartbeat(self) -> bool:
+        """Refresh membership; returns True when the set of live members changed."""
+        self.redis_now_ms, members = await self.store.heartbeat(
+            self.poller_id, self.settings.member_ttl_ms
+        )
+        changed = members != self.members
+        if changed:
+            log.info("members changed: %s", " ".join(members) or "(none)")
+        self.members = members
+        return changed
+
+    def preferred(self, endpoint_ids: Iterable[str]) -> set[str]:
+        if self.poller_id not in self.members:
+            return set()  # not (yet, or any longer) a live member: own nothing
+        owners = assign(self.members, endpoint_ids)
+        return {e for e, owner in owners.items() if owner == self.poller_id}
+
+    async def reconcile(self, endpoint_ids: Iterable[str]) -> ReconcileResult:
+        """Release what we should not hold, renew the rest, acquire what we prefer.
+
+        Three round trips at most, whatever the number of endpoints.
+        """
+        started = time.perf_counter()
+        ids = set(endpoint_ids)
+        mine = self.preferred(ids)
+        result = ReconcileResult()
+        ttl = self.settings.lease_ttl_ms
+
+        give_up = {e: t for e, t in self.held.items() if e not in mine}
+        if give_up:
+            # Release (not just forget) so the preferred owner can take them at once.
+            await self.store.release_leases(self.poller_id, give_up)
+            for e in give_up:
+                self.held.pop(e, None)  # a rejected write may have forgotten it meanwhile
+            result.lost.extend(sorted(give_up))
+
+        renewed = await self.store.renew_leases(self.poller_id, self.held, ttl)
+        for e, ok in renewed.items():
+            if not ok:
+                log.warning("lease lost: endpoint=%s", e)
+                self.held.pop(e, None)
+                result.lost.append(e)
+
+        wanted = sorted(mine - self.held.keys())
+        for acquired in await self.store.acquire_leases(self.poller_id, wanted, ttl):
+            if acquired.token is not None:
+                self.held[acquired.endpoint_id] = acquired.token
+                result.gained[acquired.endpoint_id] = acquired.token
+            else:
+                result.contested.append(acquired.endpoint_id)
+                holder = (acquired.holder or "").partition(" ")[0]
+                if holder not in self.members:
+                    result.orphaned.append(acquired.endpoint_id)
+        result.duration_s = time.perf_counter() - started
+        return result
+
+    def forget(self, endpoint_id: str, token: int | None = None) -> None:
+        """A fenced write was rejected: the lease is someone else's now. With ``token``,
+        only if we still hold it under that token (not one re-acquired meanwhile)."""
+        if token is None or self.held.get(endpoint_id) == token:
+            self.held.pop(endpoint_id, None)
+
+    async def leave(self) -> int:
+        """Graceful exit: leave membership first, so survivors' next reconcile no longer
+        prefers us, then release every lease (publishing ``released``)."""
+        await self.store.leave(self.poller_id)
+        held, self.held = self.held, {}
+        return await self.store.release_leases(self.poller_id, held)

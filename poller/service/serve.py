@@ -1,0 +1,82 @@
+"""``poller run``'s process: one worker, its health server, until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from poller.config import Settings
+from poller.reader.reader import StatsReader
+from poller.service.health import HealthServer
+from poller.service.worker import Worker
+
+__all__ = ["serve"]
+
+log = logging.getLogger(__name__)
+
+
+async def serve(settings: Settings) -> int:
+    """Run one poller until SIGTERM/SIGINT; returns the exit status."""
+    worker = Worker(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    worker.on_fatal = stop.set
+    health = None
+    if settings.health.port:
+        view_reader = StatsReader(worker.store.client, settings.redis.namespace)
+
+        async def view() -> dict[str, Any]:
+            return (await view_reader.snapshot()).to_dict()
+
+        health = HealthServer(
+            settings.health.host,
+            settings.health.port,
+            ready=lambda: worker.ready,
+            registry=worker.metrics.registry,
+            routes={"/v1/view": view},
+        )
+        try:
+            await health.start()
+        except OSError as exc:
+            log.error(
+                "cannot listen on %s:%d: %s",
+                settings.health.host,
+                settings.health.port,
+                exc.strerror,
+            )
+            await worker.store.close()
+            return 1
+    log.info(
+        "poller %s starting: redis=%s namespace=%s",
+        settings.id,
+        _redact(settings.redis.url),
+        settings.redis.namespace,
+    )
+    await worker.start()
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping")
+        await worker.stop()
+        if health is not None:
+            await health.stop()
+    if worker.fatal is not None:
+        log.error("%s", worker.fatal)
+        return 1
+    return 0
+
+
+def _redact(url: str) -> str:
+    """The Redis URL without its password, for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (
+        f":{parts.port}" if parts.port else ""
+    )
+    return urlunsplit(parts._replace(netloc=netloc))
