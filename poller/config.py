@@ -133,6 +133,12 @@ class ScrapeSettings(BaseModel):
     timeout_s: float = Field(default=0.8, gt=0, le=600)
     #: Each run is moved by up to +-jitter_s around its slot (no drift; see worker).
     jitter_s: float = Field(default=0.05, ge=0, le=60)
+    #: At most this many samples of the mapped metrics are read from one page; more is a
+    #: ``too_large`` failure. Bounds the CPU (and GIL) one runaway page can take.
+    max_samples: int = Field(default=10_000, ge=10, le=10_000_000)
+    #: Bodies larger than this are mapped in a worker thread, so one large page does not
+    #: hold up the event loop (heartbeats, every other endpoint's scrape).
+    thread_map_bytes: int = Field(default=256 * 1024, ge=0, le=1024**3)
     #: Bodies larger than this are a ``too_large`` failure (a vLLM page is ~60 KB).
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1024**3)
     #: HTTP stack under httpx: one shared aiohttp session ("aiohttp", measured fastest) or

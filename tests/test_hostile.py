@@ -409,12 +409,11 @@ async def worker_owning(
     try:
         await worker.store.put_endpoint(Endpoint(id="e1", url=url, engine=engine))
         await worker.store.ensure_schema()
-        await worker._heartbeat()
-        await worker._sync_registry()
-        await worker._reconcile()
+        await worker.step()
         assert "e1" in worker.owned
         yield worker
     finally:
+        await worker.jobs.stop()
         await worker.scraper.aclose()
         await client.aclose()
 

@@ -37,6 +37,8 @@ def test_one_minute_soak_holds_every_invariant() -> None:
     assert report["stale_writes_accepted"] == 0
     assert report["stats_older_than_ttl"] == 0 and report["stats_without_ttl"] == 0
     assert report["slow_recoveries"] == 0 and report["recovery_max_s"] <= 10
+    assert report["held_unscheduled_leases"] == 0
+    assert report["endpoints_unwritten_within_ttl"] == 0
     # a handover or a Redis restart may double one interval of a few endpoints: fenced,
     # but visible at the engine; anything more would be a regression
     assert report["duplicate_scrapes"] <= 0.02 * 60 * 60

@@ -229,11 +229,9 @@ async def test_worker_writes_a_config_failure_for_a_disallowed_endpoint(
             },
         )
         await worker.store.ensure_schema()
-        await worker._heartbeat()
-        await worker._sync_registry()
-        await worker._reconcile()
+        await worker.step()
         assert set(worker.owned) == {"outside", "inside"}
-        caplog.set_level("WARNING", logger="poller.service.worker")
+        caplog.set_level("WARNING", logger="poller.service.reporting")
         await worker.scrape_once("outside")
         await worker.scrape_once("inside")
         failure = await client.hgetall("{t}:failure:outside")
@@ -243,5 +241,6 @@ async def test_worker_writes_a_config_failure_for_a_disallowed_endpoint(
         assert (await worker.store.read_stats("inside"))["running"] == "1"
         assert any("169.254.169.254" in r.getMessage() for r in caplog.records)
     finally:
+        await worker.jobs.stop()
         await worker.scraper.aclose()
         await client.aclose()

@@ -12,7 +12,8 @@ import pytest
 from poller.config import Settings
 from poller.redis.store import RedisStore
 from poller.registry import Endpoint
-from poller.service.worker import GridJitterTrigger, Worker
+from poller.service.jobs import GridJitterTrigger
+from poller.service.worker import Worker
 
 DATA = Path(__file__).parent / "data"
 VLLM = (DATA / "vllm-v1-synthetic-61k.txt").read_bytes()
@@ -47,6 +48,7 @@ async def worker(engines: Engines) -> AsyncIterator[Worker]:
     store = RedisStore(client, "t")
     w = Worker(Settings(id="p1"), store, transport_factory=engines.factory)
     yield w
+    await w.jobs.stop()
     await w.scraper.aclose()
     await client.aclose()
 
@@ -55,9 +57,7 @@ async def own(worker: Worker, *endpoints: Endpoint) -> None:
     for endpoint in endpoints:
         await worker.store.put_endpoint(endpoint)
     await worker.store.ensure_schema()
-    await worker._heartbeat()
-    await worker._sync_registry()
-    await worker._reconcile()
+    await worker.step()
     assert {e.id for e in endpoints} <= set(worker.owned)
 
 
@@ -100,14 +100,13 @@ async def test_hit_rate_is_windowed_and_survives_handover(worker: Worker, engine
     # a new owner continues the window from the counters in the stats hash
     other = Worker(Settings(id="p2"), worker.store, transport_factory=engines.factory)
     await worker.coordinator.leave()
-    worker.owned.clear()
-    await other._heartbeat()
-    await other._sync_registry()
-    await other._reconcile()
+    worker.jobs.remove("e1")
+    await other.step()
     counters.update(hits=200.0, queries=400.0)  # 10 of 100
     await other.scrape_once("e1")
     stats = await other.store.read_stats("e1")
     assert stats["poller"] == "p2" and float(stats["prefix_cache_hit_rate"]) == 0.1
+    await other.jobs.stop()
     await other.scraper.aclose()
 
 
@@ -227,7 +226,7 @@ async def test_failures_are_logged_once_per_reason(
 ) -> None:
     await own(worker, ep())
     engines.handlers["e1"] = fail_with(httpx.ConnectError("refused"))
-    with caplog.at_level(logging.INFO, logger="poller.service.worker"):
+    with caplog.at_level(logging.INFO, logger="poller.service.reporting"):
         for _ in range(3):
             await worker.scrape_once("e1")
         engines.handlers["e1"] = lambda r: httpx.Response(200, text="vllm:num_requests_running 1\n")
@@ -240,9 +239,9 @@ async def test_failures_are_logged_once_per_reason(
         ("INFO", "scrape failed endpoint=e1 reason=unreachable detail=ConnectError: refused"),
         (
             "WARNING",
-            "scrape failed endpoint=e1 reason=contract detail=vllm page lacks required "
-            "metrics: vllm:num_requests_waiting, vllm:kv_cache_usage_perc|"
-            "vllm:gpu_cache_usage_perc",
+            "scrape failed endpoint=e1 reason=contract missing=vllm:num_requests_waiting,"
+            "vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc: the engine does not serve the "
+            "metrics this endpoint is read with; routing to it is uninformed",
         ),
     ]
     assert ("INFO", "endpoint recovered: endpoint=e1 after=contract") in messages

@@ -9,7 +9,10 @@ promises:
 - a fenced write accepted with an older token than one already seen for the endpoint
   (a stale write; tokens restart only with an empty Redis, which resets the tracking);
 - a stats hash older than its TTL, or without a TTL;
-- an endpoint not fresh again within ``recovery_bound_s`` after a disruption.
+- an endpoint not fresh again within ``recovery_bound_s`` after a disruption;
+- after every recovery and at the end: a lease held by a live poller that still has no
+  scheduled job (same token) one pass later (each poller's ``/v1/jobs``), and a healthy
+  endpoint whose last write is older than its TTL.
 
 It also counts duplicate scrapes at the simulator (two hits of one endpoint closer than
 half an interval) and reports poller RSS at the start and the end. Everything it starts
@@ -66,6 +69,8 @@ class Tally:
     old_stats: int = 0
     no_ttl: int = 0
     slow_recoveries: int = 0
+    held_unscheduled: int = 0
+    unwritten: int = 0
     checks: int = 0
     tokens: dict[str, int] = field(default_factory=dict)
 
@@ -88,6 +93,7 @@ class Soak:
         self._write_file()
         self.ids = [f"soak-{i}" for i in range(cfg.pollers)]
         self.pollers: dict[str, Proc] = {}
+        self.health: dict[str, int] = {}
         for poller_id in self.ids:
             self._start_poller(poller_id)
         self.faulted: set[str] = set()
@@ -103,7 +109,7 @@ class Soak:
         return proc
 
     def _start_poller(self, poller_id: str) -> None:
-        [(proc, _)] = start_pollers(
+        [(proc, port)] = start_pollers(
             self.work,
             self.url,
             NS,
@@ -112,6 +118,7 @@ class Soak:
             extra=("--endpoints-file", str(self.file)),
         )
         self.pollers[poller_id] = proc
+        self.health[poller_id] = port
 
     def _write_file(self) -> None:
         tmp = self.file.with_suffix(".tmp")
@@ -163,6 +170,54 @@ class Soak:
                 self.tally.no_ttl += 1
             elif scraped and interval and now_ms - int(scraped) > 3 * int(interval) + 250:
                 self.tally.old_stats += 1
+
+    def _leases_and_jobs(self) -> set[tuple[str, str, int]]:
+        """(endpoint, poller, token) of every lease a live poller holds without a job."""
+        prefix = f"{{{NS}}}:lease:"
+        keys = list(self.client.scan_iter(f"{prefix}*", count=1000))
+        values = self.client.mget(keys) if keys else []
+        jobs: dict[str, dict[str, int]] = {}
+        for poller_id, proc in self.pollers.items():
+            if proc.popen.poll() is not None:
+                continue
+            try:
+                reply = http_json(f"http://127.0.0.1:{self.health[poller_id]}/v1/jobs", timeout_s=2)
+            except OSError:
+                continue  # starting or stopping: judged at the next check
+            jobs[poller_id] = {e: int(t) for e, t in reply["jobs"].items()}
+        out = set()
+        for key, value in zip(keys, values, strict=True):
+            if not value:
+                continue
+            holder, _, token = str(value).partition(" ")
+            endpoint_id = str(key)[len(prefix) :]
+            if holder in jobs and jobs[holder].get(endpoint_id) != int(token):
+                out.add((endpoint_id, holder, int(token)))
+        return out
+
+    def check_jobs(self) -> None:
+        """No lease is held without a scheduled job for longer than one pass: a lease seen
+        unscheduled must be scheduled (or gone) a pass later."""
+        try:
+            suspects = self._leases_and_jobs()
+            if suspects:
+                time.sleep(1.5)  # one reconcile pass (1 s) and some
+                self.tally.held_unscheduled += len(suspects & self._leases_and_jobs())
+        except redis.RedisError:
+            return
+
+    def check_written(self) -> None:
+        """Every healthy endpoint was written within its TTL (3 intervals)."""
+        try:
+            now_ms = self.redis_now_ms()
+            records = self._records()
+        except redis.RedisError:
+            return
+        ttl_ms = 3 * self.cfg.interval_s * 1000
+        for endpoint_id in self.healthy_ids():
+            record = records.get(endpoint_id)
+            if record is None or now_ms - int(record.partition(" ")[0]) > ttl_ms + 250:
+                self.tally.unwritten += 1
 
     def healthy_ids(self) -> list[str]:
         return [e for e in self.entries if e not in self.faulted]
@@ -281,6 +336,8 @@ def run_soak(cfg: SoakConfig, say: Callable[[str], None]) -> dict[str, Any]:
                     t0, since_ms = time.monotonic(), soak.redis_now_ms()
                     what = schedule[(len(soak.tally.disruptions) - 1) % len(schedule)]()
                     soak.wait_recovered(what, t0, since_ms if "redis" not in what else 0)
+                    soak.check_jobs()
+                    soak.check_written()
                     say(f"{what}: recovered in {soak.tally.disruptions[-1][1]} s")
                     if soak.restart_later is not None:
                         soak._start_poller(soak.restart_later)  # rebalances back
@@ -288,6 +345,8 @@ def run_soak(cfg: SoakConfig, say: Callable[[str], None]) -> dict[str, Any]:
                     next_at = time.monotonic() + cfg.every_s
                 step += 1
                 time.sleep(0.1)
+            soak.check_jobs()
+            soak.check_written()
             hits = http_json(f"{soak.admin}/admin/hits")["times"]
             duplicates = sum(
                 1
@@ -308,6 +367,8 @@ def run_soak(cfg: SoakConfig, say: Callable[[str], None]) -> dict[str, Any]:
                 "stale_writes_accepted": soak.tally.stale_writes,
                 "stats_older_than_ttl": soak.tally.old_stats,
                 "stats_without_ttl": soak.tally.no_ttl,
+                "held_unscheduled_leases": soak.tally.held_unscheduled,
+                "endpoints_unwritten_within_ttl": soak.tally.unwritten,
                 "duplicate_scrapes": duplicates,
                 "checks": soak.tally.checks,
                 "rss_start_mb": round(statistics.mean(rss_start.values()), 1),
@@ -327,6 +388,8 @@ def format_summary(r: dict[str, Any]) -> str:
         ("stale writes accepted", r["stale_writes_accepted"]),
         ("stats older than their TTL", r["stats_older_than_ttl"]),
         ("stats without a TTL", r["stats_without_ttl"]),
+        ("leases held but unscheduled", r["held_unscheduled_leases"]),
+        ("endpoints unwritten within TTL", r["endpoints_unwritten_within_ttl"]),
         ("duplicate scrapes at the engines", r["duplicate_scrapes"]),
         ("invariant checks run", r["checks"]),
         ("poller RSS start / end (MB)", f"{r['rss_start_mb']} / {r['rss_end_mb']}"),
@@ -346,4 +409,6 @@ def violations(r: dict[str, Any]) -> int:
         + r["stale_writes_accepted"]
         + r["stats_older_than_ttl"]
         + r["stats_without_ttl"]
+        + r["held_unscheduled_leases"]
+        + r["endpoints_unwritten_within_ttl"]
     )

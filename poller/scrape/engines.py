@@ -237,8 +237,9 @@ class EngineMapping:
     def metrics_path(self) -> str:
         return self.spec.metrics_path
 
-    def read(self, body: bytes, content_type: str = "") -> Signals:
-        """Body of a /metrics response -> Signals; ParseError or ContractError on failure."""
+    def read(self, body: bytes, content_type: str = "", max_samples: int | None = None) -> Signals:
+        """Body of a /metrics response -> Signals; ParseError or ContractError on failure
+        (``too_large`` ScrapeError past ``max_samples`` wanted samples)."""
         if "json" in content_type.lower():
             raise ParseError(
                 f"got {content_type.split(';')[0]}, not Prometheus text "
@@ -248,7 +249,7 @@ class EngineMapping:
         if not looks_like_exposition(text):
             first = text.lstrip()[:60]
             raise ParseError("body is not Prometheus text exposition", line=1, excerpt=first)
-        return self.extract(parse(text, self.selector))
+        return self.extract(parse(text, self.selector, max_samples))
 
     def extract(self, samples: Sequence[Sample]) -> Signals:
         """Fold parsed samples into Signals; ContractError lists every missing signal."""

@@ -25,7 +25,7 @@ from collections.abc import Collection, Iterable
 from functools import lru_cache
 from typing import NamedTuple, NoReturn
 
-from poller.errors import ParseError
+from poller.errors import ParseError, ScrapeError
 
 __all__ = [
     "Sample",
@@ -107,8 +107,14 @@ def decode_body(body: bytes) -> str:
     return text[1:] if text.startswith(_BOM) else text
 
 
-def parse(text: str, wanted: Selector | Collection[str]) -> list[Sample]:
-    """Return the samples whose name is in ``wanted``, in page order."""
+def parse(
+    text: str, wanted: Selector | Collection[str], max_samples: int | None = None
+) -> list[Sample]:
+    """Return the samples whose name is in ``wanted``, in page order.
+
+    More than ``max_samples`` of them is a ``too_large`` ScrapeError: it bounds the work
+    (and the time the GIL is held) that one hostile or runaway page can cost.
+    """
     selector = wanted if isinstance(wanted, Selector) else _selector(_names(wanted))
     if not selector.names:
         return []
@@ -117,8 +123,14 @@ def parse(text: str, wanted: Selector | Collection[str]) -> list[Sample]:
     first = selector._first.match(text, start)
     if first is not None:
         samples.append(_sample(text, first[1], start))
+    limit = max_samples if max_samples is not None else -1
     for match in selector._next.finditer(text, start):
         samples.append(_sample(text, match[1], match.start() + 1))
+        if len(samples) > limit >= 0:
+            raise ScrapeError(
+                f"more than {limit} samples of the mapped metrics on one page (scrape.max_samples)",
+                reason="too_large",
+            )
     return samples
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -75,6 +76,9 @@ class Coordinator:
         self.poller_id = poller_id
         self.settings = settings
         self.held: dict[str, int] = {}
+        #: Monotonic time just before the call that last confirmed each held lease (an
+        #: acquire or a renew): the lease lives at least until this plus its TTL.
+        self.confirmed_at: dict[str, float] = {}
         self.members: list[str] = []
         self.redis_now_ms = 0  # Redis clock at the last heartbeat
 
@@ -111,20 +115,25 @@ class Coordinator:
             # Release (not just forget) so the preferred owner can take them at once.
             await self.store.release_leases(self.poller_id, give_up)
             for e in give_up:
-                self.held.pop(e, None)  # a rejected write may have forgotten it meanwhile
+                self.forget(e)
             result.lost.extend(sorted(give_up))
 
+        sent = time.monotonic()
         renewed = await self.store.renew_leases(self.poller_id, self.held, ttl)
         for e, ok in renewed.items():
-            if not ok:
+            if ok:
+                self.confirmed_at[e] = sent
+            else:
                 log.warning("lease lost: endpoint=%s", e)
-                self.held.pop(e, None)
+                self.forget(e)
                 result.lost.append(e)
 
         wanted = sorted(mine - self.held.keys())
+        sent = time.monotonic()
         for acquired in await self.store.acquire_leases(self.poller_id, wanted, ttl):
             if acquired.token is not None:
                 self.held[acquired.endpoint_id] = acquired.token
+                self.confirmed_at[acquired.endpoint_id] = sent
                 result.gained[acquired.endpoint_id] = acquired.token
             else:
                 result.contested.append(acquired.endpoint_id)
@@ -139,10 +148,21 @@ class Coordinator:
         only if we still hold it under that token (not one re-acquired meanwhile)."""
         if token is None or self.held.get(endpoint_id) == token:
             self.held.pop(endpoint_id, None)
+            self.confirmed_at.pop(endpoint_id, None)
+
+    def expire(self, now: float) -> list[str]:
+        """Forget the leases not confirmed within a TTL of ``now`` (monotonic): they have
+        lapsed in Redis, or will before we could write, so no job may run for them."""
+        ttl_s = self.settings.lease_ttl_ms / 1000
+        gone = [e for e in self.held if now - self.confirmed_at.get(e, -math.inf) >= ttl_s]
+        for e in gone:
+            self.forget(e)
+        return gone
 
     async def leave(self) -> int:
         """Graceful exit: leave membership first, so survivors' next reconcile no longer
         prefers us, then release every lease (publishing ``released``)."""
         await self.store.leave(self.poller_id)
         held, self.held = self.held, {}
+        self.confirmed_at.clear()
         return await self.store.release_leases(self.poller_id, held)

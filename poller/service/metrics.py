@@ -6,9 +6,13 @@ benchmarks) never collide in the global registry.
 
 from __future__ import annotations
 
+import logging
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["PollerMetrics"]
+__all__ = ["PollerMetrics", "Surprises"]
+
+log = logging.getLogger(__name__)
 
 _SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -59,8 +63,16 @@ class PollerMetrics:
         )
         self.missed = Counter(
             "poller_scrapes_missed",
-            "Scrape runs skipped: misfired or still running.",
+            "Scrape runs that wrote nothing, by cause: misfire, still_running, "
+            "redis_unavailable, write_failed, cancelled (dropped or stopping), replaced.",
             ["why"],
+            registry=r,
+        )
+        self.unexpected = Counter(
+            "poller_unexpected_errors",
+            "Exceptions no code path expected (bugs, library surprises), by loop and type; "
+            "the loop survives them.",
+            ["where", "kind"],
             registry=r,
         )
         self.redis_up = Gauge(
@@ -68,4 +80,28 @@ class PollerMetrics:
         )
         self.members = Gauge(
             "poller_live_members", "Live pollers seen at the last heartbeat.", registry=r
+        )
+
+
+class Surprises:
+    """Unexpected exceptions: logged at WARNING with the traceback once per (loop, type),
+    counted every time, and never allowed to end the loop that met them."""
+
+    def __init__(self, metrics: PollerMetrics) -> None:
+        self.metrics = metrics
+        self._seen: set[tuple[str, str]] = set()
+
+    def report(self, where: str, exc: BaseException) -> None:
+        kind = type(exc).__name__
+        self.metrics.unexpected.labels(where, kind).inc()
+        if (where, kind) in self._seen:
+            log.debug("unexpected %s in %s: %s", kind, where, exc)
+            return
+        self._seen.add((where, kind))
+        log.warning(
+            "unexpected %s in %s (counted in poller_unexpected_errors_total; logged once): %s",
+            kind,
+            where,
+            exc,
+            exc_info=exc,
         )

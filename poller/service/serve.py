@@ -33,12 +33,21 @@ async def serve(settings: Settings) -> int:
         async def view() -> dict[str, Any]:
             return (await view_reader.snapshot()).to_dict()
 
+        async def jobs() -> dict[str, Any]:
+            # What this poller runs, for checks of the lease <-> job invariant (soak).
+            specs = worker.jobs.specs
+            return {
+                "poller": worker.id,
+                "jobs": {e: spec.token for e, spec in specs.items()},
+                "held": dict(worker.coordinator.held),
+            }
+
         health = HealthServer(
             settings.health.host,
             settings.health.port,
             ready=lambda: worker.ready,
             registry=worker.metrics.registry,
-            routes={"/v1/view": view},
+            routes={"/v1/view": view, "/v1/jobs": jobs},
         )
         try:
             await health.start()
