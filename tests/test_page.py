@@ -428,7 +428,28 @@ async def test_in_headless_chromium(own_redis: RedisProcess, tmp_path: Path) -> 
                 20,
                 "the table sorted by running",
             )
+            running = await browser.js(
+                "Array.from(document.querySelectorAll('tr.endpoint td.running'))"
+                ".map(td => td.textContent).filter(t => t !== '-').map(Number)"
+            )
+            assert len(running) >= 5 and running == sorted(running, reverse=True)
+            # Filtering with the form: in place too, and the link says so.
+            await browser.js(
+                "const s = document.querySelector('#filters select[name=state]');"
+                "s.value = 'failing'; s.dispatchEvent(new Event('change', {bubbles: true}))"
+            )
+            await browser.wait_js(
+                "location.search === '?state=failing&sort=running&order=desc' && "
+                "document.querySelectorAll('tr.endpoint').length === 1",
+                20,
+                "only the failing row",
+            )
+            assert await browser.js("document.querySelector('tr.endpoint').dataset.id") == failing
             assert await browser.js("window.__marker") == 42
+            await browser.js("history.back()")
+            await browser.wait_js(
+                "document.querySelectorAll('tr.endpoint').length === 8", 20, "every row again"
+            )
             shot = await browser.screenshot(tmp_path / "operator-page.png")
             assert shot.stat().st_size > 10_000
             if os.environ.get("POLLER_PAGE_SCREENSHOT"):  # refreshes docs/operator-page.png

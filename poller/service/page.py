@@ -11,7 +11,7 @@ were missed.
 
 from __future__ import annotations
 
-import logging
+import asyncio
 from dataclasses import replace
 from importlib import resources
 from typing import Any
@@ -26,8 +26,6 @@ from poller.service.health import RawRoute, Response
 from poller.service.page_render import Fleet, parse_query, render_page
 
 __all__ = ["CSP", "OperatorPage"]
-
-log = logging.getLogger(__name__)
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
@@ -80,7 +78,8 @@ class OperatorPage:
             return None, replace(fleet, reachable=False, error=str(exc))
         members = reply[4]
         expiries = {str(members[i]): float(members[i + 1]) for i in range(0, len(members), 2)}
-        view = build_view(reply).to_dict()
+        # ~20 ms per 1,000 endpoints with the rendering: off the loop that runs the scrapes.
+        view = await asyncio.to_thread(lambda: build_view(reply).to_dict())
         return view, replace(fleet, schema=schema or "", expiries=expiries)
 
     async def page(self, query: str) -> Response:
@@ -89,6 +88,6 @@ class OperatorPage:
         except ValueError as exc:
             return Response(400, "text/plain; charset=utf-8", f"{exc}\n".encode(), _HEADERS)
         view, fleet = await self.read()
-        body = render_page(view, fleet, q).encode()
+        body = await asyncio.to_thread(lambda: render_page(view, fleet, q).encode())
         status = 200 if view is not None else 503
         return Response(status, "text/html; charset=utf-8", body, _HEADERS)

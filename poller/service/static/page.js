@@ -86,7 +86,12 @@
       const doc = new DOMParser().parseFromString(await pageReply.text(), "text/html");
       const fresh = doc.getElementById("page");
       const current = document.getElementById("page");
+      // A filter the operator is choosing right now keeps its open menu and focus.
+      const form = document.getElementById("filters");
+      const keep = form && form.contains(document.activeElement) ? form : null;
       if (fresh && current) current.replaceWith(document.adoptNode(fresh));
+      const swapped = document.getElementById("filters");
+      if (keep && swapped && swapped !== keep) swapped.replaceWith(keep);
       if (now === null) {
         const main = document.getElementById("page");
         now = main && main.dataset.nowMs ? Number(main.dataset.nowMs) : Date.now();
