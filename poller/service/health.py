@@ -34,6 +34,7 @@ JsonRoute = Callable[[], Awaitable[Any]]
 RawRoute = Callable[[str], Awaitable[Response]]
 _REASONS = {
     200: "OK",
+    204: "No Content",
     400: "Bad Request",
     404: "Not Found",
     405: "Method Not Allowed",

@@ -56,7 +56,7 @@ class OperatorPage:
         self._files = {path: (folder / path.rsplit("/", 1)[1]).read_bytes() for path in _STATIC}
 
     def routes(self) -> dict[str, RawRoute]:
-        routes: dict[str, RawRoute] = {"/": self.page}
+        routes: dict[str, RawRoute] = {"/": self.page, "/favicon.ico": _no_icon}
         for path in _STATIC:
             routes[path] = self._static_route(path)
         return routes
@@ -91,3 +91,8 @@ class OperatorPage:
         body = await asyncio.to_thread(lambda: render_page(view, fleet, q).encode())
         status = 200 if view is not None else 503
         return Response(status, "text/html; charset=utf-8", body, _HEADERS)
+
+
+async def _no_icon(query: str) -> Response:
+    """Browsers ask for it; an empty answer keeps their consoles free of 404s."""
+    return Response(204, "image/x-icon", b"", _HEADERS)
