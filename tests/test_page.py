@@ -19,6 +19,8 @@ import fakeredis
 import pytest
 import redis.asyncio as aioredis
 from cdp import Browser
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from procs import PollerProc, until
 from prometheus_client import CollectorRegistry
 from redisproc import RedisProcess
@@ -149,6 +151,25 @@ def test_every_untrusted_value_is_escaped() -> None:
     assert HOSTILE in row["cells"]["failure"] and HOSTILE in row["cells"]["lora"]
 
 
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40))
+def test_any_text_comes_back_as_the_same_text(text: str) -> None:
+    failure = {"reason": text, "detail": text, "since_ms": 0, "missing": []}
+    html = render_main(
+        view(endpoint(text, "failing", engine=text, owner=text, failure=failure)),
+        FLEET,
+        Query(),
+    )
+    parser = Rows()
+    parser.feed(html)
+    parser.close()
+    [row] = parser.rows
+    # HTML parsers normalise \r and NUL in text; everything else must survive as text.
+    clean = text.replace("\r\n", "\n").replace("\r", "\n").replace("\0", "\ufffd")
+    assert row["id"] == text and parser.scripts == 0
+    assert row["cells"]["engine"] in (text, clean) and row["cells"]["owner"] in (text, clean)
+
+
 def test_rows_carry_the_same_state_and_numbers_as_the_view() -> None:
     failure = {"reason": "contract", "detail": "", "since_ms": 940_000, "missing": ["kv"]}
     html = render_main(
@@ -274,6 +295,12 @@ def test_sources_render_when_present_and_are_omitted_otherwise() -> None:
     assert 'id="sources"' in listed and "<td>dns-a</td><td>3</td><td>-</td>" in listed
     keyed = render_main(view(endpoint("a"), sources={"dns-b": {"targets": 2}}), FLEET, Query())
     assert "<td>dns-b</td><td>2</td>" in keyed
+    nested = render_main(
+        view(endpoint("a"), sources=[{"name": "srv", "failure": {"reason": "<nxdomain>"}}]),
+        FLEET,
+        Query(),
+    )
+    assert "<td>reason: &lt;nxdomain&gt;</td>" in nested
 
 
 def test_unreachable_redis_says_so() -> None:

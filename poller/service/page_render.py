@@ -231,10 +231,12 @@ def _sources(view: Mapping[str, Any] | None) -> str:
 
 
 def _plain(value: Any) -> str:
-    if value is None:
+    if value is None or value == "":
         return "-"
     if isinstance(value, list | tuple):
-        return ", ".join(str(v) for v in value)
+        return ", ".join(_plain(v) for v in value)
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}: {_plain(v)}" for k, v in value.items())
     return str(value)
 
 
