@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install redis-server promtool fmt lint test demo bench all clean
+.PHONY: install redis-server promtool chromium fmt lint test demo bench all clean
 
 $(BIN)/poller: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,6 +28,13 @@ promtool:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus >/dev/null; }
 
+# The operator's page is tested in headless Chromium (tests/test_page.py); Debian's package.
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  echo "chromium not found: installing Debian's chromium package"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
 fmt: install
 	$(BIN)/ruff format poller tests
 	$(BIN)/ruff check --fix poller tests
@@ -37,7 +44,7 @@ lint: install
 	$(BIN)/ruff check poller tests
 	$(BIN)/mypy
 
-test: install redis-server promtool lint
+test: install redis-server promtool chromium lint
 	$(BIN)/pytest -q
 
 # Three pollers share a dozen simulated engines on an embedded Redis; Ctrl-C stops it.

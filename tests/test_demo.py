@@ -51,6 +51,7 @@ def check_story(out: str) -> None:
     lines = [line for line in out.splitlines() if line.startswith("> ")]
     assert any(line.startswith("> killed poller-1 (SIGKILL)") for line in lines), out
     assert any(line.startswith("> takeover: ") for line in lines), out
+    assert any(line.startswith("> operator's page: http://127.0.0.1:") for line in lines), out
     assert any(line.startswith("> restarted poller-1") for line in lines), out
     assert any(line.startswith("> rebalanced: poller-1 owns") for line in lines), out
     assert "3 live pollers (poller-0, poller-1, poller-2)" in out

@@ -164,6 +164,7 @@ def test_sdist_and_wheel_install_and_run_outside_the_source_tree(tmp_path: Path)
         assert f"poller/scrape/data/{engine}.txt" in names, f"bundled page {engine}.txt missing"
     assert {"poller/py.typed", "poller/lab/sim/__main__.py", "poller/__main__.py"} <= names
     assert "poller/redis/scripts/write_stats.lua" in names
+    assert {"poller/service/static/page.js", "poller/service/static/page.css"} <= names
     assert not any(n.startswith("tests/") for n in names)
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "poller = poller.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -49,13 +49,19 @@ class Demo:
         )
         self.ids = ["poller-0", "poller-1", "poller-2"]
         self.procs: dict[str, Proc] = {}
+        self.ports: dict[str, int] = {}
         for poller_id in self.ids:
             self.start_poller(poller_id)
         self.say("started poller-0, poller-1, poller-2: they divide the endpoints by leases")
+        self.say(
+            f"operator's page: http://127.0.0.1:{self.ports['poller-0']}/ (every poller's "
+            "health port serves it; watch the takeover there too)"
+        )
 
     def start_poller(self, poller_id: str) -> None:
-        [(proc, _)] = start_pollers(self.work, self.redis_url, NS, [poller_id])
+        [(proc, port)] = start_pollers(self.work, self.redis_url, NS, [poller_id])
         self.procs[poller_id] = proc
+        self.ports[poller_id] = port
 
     def stop(self) -> None:
         for proc in self.procs.values():

@@ -1,8 +1,10 @@
 """Health and metrics HTTP endpoints for the poller itself, on plain asyncio streams.
 
 ``/healthz``: the event loop answers. ``/readyz``: Redis reachable and our membership
-fresh. ``/metrics``: our own Prometheus metrics. Extra JSON routes (``/v1/view``) are
-plugged in by the caller. Deliberately tiny: GET only, one request per connection.
+fresh. ``/metrics``: our own Prometheus metrics. Extra JSON routes (``/v1/view``) and raw
+routes (the operator's page and its static files, which see the query string and set
+their own headers) are plugged in by the caller. Deliberately tiny: GET only, one
+request per connection.
 """
 
 from __future__ import annotations
@@ -11,17 +13,29 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-__all__ = ["HealthServer"]
+__all__ = ["HealthServer", "Response"]
 
 log = logging.getLogger(__name__)
 
+
+class Response(NamedTuple):
+    status: int
+    content_type: str
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
 JsonRoute = Callable[[], Awaitable[Any]]
+#: Gets the raw query string (without ``?``), answers a whole response.
+RawRoute = Callable[[str], Awaitable[Response]]
 _REASONS = {
     200: "OK",
+    204: "No Content",
+    400: "Bad Request",
     404: "Not Found",
     405: "Method Not Allowed",
     500: "Internal Server Error",
@@ -38,12 +52,14 @@ class HealthServer:
         ready: Callable[[], bool],
         registry: CollectorRegistry,
         routes: dict[str, JsonRoute] | None = None,
+        raw_routes: dict[str, RawRoute] | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self._ready = ready
         self._registry = registry
         self._routes = routes or {}
+        self._raw_routes = raw_routes or {}
         self._server: asyncio.Server | None = None
 
     async def start(self) -> int:
@@ -64,7 +80,8 @@ class HealthServer:
             async with asyncio.timeout(5):
                 head = await reader.readuntil(b"\r\n\r\n")
             method, target, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
-            status, ctype, body = await self._respond(method, target.split("?", 1)[0])
+            path, _, query = target.partition("?")
+            response = await self._respond(method, path, query)
         except (
             asyncio.IncompleteReadError,
             asyncio.LimitOverrunError,
@@ -74,10 +91,12 @@ class HealthServer:
         ):
             writer.close()
             return
+        status, ctype, body, headers = response
+        extra = "".join(f"{name}: {value}\r\n" for name, value in headers)
         try:
             writer.write(
                 f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n".encode()
                 + body
             )
             await writer.drain()
@@ -86,22 +105,26 @@ class HealthServer:
         finally:
             writer.close()
 
-    async def _respond(self, method: str, path: str) -> tuple[int, str, bytes]:
+    async def _respond(self, method: str, path: str, query: str) -> Response:
         if method != "GET":
-            return 405, "text/plain", b"GET only\n"
+            return Response(405, "text/plain", b"GET only\n")
         if path == "/healthz":
-            return 200, "text/plain", b"ok\n"
+            return Response(200, "text/plain", b"ok\n")
         if path == "/readyz":
             ok = self._ready()
-            return (200 if ok else 503), "text/plain", b"ready\n" if ok else b"not ready\n"
+            return Response(200 if ok else 503, "text/plain", b"ready\n" if ok else b"not ready\n")
         if path == "/metrics":
-            return 200, CONTENT_TYPE_LATEST, generate_latest(self._registry)
+            return Response(200, CONTENT_TYPE_LATEST, generate_latest(self._registry))
+        raw = self._raw_routes.get(path)
         route = self._routes.get(path)
-        if route is None:
-            return 404, "text/plain", b"not found\n"
+        if raw is None and route is None:
+            return Response(404, "text/plain", b"not found\n")
         try:
+            if raw is not None:
+                return await raw(query)
+            assert route is not None
             payload = await route()
         except Exception:
             log.exception("route %s failed", path)
-            return 500, "text/plain", b"internal error\n"
-        return 200, "application/json", json.dumps(payload).encode()
+            return Response(500, "text/plain", b"internal error\n")
+        return Response(200, "application/json", json.dumps(payload).encode())

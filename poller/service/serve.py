@@ -11,6 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 from poller.config import Settings
 from poller.reader.reader import StatsReader
 from poller.service.health import HealthServer
+from poller.service.page import OperatorPage
 from poller.service.worker import Worker
 
 __all__ = ["serve"]
@@ -48,6 +49,7 @@ async def serve(settings: Settings) -> int:
             ready=lambda: worker.ready,
             registry=worker.metrics.registry,
             routes={"/v1/view": view, "/v1/jobs": jobs},
+            raw_routes=_page_routes(worker, settings),
         )
         try:
             await health.start()
@@ -78,6 +80,17 @@ async def serve(settings: Settings) -> int:
         log.error("%s", worker.fatal)
         return 1
     return 0
+
+
+def _page_routes(worker: Worker, settings: Settings) -> dict[str, Any]:
+    """The operator's page (``GET /``) and its static files, on the health port."""
+    page = OperatorPage(
+        worker.store.client,
+        settings.redis.namespace,
+        settings.id,
+        settings.coordination.member_ttl_ms,
+    )
+    return dict(page.routes())
 
 
 def _redact(url: str) -> str:
