@@ -335,7 +335,8 @@ async def _status_error(endpoint: Endpoint, response: httpx.Response) -> FetchEr
     """A non-2xx answer as a FetchError carrying the status and the body's first line
     (llama-server without --metrics: 501 "This server does not support metrics ...")."""
     status = response.status_code
-    body = await _error_line(response)
+    # A redirect's body is boilerplate ("302: Found"); its Location is what matters.
+    body = await _error_line(response) if status >= 400 else ""
     suffix = f": {body}" if body else ""
     if status in (401, 403):
         reason, detail = "auth", f"HTTP {status} (check the API key){suffix}"
