@@ -60,7 +60,13 @@ SCRAPED_ENGINES = [name for name, spec in ENGINE_SPECS.items() if spec.scraped]
     type=click.Path(dir_okay=False),
     help="Apply this settings file's [scrape.engines.<engine>] path and overrides.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print a JSON report: signals under the stats hash's names, numbers as numbers, "
+    "lora as {running, waiting, max}; a failure has reason, detail, status and body.",
+)
 def check(
     url: str | None,
     engine: str,
