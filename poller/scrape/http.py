@@ -26,7 +26,6 @@ request httpx builds, i.e. exactly what the transport will connect to.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import re
@@ -45,6 +44,7 @@ from httpx_aiohttp import AiohttpTransport
 from poller.config import HostAllowlist
 from poller.errors import FetchError
 from poller.registry import Endpoint
+from poller.scrape.http_errors import status_error
 
 __all__ = ["Fetched", "Scraper", "TransportFactory", "resolve_api_key"]
 
@@ -295,7 +295,7 @@ class Scraper:
         try:
             status = response.status_code
             if not 200 <= status < 300:
-                raise await _status_error(endpoint, response)
+                raise await status_error(endpoint.id, response)
             declared = response.headers.get("content-length")
             if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
                 raise FetchError("too_large", self._too_large(int(declared)), endpoint=endpoint.id)
@@ -323,69 +323,6 @@ class Scraper:
 
     def _too_large(self, size: int) -> str:
         return f"body of {size}+ bytes exceeds the {self.max_body_bytes}-byte cap"
-
-
-#: How much of a non-2xx body is read for its message (engines answer with a line or a
-#: small JSON object; a proxy's HTML error page is cut here).
-_ERROR_BODY_BYTES = 4096
-_ERROR_LINE_CHARS = 200
-
-
-async def _status_error(endpoint: Endpoint, response: httpx.Response) -> FetchError:
-    """A non-2xx answer as a FetchError carrying the status and the body's first line
-    (llama-server without --metrics: 501 "This server does not support metrics ...")."""
-    status = response.status_code
-    # A redirect's body is boilerplate ("302: Found"); its Location is what matters.
-    body = await _error_line(response) if status >= 400 else ""
-    suffix = f": {body}" if body else ""
-    if status in (401, 403):
-        reason, detail = "auth", f"HTTP {status} (check the API key){suffix}"
-    else:
-        reason, detail = "http_status", f"HTTP {status}{suffix}"
-    return FetchError(reason, detail, endpoint=endpoint.id, status=status, body=body)
-
-
-async def _error_line(response: httpx.Response) -> str:
-    """The message of an error body: a JSON error's ``message``, else its first
-    non-blank line; printable, at most 200 characters; "" if compressed or unreadable."""
-    if response.headers.get("content-encoding", "identity").lower() not in ("", "identity"):
-        return ""  # never inflate an error body: it has no cap of its own
-    head = b""
-    try:
-        if response.is_stream_consumed:
-            head = response.content
-        else:
-            async for raw in response.aiter_raw():
-                head += raw
-                if len(head) >= _ERROR_BODY_BYTES:
-                    break
-    except (httpx.HTTPError, aiohttp.ClientError, OSError):
-        return ""
-    text = head[:_ERROR_BODY_BYTES].decode("utf-8", "replace")
-    message = _json_message(text) if text.lstrip().startswith("{") else None
-    for line in (message or text).splitlines():
-        line = "".join(c if c.isprintable() else " " for c in line).strip()
-        if line:
-            return line[:_ERROR_LINE_CHARS]
-    return ""
-
-
-def _json_message(text: str) -> str | None:
-    """``{"error": {"message": ...}}`` (llama-server, OpenAI style), ``{"message"}``,
-    ``{"detail"}`` (FastAPI) or ``{"error": "..."}``; None for anything else."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(data, dict):
-        return None
-    error = data.get("error")
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return str(error["message"])
-    for key in ("message", "detail", "error"):
-        if isinstance(data.get(key), str):
-            return str(data[key])
-    return None
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:
