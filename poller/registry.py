@@ -77,7 +77,8 @@ def _check_host(host: str) -> None:
             raise ValueError(f"host label {label[:70]!r} must be 1 to 63 characters")
 
 
-_PATH_RE = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*")
+# The path part: as before queries were allowed, anything but whitespace, controls, '#'.
+_PATH_RE = re.compile(r"/[^\s\x00-\x1f\x7f#?]*")
 _QUERY_RE = re.compile(r"[A-Za-z0-9._~!$'()*+,;:@%/?-]+")
 _PERCENT_RE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
@@ -90,12 +91,14 @@ def check_metrics_path(value: str) -> str:
     path, sep, query = value.partition("?")
     if not _PATH_RE.fullmatch(path):
         raise ValueError(
-            f"metrics_path {value[:80]!r} must start with '/' and hold only URL path "
-            "characters (no spaces, '#' or control characters)"
+            f"metrics_path {value[:80]!r} must start with '/' and have no spaces, '#' or "
+            "control characters"
         )
-    if _PERCENT_RE.search(value):
-        raise ValueError(f"metrics_path {value[:80]!r} has a '%' not followed by two hex digits")
     if sep:
+        if _PERCENT_RE.search(query):
+            raise ValueError(
+                f"metrics_path query {query[:80]!r} has a '%' not followed by two hex digits"
+            )
         for pair in query.split("&"):
             key, eq, item = pair.partition("=")
             if (
