@@ -437,6 +437,9 @@ def test_lmdeploy_keeps_the_api_queue_as_its_own_field() -> None:
     s = read("lmdeploy", "lmdeploy-0.18-dp2-handwritten.txt")
     assert (s.waiting, s.api_waiting) == (5, 2)
     assert s.sources["api_waiting"] == "lmdeploy:num_api_requests_waiting"
+    assert s.sources["waiting"] == (
+        "lmdeploy:num_requests_waiting+lmdeploy:num_api_requests_waiting"
+    )
     assert ENGINE_SPECS["lmdeploy"].metrics_path == "/metrics"
 
 

@@ -135,6 +135,8 @@ class EngineMapping:
         if missing:
             raise ContractError(missing, engine=self.engine, hint=self.spec.contract_hint)
         api_waiting = pick("api_waiting", self.spec.api_waiting, "sum")
+        if api_waiting is not None:
+            sources["waiting"] += "+" + sources["api_waiting"]
         gauge = pick("prefix_cache_hit_rate", self.prefix_cache_hit_rate, "mean")
         hits, queries = self._counters(samples, sources, gauge_present=gauge is not None)
         if hits is not None:
