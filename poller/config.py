@@ -30,6 +30,7 @@ from poller.errors import ConfigError
 
 __all__ = [
     "CoordinationSettings",
+    "EngineSettings",
     "HealthSettings",
     "HostAllowlist",
     "RedisSettings",
@@ -124,6 +125,44 @@ class CoordinationSettings(BaseModel):
         return self
 
 
+class EngineSettings(BaseModel):
+    """``[scrape.engines.<engine>]``: defaults for every entry of one engine (the Go
+    poller's ``Path`` and ``Mapping``). An entry's own ``metrics_path`` and ``overrides``
+    win over these, which win over the engine's built-in names and path."""
+
+    model_config = _FROZEN
+
+    #: Replaces the engine's default metrics path (may carry a query, as an entry's).
+    metrics_path: str | None = None
+    #: signal -> metric names, as an entry's ``overrides``.
+    overrides: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+
+    @field_validator("metrics_path")
+    @classmethod
+    def _check_path(cls, value: str | None) -> str | None:
+        from poller.registry import check_metrics_path
+
+        return None if value is None else check_metrics_path(value)
+
+    @field_validator("overrides")
+    @classmethod
+    def _check_overrides(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        from poller.registry import SIGNALS
+
+        for signal, names in value.items():
+            if signal not in SIGNALS:
+                raise ValueError(f"unknown signal {signal!r}; accepted: {', '.join(SIGNALS)}")
+            if not names:
+                raise ValueError(f"override for {signal!r} names no metric")
+            for name in names:
+                if not _METRIC_NAME_RE.fullmatch(name):
+                    raise ValueError(f"override for {signal!r}: {name!r} is not a metric name")
+        return value
+
+
+_METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
 class ScrapeSettings(BaseModel):
     model_config = _FROZEN
 
@@ -152,6 +191,21 @@ class ScrapeSettings(BaseModel):
     #: literals, names (``gw.internal``) or wildcards (``*.engines.internal``) for host
     #: names. Empty: any host. See ``HostAllowlist`` for the exact rules.
     allowed_hosts: tuple[str, ...] = ()
+    #: Per-engine default metrics path and metric-name overrides, below an entry's own.
+    engines: dict[str, EngineSettings] = Field(default_factory=dict)
+
+    @field_validator("engines")
+    @classmethod
+    def _check_engines(cls, value: dict[str, EngineSettings]) -> dict[str, EngineSettings]:
+        from poller.registry import ENGINES
+
+        for engine in value:
+            if engine not in ENGINES or engine == "external":
+                accepted = ", ".join(e for e in ENGINES if e != "external")
+                raise ValueError(
+                    f"unknown engine {engine!r} in [scrape.engines]; accepted: {accepted}"
+                )
+        return value
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

@@ -71,8 +71,11 @@ class FetchError(ScrapeError):
         *,
         endpoint: str | None = None,
         status: int | None = None,
+        body: str = "",
     ):
         self.status = status
+        #: A non-2xx answer's message (the first line of its body), for `poller check`.
+        self.body = body
         super().__init__(detail, endpoint=endpoint, reason=reason)
 
 
@@ -97,12 +100,20 @@ class ContractError(ScrapeError):
 
     reason = "contract"
 
-    def __init__(self, missing: Sequence[str], *, engine: str, endpoint: str | None = None):
+    def __init__(
+        self,
+        missing: Sequence[str],
+        *,
+        engine: str,
+        endpoint: str | None = None,
+        hint: str = "",
+    ):
         self.missing = tuple(missing)
         self.engine = engine
-        super().__init__(
-            f"{engine} page lacks required metrics: {', '.join(self.missing)}", endpoint=endpoint
-        )
+        #: What the engine must run with to publish them (version, flag), when known.
+        self.hint = hint
+        detail = f"{engine} page lacks required metrics: {', '.join(self.missing)}"
+        super().__init__(f"{detail}. {hint}" if hint else detail, endpoint=endpoint)
 
 
 class StoreError(PollerError):

@@ -24,6 +24,7 @@ from poller.errors import ConfigError
 __all__ = [
     "ENGINES",
     "SIGNALS",
+    "check_metrics_path",
     "Endpoint",
     "endpoint_from_json",
     "endpoints_from_file",
@@ -31,7 +32,7 @@ __all__ = [
 ]
 
 #: Engines with a mapping; ``external`` (a hosted provider) is registered but never scraped.
-ENGINES = ("vllm", "sglang", "llamacpp", "trtllm", "triton", "tgi", "external")
+ENGINES = ("vllm", "sglang", "llamacpp", "trtllm", "triton", "tgi", "lmdeploy", "external")
 #: Signals an endpoint may override metric names for.
 SIGNALS = (
     "running",
@@ -74,6 +75,43 @@ def _check_host(host: str) -> None:
             raise ValueError(f"host label {label[:70]!r} is not a valid name") from None
         if not 0 < len(ascii_label) <= 63:
             raise ValueError(f"host label {label[:70]!r} must be 1 to 63 characters")
+
+
+# The path part: as before queries were allowed, anything but whitespace, controls, '#'.
+_PATH_RE = re.compile(r"/[^\s\x00-\x1f\x7f#?]*")
+_QUERY_RE = re.compile(r"[A-Za-z0-9._~!$'()*+,;:@%/?-]+")
+_PERCENT_RE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def check_metrics_path(value: str) -> str:
+    """A path, optionally with a query (llama-server's router mode needs ``?model=<id>``).
+
+    Raises ValueError naming the problem: the poller appends this to the base URL as is.
+    """
+    path, sep, query = value.partition("?")
+    if not _PATH_RE.fullmatch(path):
+        raise ValueError(
+            f"metrics_path {value[:80]!r} must start with '/' and have no spaces, '#' or "
+            "control characters"
+        )
+    if sep:
+        if _PERCENT_RE.search(query):
+            raise ValueError(
+                f"metrics_path query {query[:80]!r} has a '%' not followed by two hex digits"
+            )
+        for pair in query.split("&"):
+            key, eq, item = pair.partition("=")
+            if (
+                not key
+                or not eq
+                or not _QUERY_RE.fullmatch(key)
+                or (item and not _QUERY_RE.fullmatch(item))
+            ):
+                raise ValueError(
+                    f"metrics_path query {query[:80]!r} must be name=value pairs joined by "
+                    "'&' (e.g. /metrics?model=qwen3-8b), URL-encoded"
+                )
+    return value
 
 
 class Endpoint(BaseModel):
@@ -151,8 +189,8 @@ class Endpoint(BaseModel):
     @field_validator("metrics_path")
     @classmethod
     def _check_path(cls, value: str | None) -> str | None:
-        if value is not None and (not value.startswith("/") or "?" in value or "#" in value):
-            raise ValueError("metrics_path must start with '/' and have no query")
+        if value is not None:
+            check_metrics_path(value)
         return value
 
     @field_validator("api_key_env")

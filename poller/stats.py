@@ -54,6 +54,10 @@ class Signals:
     lora_waiting: tuple[str, ...] = ()
     lora_max: int | None = None
     models: tuple[str, ...] = ()
+    #: Requests queued in front of the engine (LMDeploy), already counted in ``waiting``.
+    api_waiting: int | None = None
+    #: vLLM sleep mode: True when none of the engines is awake; None where unsaid.
+    sleeping: bool | None = None
     #: signal -> the metric name it was read from (for `poller check`).
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -101,6 +105,14 @@ def _int(value: str | None) -> int | None:
     return None if value is None or value == "" else int(value)
 
 
+def _bool(value: str | None) -> bool | None:
+    if value is None or value == "":
+        return None
+    if value not in ("0", "1"):
+        raise ValueError(f"expected 0 or 1, got {value[:20]!r}")
+    return value == "1"
+
+
 # Plain dataclasses: readers parse them lazily, one endpoint at a time (see reader.py).
 
 
@@ -128,6 +140,9 @@ class EndpointStats:
     models: tuple[str, ...] = ()
     prefix_cache_hits_total: float | None = None
     prefix_cache_queries_total: float | None = None
+    api_waiting: int | None = None
+    #: True: asleep (vLLM sleep mode), never to be routed to; None: the page does not say.
+    sleeping: bool | None = None
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> EndpointStats:
@@ -150,6 +165,8 @@ class EndpointStats:
             models=_split(h.get("models")),
             prefix_cache_hits_total=_float(h.get("prefix_cache_hits_total")),
             prefix_cache_queries_total=_float(h.get("prefix_cache_queries_total")),
+            api_waiting=_int(h.get("api_waiting")),
+            sleeping=_bool(h.get("sleeping")),
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -212,6 +229,8 @@ def stats_fields(
         "prefix_cache_hits_total": signals.prefix_cache_hits_total,
         "prefix_cache_queries_total": signals.prefix_cache_queries_total,
         "lora_max": signals.lora_max,
+        "api_waiting": signals.api_waiting,
+        "sleeping": None if signals.sleeping is None else int(signals.sleeping),
     }
     for name, value in optional.items():
         if value is not None:

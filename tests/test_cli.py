@@ -31,12 +31,27 @@ def test_version() -> None:
 
 
 def test_check_example_page_for_every_engine() -> None:
-    for engine in ("vllm", "sglang", "llamacpp", "trtllm", "triton", "tgi"):
+    for engine in ("vllm", "sglang", "llamacpp", "trtllm", "triton", "tgi", "lmdeploy"):
         result = CliRunner().invoke(cli, ["check", "--example", "--engine", engine, "--json"])
         assert result.exit_code == 0, result.output
         report = json.loads(result.output)
         assert report["ok"] and report["engine"] == engine and report["missing"] == []
-        assert report["signals"]["running"] is not None
+        assert isinstance(report["signals"]["running"], int)
+        assert isinstance(report["signals"]["waiting"], int)
+
+
+def test_check_json_speaks_json() -> None:
+    result = CliRunner().invoke(cli, ["check", "--example", "--json"])
+    signals = json.loads(result.output)["signals"]
+    assert signals["running"] == 17 and signals["waiting"] == 3
+    assert signals["kv_cache_usage"] == 0.4237
+    assert isinstance(signals["prefix_cache_hit_rate"], float)
+    assert signals["lora"] == {"running": ["sql-lora", "chat-lora"], "waiting": [], "max": 4}
+    assert signals["models"] == ["meta-llama/Llama-3.1-8B-Instruct"]
+    # the text report is unchanged
+    text = CliRunner().invoke(cli, ["check", "--example"]).output
+    assert "lora                   running=[sql-lora,chat-lora] waiting=[] max=4" in text
+    assert "models                 meta-llama/Llama-3.1-8B-Instruct" in text
 
 
 def test_check_human_output_names_sources() -> None:
@@ -219,3 +234,177 @@ def test_run_rejects_unknown_keys_in_the_config_file(tmp_path: Path) -> None:
     assert (
         result.exit_code == 2 and "scrape.interval: Extra inputs are not permitted" in result.output
     )
+
+
+# --- poller check against a real HTTP server, one page per new engine case ------------------
+
+DATA = Path(__file__).parent / "data"
+LLAMA_501 = (
+    '{"error":{"code":501,"message":"This server does not support metrics endpoint. '
+    'Start it with `--metrics`","type":"not_supported_error"}}'
+)
+
+
+@pytest.fixture
+def engine_server():  # type: ignore[no-untyped-def]
+    """A loopback HTTP server in its own thread: /<page>/metrics serves tests/data/<page>,
+    /nometrics/metrics answers as llama-server without --metrics, and /router/metrics
+    as llama-server in router mode (400 unless ?model=qwen3-8b)."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    async def page(request: web.Request) -> web.Response:
+        name = request.match_info["page"]
+        if name == "nometrics":
+            return web.Response(status=501, text=LLAMA_501, content_type="application/json")
+        if name == "router":
+            if request.query.get("model") != "qwen3-8b":
+                body = '{"error":{"code":400,"message":"model name is missing from the request"}}'
+                return web.Response(status=400, text=body, content_type="application/json")
+            name = "llamacpp-b11434-busy-handwritten.txt"
+        if name == "plain500":
+            return web.Response(status=500, text="\n  upstream exploded\nsecond line\n")
+        return web.Response(body=(DATA / name).read_bytes(), content_type="text/plain")
+
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    holder: dict[str, object] = {}
+
+    async def start() -> None:
+        app = web.Application()
+        app.router.add_get("/{page}/metrics", page)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        holder["runner"] = runner
+        holder["port"] = runner.addresses[0][1]
+        ready.set()
+
+    thread = threading.Thread(target=lambda: (loop.run_until_complete(start()), loop.run_forever()))
+    thread.start()
+    assert ready.wait(30)
+    yield f"http://127.0.0.1:{holder['port']}"
+    asyncio.run_coroutine_threadsafe(holder["runner"].cleanup(), loop).result(30)  # type: ignore[attr-defined]
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(30)
+    loop.close()
+
+
+def check_json(*args: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    result = CliRunner().invoke(cli, ["check", *args, "--json", "--timeout", "10"])
+    return result.exit_code, json.loads(result.output)
+
+
+# page -> (engine, signals expected in the JSON report)
+CHECKED_PAGES = {
+    "sglang-0.5.23-priority-tp-dp-handwritten.txt": (
+        "sglang",
+        {"running": 7, "waiting": 4, "kv_cache_usage": 0.41, "prefix_cache_hit_rate": 0.225},
+    ),
+    "lmdeploy-0.18-dp2-handwritten.txt": (
+        "lmdeploy",
+        {"running": 8, "waiting": 5, "api_waiting": 2, "kv_cache_usage": 0.62},
+    ),
+    "vllm-0.33-sleeping-dp2-handwritten.txt": (
+        "vllm",
+        {"running": 0, "waiting": 0, "sleeping": True, "prefix_cache_hit_rate": 0.25},
+    ),
+    "llamacpp-b11434-busy-handwritten.txt": (
+        "llamacpp",
+        {"running": 3, "waiting": 2, "kv_cache_usage": None, "prefix_cache_hit_rate": 0.75},
+    ),
+    "llamacpp-b11434-real-idle.txt": (
+        "llamacpp",
+        {"running": 0, "waiting": 0, "prefix_cache_hit_rate": None, "lora": None, "models": None},
+    ),
+}
+
+
+@pytest.mark.parametrize("page", sorted(CHECKED_PAGES))
+def test_check_reads_each_new_page_over_http(engine_server: str, page: str) -> None:
+    engine, expected = CHECKED_PAGES[page]
+    code, report = check_json(f"{engine_server}/{page}", "--engine", engine)
+    assert code == 0, report
+    assert report["status"] == 200
+    for name, value in expected.items():
+        assert report["signals"][name] == value, name
+
+
+@pytest.mark.parametrize(
+    ("page", "engine", "words"),
+    [
+        ("trtllm-unprefixed-handwritten.txt", "trtllm", "return_perf_metrics"),
+        ("triton-llmapi-handwritten.txt", "triton", "registers no load metrics"),
+    ],
+)
+def test_check_contract_failures_say_what_to_run(
+    engine_server: str, page: str, engine: str, words: str
+) -> None:
+    # trtllm's default path is /prometheus/metrics; the test server serves /<page>/metrics
+    code, report = check_json(
+        f"{engine_server}/{page}", "--engine", engine, "--metrics-path", "/metrics"
+    )
+    assert code == 1 and report["reason"] == "contract"
+    assert words in report["detail"] and report["missing"]
+    text = (
+        CliRunner()
+        .invoke(
+            cli,
+            ["check", f"{engine_server}/{page}", "--engine", engine, "--metrics-path", "/metrics"],
+        )
+        .output
+    )
+    assert words in text
+
+
+def test_check_failure_carries_status_and_the_engine_message(engine_server: str) -> None:
+    code, report = check_json(f"{engine_server}/nometrics", "--engine", "llamacpp")
+    assert code == 1 and report["reason"] == "http_status" and report["status"] == 501
+    message = "This server does not support metrics endpoint. Start it with `--metrics`"
+    assert report["body"] == message
+    assert report["detail"] == f"HTTP 501: {message}"
+    text = (
+        CliRunner()
+        .invoke(cli, ["check", f"{engine_server}/nometrics", "--engine", "llamacpp"])
+        .output
+    )
+    assert "status=501" in text and f"FAILED: http_status: HTTP 501: {message}" in text
+    # a plain-text body: its first non-blank line, stripped
+    code, report = check_json(f"{engine_server}/plain500")
+    assert (report["status"], report["body"]) == (500, "upstream exploded")
+
+
+def test_check_llamacpp_router_mode_needs_a_model_query(engine_server: str) -> None:
+    code, report = check_json(f"{engine_server}/router", "--engine", "llamacpp")
+    assert code == 1 and report["status"] == 400
+    assert report["body"] == "model name is missing from the request"
+    code, report = check_json(
+        f"{engine_server}/router",
+        "--engine",
+        "llamacpp",
+        "--metrics-path",
+        "/metrics?model=qwen3-8b",
+    )
+    assert code == 0 and report["url"].endswith("/router/metrics?model=qwen3-8b")
+    assert report["signals"]["prefix_cache_hit_rate"] == 0.75
+
+
+def test_check_applies_the_settings_engine_defaults(engine_server: str, tmp_path: Path) -> None:
+    config = tmp_path / "poller.toml"
+    config.write_text(
+        '[scrape.engines.llamacpp]\nmetrics_path = "/metrics?model=qwen3-8b"\n'
+        '[scrape.engines.llamacpp.overrides]\nwaiting = ["llamacpp:requests_processing"]\n'
+    )
+    code, report = check_json(
+        f"{engine_server}/router", "--engine", "llamacpp", "--config", str(config)
+    )
+    assert code == 0, report
+    assert report["signals"]["waiting"] == 3  # the override read requests_processing
+    assert report["sources"]["waiting"] == "llamacpp:requests_processing"
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[scrape.engines.nope]\nmetrics_path = "/m"\n')
+    result = CliRunner().invoke(cli, ["check", "http://x", "--config", str(bad)])
+    assert result.exit_code == 2 and "unknown engine 'nope'" in result.output

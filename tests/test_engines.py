@@ -5,8 +5,11 @@ from pathlib import Path
 
 import pytest
 
+from poller.config import ScrapeSettings, load_settings
 from poller.errors import ConfigError, ContractError, ParseError
-from poller.scrape.engines import ENGINE_SPECS, mapping_for
+from poller.registry import endpoint_from_dict
+from poller.scrape.engines import ENGINE_SPECS, mapping_for, mapping_for_endpoint
+from poller.scrape.http import metrics_url
 from poller.scrape.parse import Sample, parse_all
 from poller.stats import Signals, prefix_hit_rate
 
@@ -99,6 +102,41 @@ EXPECTED = {
     ),
     "tgi-handwritten.txt": ("tgi", 12, 4, None, None, None, None, ()),
     "tgi-datadog-payload-excerpt.txt": ("tgi", 0, 0, None, None, None, None, ()),
+    # priority="" totals only, tp_rank max, dp_rank summed; cache_source="total" only
+    "sglang-0.5.23-priority-tp-dp-handwritten.txt": (
+        "sglang",
+        7,
+        4,
+        0.41,
+        None,
+        4500.0,
+        20000.0,
+        ("Qwen/Qwen3-8B",),
+    ),
+    # waiting = engine queue (1 + 2) + API queue (2 + 0); gauge mean of the two engines
+    "lmdeploy-0.18-dp2-handwritten.txt": (
+        "lmdeploy",
+        8,
+        5,
+        0.62,
+        0.3,
+        None,
+        None,
+        ("internlm/internlm3-8b-instruct",),
+    ),
+    "vllm-0.33-sleeping-dp2-handwritten.txt": (
+        "vllm",
+        0,
+        0,
+        0.0,
+        None,
+        30720.0,
+        122880.0,
+        ("Qwen/Qwen3-8B",),
+    ),
+    # queries = cached + prompt (prompt_tokens_total excludes cached tokens now)
+    "llamacpp-b11434-busy-handwritten.txt": ("llamacpp", 3, 2, None, None, 3600.0, 4800.0, ()),
+    "llamacpp-b11434-real-idle.txt": ("llamacpp", 0, 0, None, None, 0.0, 0.0, ()),
 }
 
 
@@ -115,7 +153,7 @@ def test_every_page_yields_its_signals(page: str) -> None:
 
 def test_every_page_in_data_is_covered() -> None:
     pages = {p.name for p in DATA.glob("*.txt")}
-    assert pages - set(EXPECTED) == {"trtllm-unprefixed-handwritten.txt"}
+    assert pages - set(EXPECTED) == set(CONTRACT_FAILURES)
 
 
 def test_vllm_lora_takes_the_newest_series() -> None:
@@ -296,3 +334,268 @@ def test_hit_rate_over_the_window() -> None:
     assert prefix_hit_rate(0, 0, None, None, None) is None
     assert prefix_hit_rate(None, None, 1, 2, 0.5) is None
     assert not math.isnan(prefix_hit_rate(5, 10, 5, 10, None) or 0.0)
+
+
+# --- engines as they ship today (issue 12) ----------------------------------------------------
+
+# Pages that fail the contract by design: page -> (engine, words the detail must carry).
+CONTRACT_FAILURES = {
+    "trtllm-unprefixed-handwritten.txt": ("trtllm", ("1.3.0rc12", "return_perf_metrics")),
+    "triton-llmapi-handwritten.txt": ("triton", ("llmapi", "registers no load metrics")),
+}
+
+
+@pytest.mark.parametrize("page", sorted(CONTRACT_FAILURES))
+def test_contract_failure_says_what_the_engine_must_run_with(page: str) -> None:
+    engine, words = CONTRACT_FAILURES[page]
+    with pytest.raises(ContractError) as err:
+        read(engine, page)
+    for word in words:
+        assert word in err.value.detail
+    assert err.value.hint and err.value.detail.startswith(f"{engine} page lacks required")
+
+
+def test_triton_llmapi_page_still_has_a_pending_count() -> None:
+    with pytest.raises(ContractError) as err:
+        read("triton", "triton-llmapi-handwritten.txt")
+    # waiting fell back to nv_inference_pending_request_count: only running and KV miss
+    assert [m.split("{")[0] for m in err.value.missing] == [
+        "nv_trt_llm_request_metrics",
+        "nv_trt_llm_kv_cache_block_metrics",
+    ]
+
+
+def test_engines_without_a_hint_keep_the_plain_detail() -> None:
+    with pytest.raises(ContractError) as err:
+        mapping_for("vllm").read(b"vllm:num_requests_running 1\n")
+    assert err.value.hint == "" and err.value.detail.endswith("vllm:gpu_cache_usage_perc")
+
+
+def _sglang(lines: list[str]) -> Signals:
+    return mapping_for("sglang").read(("\n".join(lines) + "\n").encode())
+
+
+def test_sglang_priority_breakdown_is_not_added_to_its_total() -> None:
+    s = _sglang(
+        [
+            'sglang:num_running_reqs{priority=""} 5',
+            'sglang:num_running_reqs{priority="0"} 3',
+            'sglang:num_running_reqs{priority="1"} 2',
+            'sglang:num_queue_reqs{priority=""} 4',
+            'sglang:num_queue_reqs{priority="7"} 4',
+            "sglang:token_usage 0.5",
+        ]
+    )
+    assert (s.running, s.waiting) == (5, 4)  # summing every series read 10 and 8
+
+
+def test_sglang_breakdown_without_its_total_is_summed() -> None:
+    s = _sglang(
+        [
+            'sglang:num_running_reqs{priority="0"} 3',
+            'sglang:num_running_reqs{priority="1"} 2',
+            "sglang:num_queue_reqs 1",
+            "sglang:token_usage 0.5",
+            'sglang:prompt_tokens_total{tp_rank="0"} 100',
+            'sglang:cached_tokens_total{cache_source="device",tp_rank="0"} 20',
+            'sglang:cached_tokens_total{cache_source="host",tp_rank="0"} 10',
+        ]
+    )
+    assert s.running == 5
+    assert (s.prefix_cache_hits_total, s.prefix_cache_queries_total) == (30.0, 100.0)
+
+
+def test_sglang_tensor_parallel_ranks_repeat_one_batch() -> None:
+    # --enable-metrics-for-all-schedulers: every TP/PP/EP rank publishes the same batch
+    lines = ["sglang:token_usage 0.5"]
+    for dp, running in (("0", 6), ("1", 2)):
+        for tp in ("0", "1", "2", "3"):
+            labels = f'dp_rank="{dp}",moe_ep_rank="{tp}",pp_rank="0",tp_rank="{tp}"'
+            lines += [
+                f"sglang:num_running_reqs{{{labels}}} {running}",
+                f"sglang:num_queue_reqs{{{labels}}} 1",
+            ]
+    s = _sglang(lines)
+    assert (s.running, s.waiting) == (8, 2)  # max over TP ranks, sum over DP ranks
+
+
+def test_sglang_token_ratio_takes_one_rank_per_batch() -> None:
+    s = _sglang(
+        [
+            "sglang:num_running_reqs 1",
+            "sglang:num_queue_reqs 0",
+            'sglang:num_used_tokens{tp_rank="0"} 250',
+            'sglang:num_used_tokens{tp_rank="1"} 250',
+            'sglang:max_total_num_tokens{tp_rank="0"} 1000',
+            'sglang:max_total_num_tokens{tp_rank="1"} 1000',
+        ]
+    )
+    assert s.kv_cache_usage == 0.25
+
+
+def test_lmdeploy_keeps_the_api_queue_as_its_own_field() -> None:
+    s = read("lmdeploy", "lmdeploy-0.18-dp2-handwritten.txt")
+    assert (s.waiting, s.api_waiting) == (5, 2)
+    assert s.sources["api_waiting"] == "lmdeploy:num_api_requests_waiting"
+    assert s.sources["waiting"] == (
+        "lmdeploy:num_requests_waiting+lmdeploy:num_api_requests_waiting"
+    )
+    assert ENGINE_SPECS["lmdeploy"].metrics_path == "/metrics"
+
+
+def test_lmdeploy_prefers_token_counters_over_its_gauge() -> None:
+    page = (
+        b'lmdeploy:num_requests_running{engine="0"} 1\n'
+        b'lmdeploy:num_requests_waiting{engine="0"} 0\n'
+        b'lmdeploy:gpu_cache_usage_perc{engine="0"} 0.1\n'
+        b'lmdeploy:prefix_cache_hit_rate{engine="0"} 0.9\n'
+        b'lmdeploy:cached_tokens_total{engine="0"} 30\n'
+        b'lmdeploy:cached_tokens_total{engine="1"} 10\n'
+        b'lmdeploy:prompt_tokens_total{engine="0"} 100\n'
+        b'lmdeploy:prompt_tokens_total{engine="1"} 60\n'
+    )
+    s = mapping_for("lmdeploy").read(page)
+    assert (s.prefix_cache_hits_total, s.prefix_cache_queries_total) == (40.0, 160.0)
+    assert s.prefix_cache_hit_rate is None and s.api_waiting is None and s.waiting == 0
+
+
+def _vllm_sleep(states: list[tuple[str, str, float]]) -> Signals:
+    page = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n"
+    for engine, state, value in states:
+        page += f'vllm:engine_sleep_state{{engine="{engine}",sleep_state="{state}"}} {value}\n'
+    return mapping_for("vllm").read(page.encode())
+
+
+def test_vllm_sleeping_means_no_engine_is_awake() -> None:
+    assert read("vllm", "vllm-0.33-sleeping-dp2-handwritten.txt").sleeping is True
+    assert read("vllm", "vllm-datadog-mixed-v0-v1-opt125m.txt").sleeping is False
+    one_awake = [("0", "awake", 0.0), ("0", "discard_all", 1.0), ("1", "awake", 1.0)]
+    assert _vllm_sleep(one_awake).sleeping is False
+    assert _vllm_sleep([("0", "awake", 0.0), ("0", "weights_offloaded", 1.0)]).sleeping is True
+    # the page does not say: unknown, never "awake"
+    assert _vllm_sleep([("0", "weights_offloaded", 0.0)]).sleeping is None
+    assert read("vllm", "vllm-v1-synthetic-61k.txt").sleeping is None
+    assert _vllm_sleep([("0", "awake", math.nan)]).sleeping is None
+
+
+def test_llamacpp_hit_rate_counts_cached_prompt_tokens() -> None:
+    s = read("llamacpp", "llamacpp-b11434-busy-handwritten.txt")
+    assert (
+        prefix_hit_rate(s.prefix_cache_hits_total, s.prefix_cache_queries_total, None, None, None)
+        == 0.75
+    )
+    old = read("llamacpp", "llamacpp-late-2025-handwritten.txt")  # no cached counter yet
+    assert old.prefix_cache_hits_total is None and "prefix_cache_hit_rate" not in old.sources
+
+
+def test_stats_hash_carries_sleeping_and_api_waiting() -> None:
+    from poller.stats import EndpointStats, stats_fields
+
+    for page, engine, field, text, value in (
+        ("vllm-0.33-sleeping-dp2-handwritten.txt", "vllm", "sleeping", "1", True),
+        ("vllm-datadog-mixed-v0-v1-opt125m.txt", "vllm", "sleeping", "0", False),
+        ("lmdeploy-0.18-dp2-handwritten.txt", "lmdeploy", "api_waiting", "2", 2),
+    ):
+        fields = stats_fields(
+            read(engine, page), prefix_cache_hit_rate=None, scrape_ms=1.0, interval_ms=1000
+        )
+        assert fields[field] == text
+        h = {**fields, "scraped_at_ms": "1", "poller": "p", "token": "1", "seq": "1"}
+        assert getattr(EndpointStats.from_hash(h), field) == value
+    fields = stats_fields(
+        read("tgi", "tgi-handwritten.txt"),
+        prefix_cache_hit_rate=None,
+        scrape_ms=1.0,
+        interval_ms=1000,
+    )
+    assert "sleeping" not in fields and "api_waiting" not in fields
+    with pytest.raises(ValueError, match="0 or 1"):
+        EndpointStats.from_hash({**fields, "scraped_at_ms": "1", "sleeping": "yes"})
+
+
+# --- settings below the entry (the Go poller's Mapping and Path) -------------------------------
+
+
+def _settings(engines: dict[str, object]) -> ScrapeSettings:
+    return load_settings(overrides={"scrape.engines": engines}, environ={}).scrape
+
+
+def test_settings_sit_between_the_engine_and_the_entry() -> None:
+    settings = _settings(
+        {
+            "vllm": {
+                "metrics_path": "/engine/metrics",
+                "overrides": {"running": ["site_running"], "waiting": ["site_waiting"]},
+            }
+        }
+    )
+    entry = endpoint_from_dict("a", {"url": "http://e:8000", "overrides": {"waiting": ["mine"]}})
+    m = mapping_for_endpoint(entry, settings)
+    assert m.metrics_path == "/engine/metrics"
+    assert [str(x) for x in m.running] == ["site_running"]  # settings over the engine
+    assert [str(x) for x in m.waiting] == ["mine"]  # the entry over the settings
+    assert [str(x) for x in m.kv_cache_usage][0] == "vllm:kv_cache_usage_perc"  # engine default
+    assert metrics_url(entry, m.metrics_path) == "http://e:8000/engine/metrics"
+    own = endpoint_from_dict("b", {"url": "http://e:8000", "metrics_path": "/own"})
+    assert metrics_url(own, mapping_for_endpoint(own, settings).metrics_path) == "http://e:8000/own"
+    # another engine, or no settings for it: the engine's own names and path
+    tgi = endpoint_from_dict("c", {"url": "http://e:8000", "engine": "trtllm"})
+    assert mapping_for_endpoint(tgi, settings) is mapping_for("trtllm")
+    assert mapping_for_endpoint(tgi, settings).metrics_path == "/prometheus/metrics"
+    # the default engine applies to entries naming none
+    default_sglang = load_settings(
+        overrides={
+            "scrape.default_engine": "sglang",
+            "scrape.engines": {"sglang": {"metrics_path": "/m"}},
+        },
+        environ={},
+    ).scrape
+    assert mapping_for_endpoint(entry, default_sglang).engine == "sglang"
+    assert mapping_for_endpoint(entry, default_sglang).metrics_path == "/m"
+
+
+@pytest.mark.parametrize(
+    ("engines", "message"),
+    [
+        ({"vllmx": {}}, "unknown engine 'vllmx'"),
+        ({"external": {}}, "unknown engine 'external'"),
+        ({"vllm": {"overrides": {"runing": ["x"]}}}, "unknown signal 'runing'"),
+        ({"vllm": {"overrides": {"running": []}}}, "names no metric"),
+        ({"vllm": {"overrides": {"running": ["bad name"]}}}, "not a metric name"),
+        ({"vllm": {"metrics_path": "metrics"}}, "must start with '/'"),
+        ({"vllm": {"path": "/m"}}, "Extra inputs"),
+    ],
+)
+def test_engine_settings_are_validated(engines: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as err:
+        _settings(engines)
+    assert "scrape.engines" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/metrics?model=qwen3-8b", "/metrics?model=Qwen%2FQwen3-8B", "/v1/metrics", "/m?a=1&b=2"],
+)
+def test_metrics_path_may_carry_a_query(path: str) -> None:
+    entry = endpoint_from_dict(
+        "a", {"url": "http://e:8080", "engine": "llamacpp", "metrics_path": path}
+    )
+    assert metrics_url(entry, "/metrics") == "http://e:8080" + path
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("metrics", "must start with '/'"),
+        ("/metrics#x", "must start with '/'"),
+        ("/met rics", "must start with '/'"),
+        ("/metrics?model", "name=value pairs"),
+        ("/metrics?model=a b", "name=value pairs"),
+        ("/metrics?=x", "name=value pairs"),
+        ("/metrics?model=a&", "name=value pairs"),
+        ("/metrics?model=%zz", "two hex digits"),
+    ],
+)
+def test_bad_metrics_paths_are_refused(path: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        endpoint_from_dict("a", {"url": "http://e:8080", "metrics_path": path})

@@ -63,6 +63,7 @@ PAGE_BYTES = {  # (min, max) for one rank: what real pages of these engines weig
     "trtllm": (6_000, 20_000),
     "triton": (5_000, 40_000),
     "tgi": (60_000, 120_000),
+    "lmdeploy": (5_000, 20_000),
 }
 
 
@@ -113,6 +114,21 @@ async def test_vllm_data_parallel_and_lora_series(
     assert signals.lora_max == 2
     stamps = [float(v) for v in re.findall(r"^vllm:lora_requests_info\{.*\} (\S+)$", text, re.M)]
     assert max(stamps) == pytest.approx(time.time(), abs=300)
+
+
+async def test_lmdeploy_data_parallel_ranks(clock: FakeClock, client: httpx.AsyncClient) -> None:
+    spec = EndpointSpec("lm", "lmdeploy", dp=2, load=0.9)
+    async with sim_with([spec], clock) as sim:
+        clock.advance(60)
+        response = await fetch(client, sim.metrics_url("lm"))
+        truth = sim.snapshot("lm")
+    text = response.text
+    assert len(re.findall(r"^lmdeploy:num_requests_running\{", text, re.M)) == 2
+    assert {'engine="0"', 'engine="1"'} <= set(re.findall(r'engine="\d"', text))
+    signals = mapping_for("lmdeploy").read(response.content)
+    assert (signals.running, signals.waiting) == (truth.running, truth.waiting)
+    assert signals.api_waiting == 0 and signals.kv_cache_usage == truth.kv_cache_usage
+    assert signals.models == (spec.model or ENGINES["lmdeploy"].model,)
 
 
 async def test_vllm_v0_and_sglang_shapes(clock: FakeClock, client: httpx.AsyncClient) -> None:

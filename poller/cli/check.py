@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from poller.config import ScrapeSettings, load_settings
 from poller.errors import ConfigError
 from poller.registry import Endpoint, endpoint_from_dict
 from poller.scrape.check import check_endpoint, format_report, serve_example
@@ -52,7 +53,20 @@ SCRAPED_ENGINES = [name for name, spec in ENGINE_SPECS.items() if spec.scraped]
     is_flag=True,
     help="Check the bundled example page of --engine, served on a loopback port.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
+@click.option(
+    "--config",
+    "config_file",
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="Apply this settings file's [scrape.engines.<engine>] path and overrides.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print a JSON report: signals under the stats hash's names, numbers as numbers, "
+    "lora as {running, waiting, max}; a failure has reason, detail, status and body.",
+)
 def check(
     url: str | None,
     engine: str,
@@ -64,6 +78,7 @@ def check(
     tls_ca_file: str | None,
     tls_insecure: bool,
     example: bool,
+    config_file: str | None,
     as_json: bool,
 ) -> None:
     """Scrape one endpoint once: what it read, from which metric, and what is missing.
@@ -74,6 +89,12 @@ def check(
     """
     if bool(url) == example:
         raise click.UsageError("give a URL or --example (not both)")
+    scrape: ScrapeSettings | None = None
+    if config_file is not None:
+        try:
+            scrape = load_settings(config_file).scrape
+        except ConfigError as exc:
+            raise click.BadParameter(str(exc), param_hint="--config") from None
 
     async def run() -> dict[str, Any]:
         async with serve_example(engine) if example else _nothing(url or "") as base:
@@ -86,7 +107,7 @@ def check(
                 tls_ca_file=tls_ca_file,
                 tls_insecure=tls_insecure or None,
             )
-            return await check_endpoint(endpoint, engine, timeout_s, max_body_bytes)
+            return await check_endpoint(endpoint, engine, timeout_s, max_body_bytes, scrape)
 
     report = asyncio.run(run())
     if as_json:

@@ -94,10 +94,13 @@ def render(view: View, sort: str = "id") -> Group:
         lora = "-"
         if stats is not None and stats.lora_max is not None:
             lora = ",".join(stats.lora_running) or "none"
+        state = Text(e.state, style=_STATE_STYLE[e.state])
+        if stats is not None and stats.sleeping:
+            state.append(" asleep", style="magenta")  # vLLM sleep mode: never picked
         table.add_row(
             e.id,
             e.engine or "-",
-            Text(e.state, style=_STATE_STYLE[e.state]),
+            state,
             e.owner or "-",
             "-" if stats is None else str(stats.running),
             "-" if stats is None else str(stats.waiting),

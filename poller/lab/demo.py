@@ -27,7 +27,7 @@ from poller.reader.view import View
 __all__ = ["run_demo"]
 
 NS = "demo"
-ENGINES = "vllm,sglang,llamacpp,trtllm,triton,tgi,vllm-v0"
+ENGINES = "vllm,sglang,llamacpp,trtllm,triton,tgi,lmdeploy,vllm-v0"
 KILL_AT_S = 10.0
 RESTART_AT_S = 20.0
 

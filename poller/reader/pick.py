@@ -20,9 +20,10 @@ def pick(
 ) -> str | None:
     """An example routing choice; a gateway may well replace it.
 
-    Skips endpoints that are not fresh, and saturated ones (``waiting >= max_waiting`` or
-    ``kv_cache_usage >= max_kv_cache_usage``, the Gateway API Inference Extension's
-    defaults). Among the rest, prefers those that serve ``model`` or already have it
+    Skips endpoints that are not fresh, sleeping ones (vLLM sleep mode: ``sleeping``),
+    and saturated ones (``waiting >= max_waiting`` or ``kv_cache_usage >=
+    max_kv_cache_usage``, the Gateway API Inference Extension's defaults). Among the
+    rest, prefers those that serve ``model`` or already have it
     loaded as a LoRA adapter, then the least loaded (fewest waiting, then lowest KV
     usage, then fewest running). Returns None when nothing qualifies.
     """
@@ -32,7 +33,7 @@ def pick(
     for endpoint_id in ids:
         e = entries[endpoint_id]
         stats = e.stats
-        if e.state != "fresh" or stats is None:
+        if e.state != "fresh" or stats is None or stats.sleeping:
             continue
         kv = stats.kv_cache_usage
         if stats.waiting >= max_waiting or (kv is not None and kv >= max_kv_cache_usage):

@@ -13,9 +13,10 @@ from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
 
-from poller.errors import ScrapeError
+from poller.config import ScrapeSettings
+from poller.errors import FetchError, ScrapeError
 from poller.registry import Endpoint
-from poller.scrape.engines import ENGINE_SPECS, mapping_for
+from poller.scrape.engines import ENGINE_SPECS, mapping_for, mapping_for_endpoint
 from poller.scrape.http import Scraper, metrics_url
 from poller.stats import Signals, prefix_hit_rate
 
@@ -55,7 +56,8 @@ async def serve_example(engine: str) -> AsyncIterator[str]:
         await server.wait_closed()
 
 
-def _signal_rows(signals: Signals) -> list[tuple[str, str, str]]:
+def _signal_values(signals: Signals) -> dict[str, Any]:
+    """The signals under the stats hash's field names, as JSON values (None: absent)."""
     rate = signals.prefix_cache_hit_rate
     if rate is None:
         # One scrape has no window: the lifetime ratio of the counters is what we have.
@@ -69,21 +71,53 @@ def _signal_rows(signals: Signals) -> list[tuple[str, str, str]]:
         "prefix_cache_hit_rate": None if rate is None else round(rate, 4),
         "lora": None
         if signals.lora_max is None
-        else f"running=[{','.join(signals.lora_running)}] "
-        f"waiting=[{','.join(signals.lora_waiting)}] max={signals.lora_max}",
-        "models": ", ".join(signals.models) or None,
+        else {
+            "running": list(signals.lora_running),
+            "waiting": list(signals.lora_waiting),
+            "max": signals.lora_max,
+        },
+        "models": list(signals.models) or None,
     }
-    rows = []
-    for name, value in values.items():
-        shown = "absent" if value is None else str(value)
-        rows.append((name, shown, signals.sources.get(name, "")))
-    return rows
+    # Engine-specific fields appear only where the engine has them.
+    if signals.api_waiting is not None:
+        values["api_waiting"] = signals.api_waiting
+    if signals.sleeping is not None:
+        values["sleeping"] = signals.sleeping
+    return values
+
+
+def _shown(name: str, value: Any) -> str:
+    """A signal as the text report prints it."""
+    if value is None:
+        return "absent"
+    if name == "lora":
+        return (
+            f"running=[{','.join(value['running'])}] "
+            f"waiting=[{','.join(value['waiting'])}] max={value['max']}"
+        )
+    if name == "models":
+        return ", ".join(value)
+    if name == "sleeping":
+        return "yes (never picked)" if value else "no"
+    return str(value)
 
 
 async def check_endpoint(
-    endpoint: Endpoint, engine: str, timeout_s: float, max_bytes: int
+    endpoint: Endpoint,
+    engine: str,
+    timeout_s: float,
+    max_bytes: int,
+    settings: ScrapeSettings | None = None,
 ) -> dict[str, Any]:
-    mapping = mapping_for(engine, endpoint.overrides)
+    """Scrape once; the report is JSON-ready (numbers are numbers, absent is None).
+
+    With ``settings``, its ``[scrape.engines.<engine>]`` path and overrides apply below
+    the entry's own, as in ``poller run``.
+    """
+    if settings is not None:
+        mapping = mapping_for_endpoint(endpoint.model_copy(update={"engine": engine}), settings)
+    else:
+        mapping = mapping_for(engine, endpoint.overrides)
     url = metrics_url(endpoint, mapping.metrics_path)
     report: dict[str, Any] = {"url": url, "engine": engine, "ok": False}
     scraper = Scraper(max_body_bytes=max_bytes)
@@ -94,12 +128,13 @@ async def check_endpoint(
         parse_started = time.perf_counter()
         signals = mapping.read(fetched.body, fetched.content_type)
         report["parse_us"] = round((time.perf_counter() - parse_started) * 1e6, 1)
-        report |= {"ok": True, "missing": [], "signals": {}, "sources": signals.sources}
-        for name, shown, _ in _signal_rows(signals):
-            report["signals"][name] = None if shown == "absent" else shown
+        report |= {"ok": True, "missing": [], "signals": _signal_values(signals)}
+        report["sources"] = signals.sources
     except ScrapeError as exc:
         report |= {"reason": exc.reason, "detail": exc.detail}
         report["missing"] = list(getattr(exc, "missing", ()))
+        if isinstance(exc, FetchError) and exc.status is not None:
+            report |= {"status": exc.status, "body": exc.body}
     finally:
         await scraper.aclose()
     report["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 2)
@@ -118,7 +153,7 @@ def format_report(report: dict[str, Any]) -> str:
     out(f"engine: {report['engine']}")
     for name, value in report.get("signals", {}).items():
         source = report["sources"].get(name, "")
-        out(f"  {name:<22} {value if value is not None else 'absent':<40} {source}")
+        out(f"  {name:<22} {_shown(name, value):<40} {source}")
     if report["ok"]:
         out(f"OK: the page satisfies the {report['engine']} contract")
     else:

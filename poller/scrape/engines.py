@@ -1,9 +1,10 @@
-"""Per-engine metric mappings: which series carry which load signal, and how to fold them.
+"""Per-engine mappings applied to a page: which series carry which signal, folded how.
 
-Each signal lists its candidate sources in order of preference; the first one present on
-the page wins (engine versions renamed metrics, and old names linger on some versions).
-Aggregation follows DESIGN.md: counts are summed over series (vLLM's ``engine`` label
-under data parallelism, SGLang's ``tp_rank``/``dp_rank``), usage takes the max, and
+The names and fold rules per engine live in ``specs.py``. Here a spec gets an endpoint's
+(and the settings') overrides and reads a page: counts are summed over engines (vLLM's
+and LMDeploy's ``engine``, SGLang's ``dp_rank``) but not over ranks that repeat one batch
+(SGLang's ``tp_rank``/``pp_rank``/``moe_ep_rank``: max) or over a breakdown of a total
+(SGLang's ``priority``, ``cache_source``: the total only); usage takes the max, and
 ``vllm:lora_requests_info`` takes the series with the largest value (a timestamp).
 NaN and negative sentinels (vLLM V0's -1 hit rate with prefix caching off) are absent,
 never numbers. Sources for every name: docs/engines.md.
@@ -15,160 +16,27 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from poller.errors import ConfigError, ContractError, ParseError
-from poller.registry import ENGINES
+from poller.registry import Endpoint
 from poller.scrape.parse import Sample, Selector, decode_body, looks_like_exposition, parse
+from poller.scrape.specs import ENGINE_SPECS, EngineSpec, Metric, Ratio, Source
 from poller.stats import Signals
 
-__all__ = ["ENGINE_SPECS", "EngineMapping", "Metric", "mapping_for"]
+if TYPE_CHECKING:
+    from poller.config import ScrapeSettings
 
+__all__ = [
+    "ENGINE_SPECS",
+    "EngineMapping",
+    "EngineSpec",
+    "Metric",
+    "Ratio",
+    "mapping_for",
+    "mapping_for_endpoint",
+]
 
-@dataclass(frozen=True, slots=True)
-class Metric:
-    """One source: a sample name, optionally narrowed by label values (Triton)."""
-
-    name: str
-    where: tuple[tuple[str, str], ...] = ()
-
-    def matches(self, sample: Sample) -> bool:
-        return all(sample.labels.get(k) == v for k, v in self.where)
-
-    def __str__(self) -> str:
-        if not self.where:
-            return self.name
-        return self.name + "{" + ",".join(f'{k}="{v}"' for k, v in self.where) + "}"
-
-
-@dataclass(frozen=True, slots=True)
-class Ratio:
-    """A fraction computed from two gauges (used / total) when no ratio is published."""
-
-    used: Metric
-    total: Metric
-
-    def __str__(self) -> str:
-        return f"{self.used}/{self.total}"
-
-
-Source = Metric | Ratio
-
-
-def _m(*names: str) -> tuple[Metric, ...]:
-    return tuple(Metric(n) for n in names)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSpec:
-    name: str
-    metrics_path: str = "/metrics"
-    running: tuple[Metric, ...] = ()
-    waiting: tuple[Metric, ...] = ()
-    kv_cache_usage: tuple[Source, ...] = ()
-    #: The engine's own hit-rate gauge (used when no counter pair is on the page).
-    prefix_cache_hit_rate: tuple[Metric, ...] = ()
-    #: (hits, queries) cumulative counter pairs, preferred over the gauge.
-    prefix_cache_counters: tuple[tuple[Metric, Metric], ...] = ()
-    #: SGLang creates its hits counter only at the first hit: absent may mean zero.
-    hits_absent_is_zero: bool = False
-    lora: Metric | None = None
-    model_labels: tuple[str, ...] = ()
-    required: frozenset[str] = frozenset({"running", "waiting", "kv_cache_usage"})
-    scraped: bool = True
-
-
-ENGINE_SPECS: dict[str, EngineSpec] = {
-    spec.name: spec
-    for spec in (
-        EngineSpec(
-            "vllm",
-            running=_m("vllm:num_requests_running"),
-            waiting=_m("vllm:num_requests_waiting"),
-            # kv_cache_usage_perc since 0.9.2; gpu_cache_usage_perc before (removed 0.12).
-            # Both are 0..1 fractions despite "perc".
-            kv_cache_usage=_m("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-            prefix_cache_hit_rate=_m("vllm:gpu_prefix_cache_hit_rate"),  # V0; -1 = off
-            prefix_cache_counters=(
-                (Metric("vllm:prefix_cache_hits_total"), Metric("vllm:prefix_cache_queries_total")),
-                (
-                    Metric("vllm:gpu_prefix_cache_hits_total"),
-                    Metric("vllm:gpu_prefix_cache_queries_total"),
-                ),
-            ),
-            lora=Metric("vllm:lora_requests_info"),
-            model_labels=("model_name",),
-        ),
-        EngineSpec(
-            "sglang",
-            # sgl-router's /engine_metrics rewrites ':' to '_': accept both spellings.
-            running=_m("sglang:num_running_reqs", "sglang_num_running_reqs"),
-            waiting=_m("sglang:num_queue_reqs", "sglang_num_queue_reqs"),
-            kv_cache_usage=(
-                *_m("sglang:token_usage", "sglang_token_usage"),
-                Ratio(Metric("sglang:num_used_tokens"), Metric("sglang:max_total_num_tokens")),
-            ),
-            # cache_hit_rate is the last prefill batch's only; counters are better.
-            prefix_cache_hit_rate=_m("sglang:cache_hit_rate", "sglang_cache_hit_rate"),
-            prefix_cache_counters=(
-                (Metric("sglang:cached_tokens_total"), Metric("sglang:prompt_tokens_total")),
-                (Metric("sglang_cached_tokens_total"), Metric("sglang_prompt_tokens_total")),
-            ),
-            hits_absent_is_zero=True,
-            model_labels=("model_name", "name"),
-        ),
-        EngineSpec(
-            "llamacpp",
-            running=_m("llamacpp:requests_processing"),
-            waiting=_m("llamacpp:requests_deferred"),
-            # Removed upstream by llama.cpp PR #13660 with no replacement: optional.
-            kv_cache_usage=_m("llamacpp:kv_cache_usage_ratio"),
-            required=frozenset({"running", "waiting"}),
-        ),
-        EngineSpec(
-            "trtllm",
-            metrics_path="/prometheus/metrics",
-            # trtllm_-prefixed since about 1.2; the unprefixed names are the same series.
-            running=_m("trtllm_num_requests_running", "num_requests_running"),
-            waiting=_m("trtllm_num_requests_waiting", "num_requests_waiting"),
-            kv_cache_usage=(
-                *_m("trtllm_kv_cache_utilization", "kv_cache_utilization"),
-                Ratio(Metric("trtllm_kv_cache_used_blocks"), Metric("trtllm_kv_cache_max_blocks")),
-            ),
-            prefix_cache_hit_rate=_m("trtllm_kv_cache_hit_rate", "kv_cache_hit_rate"),
-            prefix_cache_counters=(
-                (
-                    Metric("trtllm_prompt_cached_tokens_total"),
-                    Metric("trtllm_prompt_tokens_total"),
-                ),
-            ),
-            model_labels=("model_name",),
-        ),
-        EngineSpec(
-            "triton",
-            running=(Metric("nv_trt_llm_request_metrics", (("request_type", "scheduled"),)),),
-            waiting=(
-                Metric("nv_trt_llm_request_metrics", (("request_type", "waiting"),)),
-                Metric("nv_inference_pending_request_count"),  # backends without "waiting"
-            ),
-            kv_cache_usage=(
-                Metric("nv_trt_llm_kv_cache_block_metrics", (("kv_cache_block_type", "fraction"),)),
-                Ratio(
-                    Metric("nv_trt_llm_kv_cache_block_metrics", (("kv_cache_block_type", "used"),)),
-                    Metric("nv_trt_llm_kv_cache_block_metrics", (("kv_cache_block_type", "max"),)),
-                ),
-            ),
-            model_labels=("model",),
-        ),
-        EngineSpec(
-            "tgi",
-            running=_m("tgi_batch_current_size"),
-            waiting=_m("tgi_queue_size"),
-            required=frozenset({"running", "waiting"}),  # TGI publishes no KV usage
-        ),
-        EngineSpec("external", scraped=False, required=frozenset()),
-    )
-}
-assert tuple(ENGINE_SPECS) == ENGINES, "registry.ENGINES and ENGINE_SPECS must agree"
 
 # Values that are placeholders, not model names (trtllm-serve writes "undefined").
 _NOT_A_MODEL = frozenset({"", "undefined", "unknown"})
@@ -179,14 +47,7 @@ _NOT_A_MODEL = frozenset({"", "undefined", "unknown"})
 _MAX_VALUE = float(2**53)
 
 
-def _values(samples: Sequence[Sample], metric: Metric) -> list[float]:
-    """Usable values of one source: NaN, infinities, negative sentinels and absurdly
-    large numbers dropped."""
-    return [
-        s.value
-        for s in samples
-        if s.name == metric.name and metric.matches(s) and 0 <= s.value < _MAX_VALUE
-    ]
+Overrides = tuple[tuple[str, tuple[str, ...]], ...]
 
 
 def _dedupe(samples: Sequence[Sample]) -> list[Sample]:
@@ -200,7 +61,7 @@ def _dedupe(samples: Sequence[Sample]) -> list[Sample]:
 
 @dataclass(frozen=True)
 class EngineMapping:
-    """A spec with an endpoint's overrides applied; knows which names to parse."""
+    """A spec with overrides applied; knows which names to parse and how to fold them."""
 
     spec: EngineSpec
     running: tuple[Metric, ...]
@@ -209,6 +70,8 @@ class EngineMapping:
     prefix_cache_hit_rate: tuple[Metric, ...]
     prefix_cache_counters: tuple[tuple[Metric, Metric], ...]
     lora: Metric | None
+    #: The path appended to an entry's URL unless the entry sets its own.
+    metrics_path: str = ""
     wanted: frozenset[str] = field(init=False)
     selector: Selector = field(init=False, repr=False, compare=False)
 
@@ -217,10 +80,12 @@ class EngineMapping:
         for source in (
             *self.running,
             *self.waiting,
+            *self.spec.api_waiting,
             *self.kv_cache_usage,
             *self.prefix_cache_hit_rate,
             *(m for pair in self.prefix_cache_counters for m in pair),
             *((self.lora,) if self.lora else ()),
+            *((self.spec.awake,) if self.spec.awake else ()),
         ):
             if isinstance(source, Ratio):
                 names.update((source.used.name, source.total.name))
@@ -228,14 +93,12 @@ class EngineMapping:
                 names.add(source.name)
         object.__setattr__(self, "wanted", frozenset(names))
         object.__setattr__(self, "selector", Selector(names))
+        if not self.metrics_path:
+            object.__setattr__(self, "metrics_path", self.spec.metrics_path)
 
     @property
     def engine(self) -> str:
         return self.spec.name
-
-    @property
-    def metrics_path(self) -> str:
-        return self.spec.metrics_path
 
     def read(self, body: bytes, content_type: str = "", max_samples: int | None = None) -> Signals:
         """Body of a /metrics response -> Signals; ParseError or ContractError on failure
@@ -271,7 +134,10 @@ class EngineMapping:
         waiting = pick("waiting", self.waiting, "sum")
         kv = pick("kv_cache_usage", self.kv_cache_usage, "max")
         if missing:
-            raise ContractError(missing, engine=self.engine)
+            raise ContractError(missing, engine=self.engine, hint=self.spec.contract_hint)
+        api_waiting = pick("api_waiting", self.spec.api_waiting, "sum")
+        if api_waiting is not None:
+            sources["waiting"] += "+" + sources["api_waiting"]
         gauge = pick("prefix_cache_hit_rate", self.prefix_cache_hit_rate, "mean")
         hits, queries = self._counters(samples, sources, gauge_present=gauge is not None)
         if hits is not None:
@@ -281,7 +147,8 @@ class EngineMapping:
         return Signals(
             engine=self.engine,
             running=round(running),
-            waiting=round(waiting),
+            # Requests queued in front of the engine wait too (LMDeploy's API handles).
+            waiting=round(waiting) + round(api_waiting or 0),
             kv_cache_usage=None if kv is None else min(kv, 1.0),
             prefix_cache_hit_rate=None if gauge is None else min(gauge, 1.0),
             prefix_cache_hits_total=hits,
@@ -290,24 +157,52 @@ class EngineMapping:
             lora_waiting=lora_waiting,
             lora_max=lora_max,
             models=self._models(samples),
+            api_waiting=None if api_waiting is None else round(api_waiting),
+            sleeping=self._sleeping(samples, sources),
             sources=sources,
         )
 
-    @staticmethod
-    def _fold(samples: Sequence[Sample], source: Source, fold: str) -> float | None:
+    def _series(self, samples: Sequence[Sample], metric: Metric) -> list[Sample]:
+        """Usable series of one source: NaN, infinities, negative sentinels and absurdly
+        large numbers dropped; of a broken-down total, the total only."""
+        found = [
+            s
+            for s in samples
+            if s.name == metric.name and metric.matches(s) and 0 <= s.value < _MAX_VALUE
+        ]
+        for label, total in self.spec.totals:
+            # A breakdown without its total (no series at the total's value) is summed:
+            # its parts still count each request or token once.
+            if any(s.labels.get(label) == total for s in found):
+                found = [s for s in found if s.labels.get(label, total) == total]
+        return found
+
+    def _sum(self, series: Sequence[Sample]) -> float:
+        replicas = self.spec.replicas
+        if not replicas:
+            return sum(s.value for s in series)
+        # Ranks that differ only in a replica label report one batch: max within, then
+        # sum across what remains (data-parallel ranks, models).
+        groups: dict[tuple[tuple[str, str], ...], float] = {}
+        for s in series:
+            key = tuple(sorted((k, v) for k, v in s.labels.items() if k not in replicas))
+            groups[key] = max(groups.get(key, s.value), s.value)
+        return sum(groups.values())
+
+    def _fold(self, samples: Sequence[Sample], source: Source, fold: str) -> float | None:
         if isinstance(source, Ratio):
-            used, total = _values(samples, source.used), _values(samples, source.total)
-            if not used or not total or sum(total) <= 0:
+            used, total = self._series(samples, source.used), self._series(samples, source.total)
+            if not used or not total or self._sum(total) <= 0:
                 return None
-            return sum(used) / sum(total)
-        values = _values(samples, source)
-        if not values:
+            return self._sum(used) / self._sum(total)
+        series = self._series(samples, source)
+        if not series:
             return None
         if fold == "sum":
-            return sum(values)
+            return self._sum(series)
         if fold == "max":
-            return max(values)
-        return sum(values) / len(values)
+            return max(s.value for s in series)
+        return sum(s.value for s in series) / len(series)
 
     def _counters(
         self, samples: Sequence[Sample], sources: dict[str, str], gauge_present: bool
@@ -317,12 +212,27 @@ class EngineMapping:
         # there is no gauge to fall back on.
         absent_is_zero = self.spec.hits_absent_is_zero and not gauge_present
         for hits_m, queries_m in self.prefix_cache_counters:
-            queries = _values(samples, queries_m)
-            hits = _values(samples, hits_m)
+            queries = self._series(samples, queries_m)
+            hits = self._series(samples, hits_m)
             if queries and (hits or absent_is_zero):
+                hits_total, queries_total = self._sum(hits), self._sum(queries)
+                if self.spec.queries_exclude_hits:
+                    # llama.cpp: prompt_tokens_total counts only the tokens not cached.
+                    sources["prefix_cache_hit_rate"] = f"{hits_m}/({hits_m}+{queries_m})"
+                    return hits_total, hits_total + queries_total
                 sources["prefix_cache_hit_rate"] = f"{hits_m}/{queries_m}"
-                return sum(hits), sum(queries)
+                return hits_total, queries_total
         return None, None
+
+    def _sleeping(self, samples: Sequence[Sample], sources: dict[str, str]) -> bool | None:
+        """vLLM: sleeping when none of the endpoint's engines is awake; None if unsaid."""
+        if self.spec.awake is None:
+            return None
+        series = self._series(samples, self.spec.awake)
+        if not series:
+            return None
+        sources["sleeping"] = str(self.spec.awake)
+        return not any(s.value > 0 for s in series)
 
     def _lora(
         self, samples: Sequence[Sample], sources: dict[str, str]
@@ -359,7 +269,7 @@ class EngineMapping:
 
 
 @lru_cache(maxsize=256)
-def _mapping(engine: str, overrides: tuple[tuple[str, tuple[str, ...]], ...]) -> EngineMapping:
+def _mapping(engine: str, overrides: Overrides, metrics_path: str) -> EngineMapping:
     spec = ENGINE_SPECS[engine]
     o = dict(overrides)
     counters = spec.prefix_cache_counters
@@ -376,26 +286,53 @@ def _mapping(engine: str, overrides: tuple[tuple[str, tuple[str, ...]], ...]) ->
                 field="overrides",
             )
         counters = ((Metric(hits[0]), Metric(queries[0])),)
+
+    def names(signal: str) -> tuple[Metric, ...] | None:
+        return tuple(Metric(n) for n in o[signal]) if signal in o else None
+
     return EngineMapping(
         spec=spec,
-        running=_m(*o["running"]) if "running" in o else spec.running,
-        waiting=_m(*o["waiting"]) if "waiting" in o else spec.waiting,
-        kv_cache_usage=_m(*o["kv_cache_usage"]) if "kv_cache_usage" in o else spec.kv_cache_usage,
-        prefix_cache_hit_rate=_m(*o["prefix_cache_hit_rate"])
-        if "prefix_cache_hit_rate" in o
-        else spec.prefix_cache_hit_rate,
+        running=names("running") or spec.running,
+        waiting=names("waiting") or spec.waiting,
+        kv_cache_usage=names("kv_cache_usage") or spec.kv_cache_usage,
+        prefix_cache_hit_rate=names("prefix_cache_hit_rate") or spec.prefix_cache_hit_rate,
         prefix_cache_counters=counters,
         lora=Metric(o["lora"][0]) if "lora" in o else spec.lora,
+        metrics_path=metrics_path or spec.metrics_path,
     )
 
 
-def mapping_for(engine: str, overrides: Mapping[str, Sequence[str]] | None = None) -> EngineMapping:
-    """The (cached) mapping for an engine with an endpoint's name overrides applied.
+def _freeze(overrides: Mapping[str, Sequence[str]] | None) -> Overrides:
+    return tuple(sorted((k, tuple(v)) for k, v in (overrides or {}).items()))
+
+
+def mapping_for(
+    engine: str,
+    overrides: Mapping[str, Sequence[str]] | None = None,
+    metrics_path: str | None = None,
+) -> EngineMapping:
+    """The (cached) mapping for an engine with name overrides and a default path applied.
 
     An override replaces that signal's candidate names (an operator's fix for a metric
     an engine version renamed); ``prefix_cache_hits``/``_queries`` replace the counters.
+    ``metrics_path`` replaces the engine's default path (an entry's own still wins).
     """
     if engine not in ENGINE_SPECS:
         raise KeyError(f"unknown engine {engine!r}; accepted: {', '.join(ENGINE_SPECS)}")
-    frozen = tuple(sorted((k, tuple(v)) for k, v in (overrides or {}).items()))
-    return _mapping(engine, frozen)
+    return _mapping(engine, _freeze(overrides), metrics_path or "")
+
+
+def mapping_for_endpoint(endpoint: Endpoint, settings: ScrapeSettings) -> EngineMapping:
+    """The mapping an entry is scraped with: engine default < settings < the entry.
+
+    The engine is the entry's, else ``settings.default_engine``. Per signal, the entry's
+    ``overrides`` win over ``[scrape.engines.<engine>].overrides``, which win over the
+    engine's names; the settings' ``metrics_path`` replaces the engine's default path,
+    and an entry's own ``metrics_path`` wins over both (applied when fetching).
+    """
+    engine = endpoint.engine or settings.default_engine
+    defaults = settings.engines.get(engine)
+    if defaults is None:
+        return mapping_for(engine, endpoint.overrides)
+    merged = {**defaults.overrides, **endpoint.overrides}
+    return mapping_for(engine, merged, defaults.metrics_path)

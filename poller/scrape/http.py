@@ -44,6 +44,7 @@ from httpx_aiohttp import AiohttpTransport
 from poller.config import HostAllowlist
 from poller.errors import FetchError
 from poller.registry import Endpoint
+from poller.scrape.http_errors import status_error
 
 __all__ = ["Fetched", "Scraper", "TransportFactory", "resolve_api_key"]
 
@@ -293,17 +294,8 @@ class Scraper:
         response = await client.send(request, stream=True)
         try:
             status = response.status_code
-            if status in (401, 403):
-                raise FetchError(
-                    "auth",
-                    f"HTTP {status} (check the API key)",
-                    endpoint=endpoint.id,
-                    status=status,
-                )
             if not 200 <= status < 300:
-                raise FetchError(
-                    "http_status", f"HTTP {status}", endpoint=endpoint.id, status=status
-                )
+                raise await status_error(endpoint.id, response)
             declared = response.headers.get("content-length")
             if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
                 raise FetchError("too_large", self._too_large(int(declared)), endpoint=endpoint.id)

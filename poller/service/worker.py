@@ -25,7 +25,7 @@ from poller.backoff import backoff_s, member_ttl_cap_s
 from poller.config import Settings
 from poller.errors import ConfigError, PollerError, SchemaMismatch, StoreError
 from poller.redis.store import RedisStore
-from poller.scrape.engines import mapping_for
+from poller.scrape.engines import mapping_for_endpoint
 from poller.scrape.http import Scraper, TransportFactory
 from poller.service.coordinator import Coordinator
 from poller.service.follow import RegistryFollower
@@ -207,8 +207,9 @@ class Worker:
             return JobSpec(endpoint_id, token, None, None, error, s.interval_s, s.timeout_s)
         mapping = None
         try:
-            mapping = mapping_for(endpoint.engine or s.default_engine, endpoint.overrides)
-        except (ConfigError, KeyError) as exc:
+            mapping = mapping_for_endpoint(endpoint, s)
+        except (ConfigError, KeyError, ValueError) as exc:
+            # ValueError: an override names an invalid metric (a foreign writer's entry).
             error = str(exc)
         interval_s = endpoint.interval_s or s.interval_s
         timeout_s = endpoint.timeout_s or s.timeout_s

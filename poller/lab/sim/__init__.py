@@ -1,7 +1,7 @@
 """Engine simulator: what the poller's integration tests and benchmarks run against.
 
 One asyncio process serves many virtual engine endpoints (vLLM V1 and V0, SGLang,
-llama.cpp, trtllm-serve, Triton, TGI) with pages as large as real ones, a load that
+llama.cpp, trtllm-serve, Triton, TGI, LMDeploy) with pages as large as real ones, a load that
 evolves plausibly and deterministically from a seed, and faults switchable at runtime::
 
     async with Simulator(fleet(6), seed=1) as sim:

@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--endpoints", type=int, default=6, help="how many endpoints (default 6)")
     p.add_argument(
         "--engines",
-        default="vllm,sglang,llamacpp,trtllm,triton,tgi",
+        default="vllm,sglang,llamacpp,trtllm,triton,tgi,lmdeploy",
         help=f"comma-separated, cycled over the endpoints; from {', '.join(ENGINES)}",
     )
     p.add_argument("--style", choices=STYLES, default="path", help="one port each, or /e/<id>")

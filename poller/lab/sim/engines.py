@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from poller.lab.sim.model import STEP_S, EndpointLoad
+from poller.lab.sim.pages_lmdeploy import lmdeploy_source
 from poller.lab.sim.pages_other import (
     LLAMACPP,
     sglang_source,
@@ -47,6 +48,11 @@ class EngineDef:
 
 
 def _vllm_rank(rank: int, ranks: int) -> str:
+    return f'engine="{rank}",'
+
+
+def _lmdeploy_rank(rank: int, ranks: int) -> str:
+    # One PrometheusStatLogger per data-parallel rank, labelled engine="<rank>".
     return f'engine="{rank}",'
 
 
@@ -124,6 +130,15 @@ ENGINES: dict[str, EngineDef] = {
             content_type="text/plain; charset=utf-8",
             model="",
             capacity=32,
+        ),
+        EngineDef(
+            "lmdeploy",
+            "lmdeploy",
+            lambda model, lora: lmdeploy_source(model),
+            fmt_go,
+            required=("lmdeploy:gpu_cache_usage_perc",),
+            capacity=128,  # --max-batch-size
+            rank_label=_lmdeploy_rank,
         ),
     )
 }
