@@ -513,3 +513,22 @@ async def test_pollers_follow_dns_and_take_over_when_the_resolver_dies(
 
 async def _eq(value: object, want: object) -> bool:
     return await value == want  # type: ignore[misc]
+
+
+def test_the_example_overlay_discovers_its_headless_service() -> None:
+    import yaml
+
+    overlay = Path(__file__).parent.parent / "deploy" / "k8s" / "overlays" / "example"
+    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    assert "engines-service.yaml" in kustomization["resources"]
+    assert {"path": "discovery-patch.yaml"} in kustomization["patches"]
+    service = yaml.safe_load((overlay / "engines-service.yaml").read_text())
+    assert service["kind"] == "Service" and service["spec"]["clusterIP"] == "None"
+    assert [p["name"] for p in service["spec"]["ports"]] == ["metrics"]
+    patch = yaml.safe_load((overlay / "discovery-patch.yaml").read_text())
+    [container] = patch["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    [source] = load_settings(None, {"discovery": env["POLLER_DISCOVER"]}, environ={}).discovery
+    name, namespace = service["metadata"]["name"], kustomization["namespace"]
+    assert source.query == f"_metrics._tcp.{name}.{namespace}.svc.cluster.local."
+    assert (source.kind, source.engine) == ("srv", "vllm")
