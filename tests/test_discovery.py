@@ -532,3 +532,29 @@ def test_the_example_overlay_discovers_its_headless_service() -> None:
     name, namespace = service["metadata"]["name"], kustomization["namespace"]
     assert source.query == f"_metrics._tcp.{name}.{namespace}.svc.cluster.local."
     assert (source.kind, source.engine) == ("srv", "vllm")
+
+
+async def test_an_orphaned_source_is_taken_and_kept(
+    dns_server: DnsProcess, rstore: RedisStore
+) -> None:
+    """The preferred poller does not run the source (say, older settings): after three
+    passes with the lease free, another poller takes it, and keeps it without flapping."""
+    from poller.service.coordinator import owner_of
+
+    dns_server.set(srv=[(SRV, "e1.test", 8001)]).start()
+    s = settings("p1", srv_uri(dns_server, "&name=orphan"))
+    other = next(
+        m for m in (f"q{i}" for i in range(100)) if owner_of("discovery/orphan", ["p1", m]) == m
+    )
+    runner = DiscoveryRunner(s, rstore, members=lambda: _members("p1", other))
+    for now in (0, 0.25):
+        await runner.step(now_s=now)
+        assert runner.held == []
+    await runner.step(now_s=0.5)  # the third pass that finds the lease free
+    assert runner.held == ["orphan"] and len(await owned(rstore, "orphan")) == 1
+    for now in (0.75, 1.0, 1.25, 1.5, 1.75, 2.0):
+        await runner.step(now_s=now)
+    assert runner.held == ["orphan"]
+    assert dns_server.queries(SRV) == 2  # at 0.5 and 1.5: once per 1 s refresh
+    await runner.stop()
+    assert await rstore.client.get(rstore.keys.discovery_lease("orphan")) is None

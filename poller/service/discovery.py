@@ -22,6 +22,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import dns.asyncresolver
 import dns.exception
@@ -76,7 +77,7 @@ def _resolver(source: DiscoverySource, lifetime_s: float) -> dns.asyncresolver.R
     return resolver
 
 
-async def _query(resolver: dns.asyncresolver.Resolver, name: str, rdtype: str) -> list[object]:
+async def _query(resolver: dns.asyncresolver.Resolver, name: str, rdtype: str) -> list[Any]:
     answer = await resolver.resolve(name, rdtype, search=False, raise_on_no_answer=False)
     return list(answer.rrset) if answer.rrset is not None else []
 
@@ -94,16 +95,22 @@ async def resolve(source: DiscoverySource, lifetime_s: float) -> Answer:
         if source.kind == "srv":
             rdatas = await _query(resolver, source.query, "SRV")
             targets = {
-                Target(_host(r.target.to_text()), int(r.port))  # type: ignore[attr-defined]
+                Target(_host(r.target.to_text()), int(r.port))
                 for r in rdatas
-                if r.target.to_text() != "."  # type: ignore[attr-defined]
+                if r.target.to_text() != "."
             }
         else:
             assert source.port is not None
-            v4, v6 = await asyncio.gather(
-                _query(resolver, source.query, "A"), _query(resolver, source.query, "AAAA")
+            both = await asyncio.gather(
+                _query(resolver, source.query, "A"),
+                _query(resolver, source.query, "AAAA"),
+                return_exceptions=True,  # both finish before we judge: no orphaned query
             )
-            targets = {Target(r.address, source.port) for r in [*v4, *v6]}  # type: ignore[attr-defined]
+            for result in both:
+                if isinstance(result, BaseException):
+                    raise result
+            records = [r for result in both if isinstance(result, list) for r in result]
+            targets = {Target(r.address, source.port) for r in records}
     except dns.resolver.NXDOMAIN:
         return Answer((), "nxdomain", f"{source.query} does not exist")
     except dns.resolver.NoNameservers as exc:
@@ -196,6 +203,11 @@ class _State:
     next_refresh: float = 0.0
     misses: dict[str, int] = field(default_factory=dict)
     free_passes: int = 0
+    #: Taken as an orphan (not preferred): kept until lost, never handed back and forth.
+    orphan: bool = False
+    #: What was last logged, so a lasting failure or conflict is logged once.
+    failure: str = ""
+    conflicts: frozenset[str] = frozenset()
 
 
 Resolve = Callable[[DiscoverySource, float], Awaitable[Answer]]
@@ -282,7 +294,7 @@ class DiscoveryRunner:
         name, ttl_ms = st.source.name, self.coordination.lease_ttl_ms
         preferred = owner_of(f"discovery/{name}", members)
         if st.token is not None:
-            if preferred is not None and preferred != self.id:
+            if preferred is not None and preferred != self.id and not st.orphan:
                 log.info("discovery %s: handing over to %s", name, preferred)
                 await self.leases.release(name, self.id, st.token)
                 self._drop(st)
@@ -298,10 +310,11 @@ class DiscoveryRunner:
         if lease.token is not None:
             log.info("discovery %s: resolving %s (token %d)", name, st.source.query, lease.token)
             st.token, st.next_refresh, st.free_passes = lease.token, now, 0
+            st.orphan = preferred != self.id
 
     def _drop(self, st: _State) -> None:
         # A later owner starts counting misses afresh: removals only ever get slower.
-        st.token, st.misses, st.free_passes = None, {}, 0
+        st.token, st.misses, st.free_passes, st.orphan = None, {}, 0, False
 
     async def _refresh(self, st: _State, now: float) -> None:
         source, name = st.source, st.source.name
@@ -315,7 +328,12 @@ class DiscoveryRunner:
         elif failure:
             targets = None
             self.metrics.discovery_failures.labels(name, failure).inc()
-            log.warning("discovery %s: %s: %s", name, failure, answer.detail)
+        if failure != st.failure:  # once per change: a DNS outage logs one line, not one a refresh
+            if failure:
+                log.warning("discovery %s: %s (entries kept): %s", name, failure, answer.detail)
+            else:
+                log.info("discovery %s: answering again", name)
+            st.failure = failure
         assert st.token is not None
         if not await self.leases.renew(name, self.id, st.token, self.coordination.lease_ttl_ms):
             log.warning("discovery %s: lease lost while resolving", name)
@@ -358,8 +376,9 @@ class DiscoveryRunner:
         for _ in range(10):
             registry = await self.store.read_registry()
             p = plan(st.source, targets, registry.endpoints, registry.raw, st.misses)
-            for conflict in p.conflicts:
+            for conflict in sorted(set(p.conflicts) - st.conflicts):
                 log.warning("discovery %s: %s is someone else's entry; left alone", name, conflict)
+            st.conflicts = frozenset(p.conflicts)
             if p.put or p.remove:
                 rev = await self.store.update_registry(registry.rev, p.remove, p.put)
                 if rev < 0:
