@@ -270,7 +270,8 @@ class DiscoveryRunner:
                 failures = 0
             except StoreError as exc:
                 failures += 1
-                log.warning("discovery pass failed: %s", exc)
+                # once per outage at WARNING: the worker reports Redis trouble too
+                log.log(logging.WARNING if failures == 1 else logging.DEBUG, "discovery: %s", exc)
             except Exception:
                 failures += 1
                 log.exception("discovery pass failed unexpectedly")
@@ -310,7 +311,8 @@ class DiscoveryRunner:
         if lease.token is not None:
             log.info("discovery %s: resolving %s (token %d)", name, st.source.query, lease.token)
             st.token, st.next_refresh, st.free_passes = lease.token, now, 0
-            st.orphan = preferred != self.id
+            # With no live members listed yet, nobody is preferred: hand over normally later.
+            st.orphan = preferred is not None and preferred != self.id
 
     def _drop(self, st: _State) -> None:
         # A later owner starts counting misses afresh: removals only ever get slower.
