@@ -9,7 +9,9 @@ changes the records (restarting dnsmasq with the new set, as a zone change would
 times, from the moment dnsmasq answers with the new records:
 
 - add: until the registry holds the new engine, and until the view shows it ``fresh``;
-- remove: until the registry drops the engine (two answers without it are needed).
+- remove: until the registry drops the engine (two answers without it are needed);
+- takeover: SIGKILL the poller resolving the source, until another one has written its
+  status (after the dead one's membership and lease lapse).
 
 It also counts the SRV queries dnsmasq logged over a quiet window across all three
 pollers, per refresh period (the target is one). Prints one table. Bounded: every wait
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import statistics
 import sys
 import time
@@ -39,6 +42,7 @@ from poller.lab.embedded import (
 )
 from poller.lab.sim import EndpointSpec, Simulator
 from poller.reader.reader import StatsReader
+from poller.redis.discovery import read_sources
 from poller.redis.store import RedisStore
 
 SRV = "_metrics._tcp.vllm.test"
@@ -116,6 +120,17 @@ async def main(engines: int, refresh_s: float, rounds: int) -> None:
                 before = dns.queries(SRV)
                 await asyncio.sleep(window_s)
                 queries = dns.queries(SRV) - before
+                # takeover: SIGKILL the resolving poller, time until another one resolves
+                [status] = await read_sources(client, store.keys)
+                victim = next(p for p in procs if p.name == status["holder"])
+                victim.signal(signal.SIGKILL)
+                killed_at_ms = int(status["at_ms"])
+
+                async def taken_over() -> bool:
+                    [s] = await read_sources(client, store.keys)
+                    return s["holder"] not in (None, victim.name) and int(s["at_ms"]) > killed_at_ms
+
+                takeover_s = await until(taken_over, 30, "another poller resolving")
                 await client.aclose()
         finally:
             for p in procs:
@@ -133,6 +148,7 @@ async def main(engines: int, refresh_s: float, rounds: int) -> None:
     print(row("record added -> entry in the registry", add_registry))
     print(row("record added -> engine fresh in the view", add_fresh))
     print(row("record removed -> entry gone (2 answers)", remove_registry))
+    print(f"{'resolver SIGKILLed -> another one resolving':<44} {takeover_s:5.2f} s")
     print(
         f"{'SRV queries per refresh, all 3 pollers':<44} {queries / (window_s / refresh_s):5.2f}"
         f"   ({queries} queries in {window_s:g} s)"
