@@ -25,15 +25,9 @@ from poller.lab.sim import EndpointSpec, Simulator
 from poller.redis.discovery import read_sources
 from poller.redis.store import RedisStore
 from poller.registry import Endpoint, endpoint_from_dict
-from poller.service.discovery import (
-    Answer,
-    DiscoveryRunner,
-    Target,
-    endpoint_id,
-    plan,
-    resolve,
-)
+from poller.service.discovery import DiscoveryRunner, endpoint_id, plan
 from poller.service.metrics import PollerMetrics
+from poller.service.resolve import Answer, Target, resolve
 
 SRV = "_metrics._tcp.vllm.test"
 

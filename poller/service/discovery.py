@@ -6,6 +6,8 @@ under a fenced lease ``P:discovery:<name>``, so a fleet asks DNS once per source
 refresh. A source that nobody takes (its preferred poller lacks it in its settings) is
 taken by any poller that sees its lease free three passes in a row.
 
+The DNS queries are in ``resolve.py``; the Redis calls in ``poller/redis/discovery.py``.
+
 Reconcile, never wipe: a source only touches entries whose ``source`` is its name. A new
 target is added at once; a target leaves after two consecutive answers without it. A
 failed resolution (timeout, SERVFAIL), NXDOMAIN or an empty answer changes nothing and is
@@ -22,11 +24,6 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import dns.asyncresolver
-import dns.exception
-import dns.resolver
 
 from poller.backoff import backoff_s, member_ttl_cap_s
 from poller.config import DiscoverySource, Settings
@@ -36,8 +33,9 @@ from poller.redis.store import RedisStore
 from poller.registry import Endpoint
 from poller.service.coordinator import owner_of
 from poller.service.metrics import PollerMetrics
+from poller.service.resolve import Answer, Target, resolve
 
-__all__ = ["Answer", "DiscoveryRunner", "Plan", "Target", "endpoint_for", "plan", "resolve"]
+__all__ = ["DiscoveryRunner", "Plan", "endpoint_for", "endpoint_id", "plan"]
 
 log = logging.getLogger(__name__)
 
@@ -46,82 +44,6 @@ MISSES_TO_REMOVE = 2
 #: A source whose lease stays free this many passes is taken by any poller (orphan).
 ORPHAN_PASSES = 3
 _ID_BAD = re.compile(r"[^A-Za-z0-9._:@/-]")
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Target:
-    host: str
-    port: int
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """``targets`` is None when the resolution failed; ``failure`` names why (or "")."""
-
-    targets: tuple[Target, ...] | None
-    failure: str = ""
-    detail: str = ""
-
-
-# --- resolving ---------------------------------------------------------------------------
-
-
-def _resolver(source: DiscoverySource, lifetime_s: float) -> dns.asyncresolver.Resolver:
-    resolver = dns.asyncresolver.Resolver(configure=source.nameserver is None)
-    if source.nameserver is not None:
-        resolver.nameservers = [source.nameserver[0]]
-        resolver.port = source.nameserver[1]
-    resolver.cache = None  # every refresh asks: the answer is what we are here for
-    resolver.lifetime = lifetime_s
-    resolver.timeout = lifetime_s
-    return resolver
-
-
-async def _query(resolver: dns.asyncresolver.Resolver, name: str, rdtype: str) -> list[Any]:
-    answer = await resolver.resolve(name, rdtype, search=False, raise_on_no_answer=False)
-    return list(answer.rrset) if answer.rrset is not None else []
-
-
-def _host(text: str) -> str:
-    return text.rstrip(".").lower()
-
-
-async def resolve(source: DiscoverySource, lifetime_s: float) -> Answer:
-    """Ask DNS once (SRV; or A and AAAA together) and map errors to failure reasons:
-    ``timeout``, ``servfail`` (every server failed or refused), ``nxdomain``, ``empty``
-    (the name exists without such records, or SRV says "no service") and ``error``."""
-    try:
-        resolver = _resolver(source, lifetime_s)
-        if source.kind == "srv":
-            rdatas = await _query(resolver, source.query, "SRV")
-            targets = {
-                Target(_host(r.target.to_text()), int(r.port))
-                for r in rdatas
-                if r.target.to_text() != "."
-            }
-        else:
-            assert source.port is not None
-            both = await asyncio.gather(
-                _query(resolver, source.query, "A"),
-                _query(resolver, source.query, "AAAA"),
-                return_exceptions=True,  # both finish before we judge: no orphaned query
-            )
-            for result in both:
-                if isinstance(result, BaseException):
-                    raise result
-            records = [r for result in both if isinstance(result, list) for r in result]
-            targets = {Target(r.address, source.port) for r in records}
-    except dns.resolver.NXDOMAIN:
-        return Answer((), "nxdomain", f"{source.query} does not exist")
-    except dns.resolver.NoNameservers as exc:
-        return Answer(None, "servfail", str(exc)[:300])
-    except dns.exception.Timeout:
-        return Answer(None, "timeout", f"no answer within {lifetime_s:g}s")
-    except (dns.exception.DNSException, OSError) as exc:
-        return Answer(None, "error", f"{type(exc).__name__}: {exc}"[:300])
-    if not targets:
-        return Answer((), "empty", f"{source.query} has no {source.kind.upper()} records")
-    return Answer(tuple(sorted(targets)))
 
 
 # --- reconciling (pure) ------------------------------------------------------------------
