@@ -583,3 +583,24 @@ async def test_the_runner_loop_survives_an_empty_redis_restart(
     finally:
         await runner.stop()
         await client.aclose()
+
+
+async def test_endpoints_sync_and_its_dry_run_leave_discovered_entries(
+    rstore: RedisStore, redis_server: RedisProcess, tmp_path: Path
+) -> None:
+    await rstore.put_endpoint(endpoint_from_dict("src/e:1", {"url": "http://e:1", "source": "src"}))
+    await rstore.put_endpoint(endpoint_from_dict("old", {"url": "http://old:1"}))
+    file = tmp_path / "endpoints.yaml"
+    file.write_text("endpoints:\n  - {id: new, url: 'http://new:1'}\n")
+    args = ["endpoints", "sync", str(file), "--redis-url", redis_server.url, "--namespace", "test"]
+
+    def sync(*extra: str) -> str:
+        result = CliRunner().invoke(cli_main, [*args, *extra], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    dry = await asyncio.to_thread(sync, "--dry-run")
+    real = await asyncio.to_thread(sync)
+    for output in (dry, real):
+        assert "+ new" in output and "- old" in output and "src/e:1" not in output
+    assert set((await rstore.read_registry()).endpoints) == {"new", "src/e:1"}
