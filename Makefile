@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install redis-server promtool chromium fmt lint test demo bench all clean
+.PHONY: install redis-server dnsmasq promtool chromium fmt lint test demo bench all clean
 
 $(BIN)/poller: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,6 +20,14 @@ redis-server:
 	  echo "redis-server not found: installing it with apt-get"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null; }
+
+# The discovery tests start their own dnsmasq (Debian's dnsmasq-base: no service, just the
+# binary); install it if it is missing.
+dnsmasq:
+	@command -v dnsmasq >/dev/null || [ -x /usr/sbin/dnsmasq ] || { \
+	  echo "dnsmasq not found: installing dnsmasq-base with apt-get"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq dnsmasq-base >/dev/null; }
 
 # promtool (Debian's prometheus package) checks the alerting rules in deploy/.
 promtool:
@@ -44,7 +52,7 @@ lint: install
 	$(BIN)/ruff check poller tests
 	$(BIN)/mypy
 
-test: install redis-server promtool chromium lint
+test: install redis-server dnsmasq promtool chromium lint
 	$(BIN)/pytest -q
 
 # Three pollers share a dozen simulated engines on an embedded Redis; Ctrl-C stops it.

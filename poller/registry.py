@@ -136,6 +136,8 @@ class Endpoint(BaseModel):
     tls_ca_file: str | None = None
     #: https only: do not verify the engine's certificate (logged as a WARNING).
     tls_insecure: bool = False
+    #: The discovery source that created (and owns) this entry; None for hand-written ones.
+    source: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
     @model_validator(mode="before")
     @classmethod

@@ -10,7 +10,7 @@ import click
 
 from poller.cli.common import NAMESPACE, REDIS_URL, run_store_command, store_session
 from poller.errors import ConfigError
-from poller.redis.store import diff_registry
+from poller.redis.store import sync_diff
 from poller.registry import ENGINES, endpoint_from_dict, endpoints_from_file
 
 
@@ -158,7 +158,7 @@ def endpoints_sync(file: str, dry_run: bool, redis_url: str | None, namespace: s
         async with store_session(redis_url, namespace) as store:
             if dry_run:
                 current = await store.read_registry()
-                diff = diff_registry(current.raw, {e.id: e.to_json() for e in wanted.values()})
+                diff = sync_diff(current, {e.id: e.to_json() for e in wanted.values()})
                 return (current.rev, *diff)
             return await store.replace_registry(wanted)
 

@@ -58,15 +58,16 @@ def header(view: View) -> str:
     )
 
 
-def render(view: View, sort: str = "id") -> Group:
+def render(view: View, sort: str = "id", sources: list[dict[str, Any]] | None = None) -> Group:
     """The header line and the table; rich drops the colours when output is piped."""
+    tail = [sources_table(sources, view.now_ms)] if sources else []
     if not view.endpoints:
         note = Text(
             "the registry is empty: add endpoints with `poller endpoints add` or "
             "`poller endpoints sync FILE` (or run pollers with --endpoints-file)",
             style="yellow",
         )
-        return Group(Text(header(view)), note)
+        return Group(Text(header(view)), note, *tail)
     table = Table(box=None, pad_edge=False, header_style="bold")
     for column, justify in (
         ("ID", "left"),
@@ -110,4 +111,37 @@ def render(view: View, sort: str = "id") -> Group:
             _age(e.age_ms),
             failing,
         )
-    return Group(Text(header(view)), table)
+    return Group(Text(header(view)), table, *tail)
+
+
+# --- discovery sources (issue 15) ----------------------------------------------------------
+
+
+def sources_table(sources: list[dict[str, Any]], now_ms: int) -> Table:
+    """One row per DNS discovery source: who resolves it, when it last answered, how many
+    registry entries it owns, and its current failure."""
+    table = Table(box=None, pad_edge=False, header_style="bold", title_justify="left")
+    table.title = "discovery sources"
+    for column in ("SOURCE", "QUERY", "OWNER", "RESOLVED", "TARGETS", "FAILURE"):
+        table.add_column(column, justify="right" if column == "TARGETS" else "left")
+    for s in sources:
+        owner = Text(str(s.get("holder") or "-"))
+        if s.get("stale"):
+            owner = Text(f"{owner} (stale)", style="yellow")
+        failure: Text | str = "-"
+        if s.get("failure"):
+            since = int(s.get("failure_since_ms") or now_ms)
+            failure = Text(
+                f"{s['failure']} for {_age(max(0, now_ms - since))}: {str(s.get('detail'))[:60]}",
+                style="red",
+            )
+        resolved = s.get("resolved_at_ms")
+        table.add_row(
+            str(s.get("source")),
+            str(s.get("query", "-")),
+            owner,
+            "never" if not resolved else f"{_age(max(0, now_ms - int(resolved)))} ago",
+            "-" if s.get("targets") is None else str(s["targets"]),
+            failure,
+        )
+    return table

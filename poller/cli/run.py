@@ -62,6 +62,16 @@ from poller.service.serve import serve
     help="Keep the registry equal to this YAML/TOML file [env POLLER_ENDPOINTS_FILE]",
 )
 @click.option(
+    "--discover",
+    "discover",
+    envvar="POLLER_DISCOVER",
+    multiple=True,
+    metavar="URI",
+    help="Discover endpoints through DNS: dns+srv://NAME?engine=vllm or "
+    "dns+a://NAME:PORT?engine=vllm; repeatable; replaces the settings' [[discovery]] "
+    "[env POLLER_DISCOVER, space-separated]",
+)
+@click.option(
     "--redis-tls-ca",
     metavar="FILE",
     help="rediss: CA bundle to verify Redis with [env POLLER_REDIS__TLS_CA_FILE; "
@@ -97,6 +107,7 @@ def run(
     timeout_s: float | None,
     health_port: int | None,
     endpoints_file: str | None,
+    discover: tuple[str, ...],
     redis_tls_ca: str | None,
     redis_tls_cert: str | None,
     redis_tls_key: str | None,
@@ -115,6 +126,7 @@ def run(
             "scrape.timeout_s": timeout_s,
             "health.port": health_port,
             "endpoints_file": endpoints_file,
+            "discovery": list(discover) or None,
             "redis.tls_ca_file": redis_tls_ca,
             "redis.tls_cert_file": redis_tls_cert,
             "redis.tls_key_file": redis_tls_key,

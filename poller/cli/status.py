@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from typing import Any
 
 import click
 
@@ -43,6 +44,7 @@ def status(
 
     from poller.cli.render import render
     from poller.reader.reader import StatsReader
+    from poller.redis.discovery import read_sources
 
     settings = load(None, {"redis.url": redis_url, "redis.namespace": namespace})
     console = Console()
@@ -52,23 +54,29 @@ def status(
     async def go() -> None:
         # from_settings, not from_url: POLLER_REDIS__TLS_* and cluster settings apply too
         reader = StatsReader.from_settings(settings.redis, stale_after_ms=stale_after_ms)
+
+        async def sources() -> list[dict[str, Any]]:
+            return await read_sources(reader.client, reader.keys)
+
         try:
             view = await reader.snapshot()
+            found = await sources()
             if as_json:
-                click.echo(json.dumps(view.to_dict(), indent=2))
+                click.echo(json.dumps({**view.to_dict(), "sources": found}, indent=2))
                 return
             if not watch:
-                console.print(render(view, sort))
+                console.print(render(view, sort, found))
                 return
-            with Live(render(view, sort), console=console, auto_refresh=False) as live:
+            with Live(render(view, sort, found), console=console, auto_refresh=False) as live:
                 while True:
                     await asyncio.sleep(1.0)
                     try:
                         view = await reader.snapshot()
+                        found = await sources()
                     except StoreError as exc:
                         live.update(f"[red]{exc}[/red]", refresh=True)
                         continue
-                    live.update(render(view, sort), refresh=True)
+                    live.update(render(view, sort, found), refresh=True)
         finally:
             await reader.aclose()
 

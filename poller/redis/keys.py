@@ -27,6 +27,8 @@ class Keys:
         # The whole view in two hashes, for snapshots in one cheap read (docs/schema.md).
         self.view_stats = f"{self.prefix}:view:stats"
         self.view_failures = f"{self.prefix}:view:failures"
+        # Discovery: source name -> JSON status (owner, last resolution, targets, failure).
+        self.discovery = f"{self.prefix}:discovery"
 
     def lease(self, endpoint_id: str) -> str:
         return f"{self.prefix}:lease:{endpoint_id}"
@@ -36,3 +38,7 @@ class Keys:
 
     def failure(self, endpoint_id: str) -> str:
         return f"{self.prefix}:failure:{endpoint_id}"
+
+    def discovery_lease(self, source: str) -> str:
+        """The fenced lease of one discovery source: ``<poller> <token>``, PX TTL."""
+        return f"{self.prefix}:discovery:{source}"

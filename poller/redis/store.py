@@ -371,6 +371,13 @@ class RedisStore:
             args += [e, value]
         return int(await self._call(self._registry(keys=keys, args=args), "update registry"))
 
+    async def update_registry(
+        self, expected_rev: int, remove: Sequence[str], put: Mapping[str, str]
+    ) -> int:
+        """Remove and put entries (id -> JSON) if the registry is still at
+        ``expected_rev``; returns the new revision, or -1 when it moved (re-read, retry)."""
+        return await self._apply_registry(expected_rev, remove, put)
+
     async def put_endpoint(self, endpoint: Endpoint, *, replace: bool = True) -> int:
         """Add or update one entry; returns the new revision.
 
@@ -402,7 +409,7 @@ class RedisStore:
         wanted = {e.id: e.to_json() for e in endpoints.values()}
         for _ in range(attempts):
             current = await self.read_registry()
-            added, changed, removed = diff_registry(current.raw, wanted)
+            added, changed, removed = sync_diff(current, wanted)
             if not (added or changed or removed):
                 return current.rev, [], [], []
             put = {e: wanted[e] for e in [*added, *changed]}
@@ -416,6 +423,18 @@ class RedisStore:
     def subscribe(self) -> AbstractAsyncContextManager[aioredis.client.PubSub]:
         """A pub/sub connection on ``P:events`` (callers read with get_message)."""
         return subscribe(self.client, self.keys.events)
+
+
+def sync_diff(
+    current: Registry, wanted: Mapping[str, str]
+) -> tuple[list[str], list[str], list[str]]:
+    """(added, changed, removed) for making the registry ``wanted`` (id -> JSON).
+
+    Discovered entries belong to their source (poller/service/discovery.py): a sync
+    neither removes nor counts them, unless ``wanted`` names their id."""
+    discovered = {e for e, v in current.endpoints.items() if v.source}
+    managed = {e: v for e, v in current.raw.items() if e in wanted or e not in discovered}
+    return diff_registry(managed, wanted)
 
 
 def diff_registry(

@@ -81,6 +81,26 @@ class PollerMetrics:
         self.members = Gauge(
             "poller_live_members", "Live pollers seen at the last heartbeat.", registry=r
         )
+        # DNS discovery (poller/service/discovery.py): counted by the poller resolving.
+        self.discovery_resolutions = Counter(
+            "poller_discovery_resolutions",
+            "DNS resolutions of a discovery source by this poller.",
+            ["source"],
+            registry=r,
+        )
+        self.discovery_failures = Counter(
+            "poller_discovery_failures",
+            "Failed discovery resolutions (timeout, servfail, nxdomain, empty, error, "
+            "registry) by source and reason.",
+            ["source", "reason"],
+            registry=r,
+        )
+        self.discovery_targets = Gauge(
+            "poller_discovery_targets",
+            "Registry entries a discovery source owns, after its last resolution here.",
+            ["source"],
+            registry=r,
+        )
 
 
 class Surprises:

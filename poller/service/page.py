@@ -20,6 +20,7 @@ from poller._version import __version__
 from poller.errors import StoreError
 from poller.reader.view import build_view, snapshot_call
 from poller.redis.connection import redis_call
+from poller.redis.discovery import read_sources
 from poller.redis.keys import Keys
 from poller.redis.lua import lua
 from poller.service.health import RawRoute, Response
@@ -74,12 +75,14 @@ class OperatorPage:
             keys, args = snapshot_call(self.keys)
             reply = await redis_call(self._snapshot(keys=keys, args=args), "snapshot")
             schema = await redis_call(self.client.get(self.keys.schema), "GET schema")
+            sources = await read_sources(self.client, self.keys)
         except StoreError as exc:
             return None, replace(fleet, reachable=False, error=str(exc))
         members = reply[4]
         expiries = {str(members[i]): float(members[i + 1]) for i in range(0, len(members), 2)}
         # ~20 ms per 1,000 endpoints with the rendering: off the loop that runs the scrapes.
         view = await asyncio.to_thread(lambda: build_view(reply).to_dict())
+        view["sources"] = sources  # DNS discovery sources, as /v1/view carries them
         return view, replace(fleet, schema=schema or "", expiries=expiries)
 
     async def page(self, query: str) -> Response:

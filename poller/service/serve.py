@@ -10,6 +10,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from poller.config import Settings
 from poller.reader.reader import StatsReader
+from poller.redis.discovery import read_sources
+from poller.service.discovery import DiscoveryRunner
 from poller.service.health import HealthServer
 from poller.service.page import OperatorPage
 from poller.service.worker import Worker
@@ -27,12 +29,16 @@ async def serve(settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     worker.on_fatal = stop.set
+    # Discovery has its own lease and loop; it shares the worker's Redis client and metrics.
+    discovery = DiscoveryRunner(settings, worker.store, worker.metrics)
     health = None
     if settings.health.port:
         view_reader = StatsReader(worker.store.client, settings.redis.namespace)
 
         async def view() -> dict[str, Any]:
-            return (await view_reader.snapshot()).to_dict()
+            view = (await view_reader.snapshot()).to_dict()
+            view["sources"] = await read_sources(worker.store.client, worker.store.keys)
+            return view
 
         async def jobs() -> dict[str, Any]:
             # What this poller runs, for checks of the lease <-> job invariant (soak).
@@ -69,10 +75,12 @@ async def serve(settings: Settings) -> int:
         settings.redis.namespace,
     )
     await worker.start()
+    await discovery.start()
     try:
         await stop.wait()
     finally:
         log.info("stopping")
+        await discovery.stop()
         await worker.stop()
         if health is not None:
             await health.stop()
