@@ -25,6 +25,7 @@ from procs import PollerProc, until
 from prometheus_client import CollectorRegistry
 from redisproc import RedisProcess
 
+from poller._version import __version__
 from poller.lab.bench import sync_registry
 from poller.lab.embedded import http_json, start_sim
 from poller.reader.reader import StatsReader
@@ -194,6 +195,16 @@ def test_rows_carry_the_same_state_and_numbers_as_the_view() -> None:
     assert re.search(r'data-id="p1">.*?leases">0<.*?beat">1.6s<', html)
 
 
+def test_each_poller_shows_its_own_version_and_ttl_from_the_members_info() -> None:
+    infos = {"p1": {"version": "8.0.0", "member_ttl_ms": 6000}, "p0": {"version": 7}}
+    fleet = Fleet("p0", "9.9.9", 2000, expiries={"p0": 1_001_500, "p1": 1_000_400}, infos=infos)
+    html = render_main(view(endpoint("a")), fleet, Query())
+    # p1 heartbeats with a 6 s TTL: 0.4 s left means it beat 5.6 s ago, and it says 8.0.0.
+    assert re.search(r'data-id="p1">.*?beat">5.6s<.*?version">8.0.0<', html)
+    # The serving poller knows its own version; an absurd info value is not used.
+    assert re.search(r'data-id="p0">.*?beat">0.5s<.*?version">9.9.9<', html)
+
+
 def test_sleeping_shows_where_the_stats_say_so_and_only_then() -> None:
     asleep = endpoint("asleep", stats={"sleeping": 1})
     awake = endpoint("awake", stats={"sleeping": 0})
@@ -333,6 +344,7 @@ async def test_routes_serve_the_page_its_files_and_the_same_view_as_the_reader()
     assert (await store.write_failure("b", "p0", tokens["b"] or 0, reason="timeout",
                                       detail="1 s", lease_ttl_ms=10_000,
                                       failure_ttl_ms=10_000)).accepted  # fmt: skip
+    await store.heartbeat("p1", 5000)  # another poller, whose version comes from Redis
     page = OperatorPage(client, "pg", "p0", 2000)
     health = HealthServer(
         "127.0.0.1", 0, ready=lambda: True, registry=CollectorRegistry(), raw_routes=page.routes()
@@ -342,6 +354,9 @@ async def test_routes_serve_the_page_its_files_and_the_same_view_as_the_reader()
         status, headers, html = await asyncio.to_thread(get, port, "/")
         assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8"
         assert headers["Content-Security-Policy"] == CSP
+        assert re.search(
+            r'data-id="p1">.*?beat">[0-9.]+s<.*?version">' + re.escape(__version__), html
+        )
         assert "script-src 'self'" in CSP and "style-src 'self'" in CSP
         expected = (await StatsReader(client, "pg").snapshot()).to_dict()
         states = {e["id"]: e["state"] for e in expected["endpoints"]}

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 import redis.asyncio as aioredis
 from redisproc import RedisProcess
 
+from poller._version import __version__
 from poller.config import RedisSettings
 from poller.errors import SchemaMismatch, StoreError
 from poller.redis.store import Keys, RedisStore
@@ -167,9 +169,14 @@ async def test_heartbeat_prunes_expired_members(store: RedisStore) -> None:
     now, live = await store.heartbeat("p1", 5000)
     assert live == ["p1"] and now > 1_600_000_000_000
     await store.client.zadd("{test}:members", {"dead": now - 10})
+    await store.client.hset("{test}:members:info", "dead", "{}")
     _, live = await store.heartbeat("p2", 5000)
     assert live == ["p1", "p2"]
     assert await store.client.zscore("{test}:members", "dead") is None
+    # Each member's own word beside its score; pruned with it.
+    info = await store.client.hgetall("{test}:members:info")
+    assert sorted(info) == ["p1", "p2"]
+    assert json.loads(info["p2"]) == {"version": __version__, "member_ttl_ms": 5000}
     await store.leave("p1")
     assert await store.live_members() == ["p2"]
 

@@ -21,6 +21,8 @@ class Keys:
         self.endpoints = f"{self.prefix}:endpoints"
         self.endpoints_rev = f"{self.prefix}:endpoints:rev"
         self.members = f"{self.prefix}:members"
+        # poller id -> JSON {version, member_ttl_ms}: what the heartbeat alone cannot say.
+        self.members_info = f"{self.prefix}:members:info"
         self.fence = f"{self.prefix}:fence"
         self.events = f"{self.prefix}:events"
         self.epoch = f"{self.prefix}:epoch"

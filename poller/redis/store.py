@@ -12,6 +12,7 @@ after NOSCRIPT (a restarted or failed-over Redis has no scripts).
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
+from poller._version import __version__
 from poller.config import RedisSettings
 from poller.errors import SchemaMismatch, StoreError
 from poller.redis.batch import WriteBatcher
@@ -151,13 +153,13 @@ class RedisStore:
         """Refresh our membership; returns (Redis now ms, live members, sorted).
 
         Raises SchemaMismatch if Redis holds data of another schema version."""
-        reply = await self._call(
-            self._heartbeat(
-                keys=[self.keys.members, self.keys.schema, self.keys.epoch],
-                args=[poller_id, member_ttl_ms, SCHEMA_VERSION, secrets.token_hex(8)],
-            ),
-            "heartbeat",
-        )
+        keys = [self.keys.members, self.keys.schema, self.keys.epoch]
+        args: list[str | int] = [poller_id, member_ttl_ms, SCHEMA_VERSION, secrets.token_hex(8)]
+        if poller_id:
+            keys.append(self.keys.members_info)
+            info = {"version": __version__, "member_ttl_ms": member_ttl_ms}
+            args.append(json.dumps(info, separators=(",", ":")))
+        reply = await self._call(self._heartbeat(keys=keys, args=args), "heartbeat")
         if poller_id and reply[1] != SCHEMA_VERSION:
             raise self._mismatch(reply[1])
         #: The data epoch Redis reported: it changes only when Redis lost everything.

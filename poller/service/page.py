@@ -12,6 +12,8 @@ were missed.
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Mapping
 from dataclasses import replace
 from importlib import resources
 from typing import Any
@@ -76,6 +78,7 @@ class OperatorPage:
             reply = await redis_call(self._snapshot(keys=keys, args=args), "snapshot")
             schema = await redis_call(self.client.get(self.keys.schema), "GET schema")
             sources = await read_sources(self.client, self.keys)
+            infos = await redis_call(self.client.hgetall(self.keys.members_info), "members info")
         except StoreError as exc:
             return None, replace(fleet, reachable=False, error=str(exc))
         members = reply[4]
@@ -83,7 +86,7 @@ class OperatorPage:
         # ~20 ms per 1,000 endpoints with the rendering: off the loop that runs the scrapes.
         view = await asyncio.to_thread(lambda: build_view(reply).to_dict())
         view["sources"] = sources  # DNS discovery sources, as /v1/view carries them
-        return view, replace(fleet, schema=schema or "", expiries=expiries)
+        return view, replace(fleet, schema=schema or "", expiries=expiries, infos=_infos(infos))
 
     async def page(self, query: str) -> Response:
         try:
@@ -99,3 +102,16 @@ class OperatorPage:
 async def _no_icon(query: str) -> Response:
     """Browsers ask for it; an empty answer keeps their consoles free of 404s."""
     return Response(204, "image/x-icon", b"", _HEADERS)
+
+
+def _infos(raw: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """``P:members:info``: poller id -> its JSON object; anything else is skipped."""
+    out: dict[str, dict[str, Any]] = {}
+    for poller, text in raw.items():
+        try:
+            value = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            out[str(poller)] = value
+    return out

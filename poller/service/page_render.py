@@ -92,6 +92,8 @@ class Fleet:
     schema: str = ""
     #: Live members' heartbeat expiry (Redis clock, ms).
     expiries: Mapping[str, float] | None = None
+    #: Live members' own word (``P:members:info``): version and member TTL.
+    infos: Mapping[str, Mapping[str, Any]] | None = None
 
 
 # --- formatting (the same figures as `poller status`) ---------------------------------
@@ -168,6 +170,13 @@ def select(endpoints: Sequence[Mapping[str, Any]], q: Query) -> list[Mapping[str
 # --- markup -------------------------------------------------------------------------------
 
 
+def _number(value: Any) -> float | None:
+    """A positive number from a member's info JSON (untrusted), else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
+
+
 def _fleet(view: Mapping[str, Any] | None, fleet: Fleet) -> str:
     if view is None:
         return ""
@@ -179,24 +188,25 @@ def _fleet(view: Mapping[str, Any] | None, fleet: Fleet) -> str:
     rows = []
     for poller in view["pollers"]:
         expiry = (fleet.expiries or {}).get(poller)
+        info = (fleet.infos or {}).get(poller, {})
+        ttl = _number(info.get("member_ttl_ms")) or fleet.member_ttl_ms
         left = None if expiry is None else max(0.0, expiry - now)
-        beat = None if left is None else max(0.0, fleet.member_ttl_ms - left)
+        beat = None if left is None else max(0.0, ttl - left)
         me = poller == fleet.self_id
+        version = fleet.version if me else str(info.get("version") or "-")
         rows.append(
             f'<tr class="poller{" self" if me else ""}" data-id="{_e(poller)}">'
             f'<td class="id">{_e(poller)}{" (this page)" if me else ""}</td>'
             f'<td class="num leases">{held.get(poller, 0)}</td>'
             f'<td class="num beat">{_e(fmt_age(beat))}</td>'
             f'<td class="num expires">{_e(fmt_age(left))}</td>'
-            f'<td class="version">{_e(fleet.version) if me else "-"}</td></tr>'
+            f'<td class="version">{_e(version)}</td></tr>'
         )
     body = "".join(rows) or '<tr><td colspan="5" class="empty">no live poller</td></tr>'
     return (
         '<section id="fleet"><h2>Fleet</h2><table class="fleet"><thead><tr>'
         "<th>poller</th><th>leases held</th>"
-        f'<th title="assumes every poller runs member_ttl_ms={fleet.member_ttl_ms}">'
-        "last heartbeat</th><th>heartbeat expires in</th>"
-        '<th title="only the serving poller knows its version">version</th>'
+        "<th>last heartbeat</th><th>heartbeat expires in</th><th>version</th>"
         f"</tr></thead><tbody>{body}</tbody></table></section>"
     )
 

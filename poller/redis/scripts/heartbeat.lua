@@ -1,5 +1,6 @@
--- KEYS: members, schema, epoch
+-- KEYS: members, schema, epoch[, members info]
 -- ARGV: poller id ("" = only read), member ttl ms, schema version, a fresh random epoch
+--       [, this poller's info JSON (version, member_ttl_ms) for the members info hash]
 -- Adds/refreshes us (score = Redis-clock expiry), prunes expired members, claims the schema
 -- version and a data epoch if Redis has none (a restart that lost everything gets a new
 -- epoch: pollers notice within a heartbeat, even when the registry revision repeats) and
@@ -18,6 +19,12 @@ if ARGV[1] ~= '' then
   if not epoch then
     redis.call('SET', KEYS[3], ARGV[4])
     epoch = ARGV[4]
+  end
+  if KEYS[4] and ARGV[5] then
+    redis.call('HSET', KEYS[4], ARGV[1], ARGV[5])
+    for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)) do
+      redis.call('HDEL', KEYS[4], gone)
+    end
   end
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
 end
