@@ -77,6 +77,7 @@ class Worker:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
         self._started = False  # leftovers of an earlier run of this id released
         self._epoch = ""  # the Redis data epoch seen at the last heartbeat
         self._retry_cap_s = member_ttl_cap_s(settings.coordination.member_ttl_ms)
@@ -102,6 +103,7 @@ class Worker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.jobs.stop(timeout_s)
+        await asyncio.gather(*self._background, return_exceptions=True)
         try:
             async with asyncio.timeout(timeout_s):
                 released = await self.coordinator.leave()
@@ -235,7 +237,9 @@ class Worker:
         if self.jobs.remove(endpoint_id) is not None:
             log.debug("dropped endpoint=%s why=%s", endpoint_id, why)
             # Per-endpoint HTTP clients (httpcore stack) are closed in the background.
-            asyncio.get_running_loop().create_task(self.scraper.discard(endpoint_id))
+            task = asyncio.get_running_loop().create_task(self.scraper.discard(endpoint_id))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     def _expire_unconfirmed(self) -> None:
         for endpoint_id in self.coordinator.expire(time.monotonic()):
