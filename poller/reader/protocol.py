@@ -105,18 +105,20 @@ class Protocol:
         stats_ms, failure_ms = self.cache.written_ms(endpoint_id)
         at_ms = written_ms(record)
         if kind == "stats":
-            if at_ms <= stats_ms or at_ms < failure_ms:
-                return None  # older than what we hold
             held = self.cache.stats_record(endpoint_id)
             last = None if held is None else json_int(held, "seq")
+            # Older than what we hold (it crossed a snapshot)? Writes within one ms are
+            # ordered by seq.
+            if at_ms < failure_ms or (at_ms, seq) <= (stats_ms, last or 0):
+                return None
             if last is not None and seq not in (last + 1, 1):
                 return self._read_back(endpoint_id)
             self.cache.set_stats(endpoint_id, record)
         else:
-            if at_ms <= failure_ms or at_ms < stats_ms:
-                return None
             held = self.cache.failure_record(endpoint_id)
             last = None if held is None else json_int(held, "count")
+            if at_ms < stats_ms or (at_ms, seq) <= (failure_ms, last or 0):
+                return None
             if seq > 1 and last is not None and seq != last + 1:
                 return self._read_back(endpoint_id)
             self.cache.set_failure(endpoint_id, record)
