@@ -11,10 +11,25 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["STATS_HEADER", "FAILURE_HEADER", "Update", "json_int", "parse_update", "split"]
+__all__ = [
+    "FAILURE_HEADER",
+    "STATS_HEADER",
+    "UPDATE_KINDS",
+    "Update",
+    "json_int",
+    "parse_update",
+    "split",
+]
 
 STATS_HEADER = 5  # scraped_at_ms interval_ms expires_at_ms poller token
 FAILURE_HEADER = 4  # at_ms expires_at_ms poller token
+#: The messages of P:updates, and the script that publishes each.
+UPDATE_KINDS = {
+    "stats": "write_stats",
+    "failure": "write_failure",
+    "endpoints": "registry",
+    "released": "release",
+}
 
 
 def split(record: str | None, now_ms: int, fields: int) -> tuple[list[str], str] | None:
@@ -58,12 +73,12 @@ class Update(NamedTuple):
 def parse_update(data: str) -> Update | None:
     """None for a message this reader does not know (a later writer may add kinds)."""
     kind, _, rest = data.partition(" ")
+    if kind not in UPDATE_KINDS:
+        return None
     if kind in ("stats", "failure"):
         endpoint_id, _, rest = rest.partition(" ")
         seq, _, record = rest.partition(" ")
         if not endpoint_id or not seq.isdigit() or "|" not in record:
             return None
         return Update(kind, endpoint_id, int(seq), record)
-    if kind in ("endpoints", "released") and rest:
-        return Update(kind, rest, 0, "")
-    return None
+    return Update(kind, rest, 0, "") if rest else None
