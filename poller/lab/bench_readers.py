@@ -67,7 +67,7 @@ def _reader_process(url: str, namespace: str, ready: Any, go: Any, done: Any, ou
     seen: list[float] = []
     _hook_cache(seen)
 
-    async def run() -> dict[str, Any]:
+    async def run() -> None:
         reader = StatsReader.from_url(url, namespace)
         try:
             async with reader.cached():
@@ -76,12 +76,13 @@ def _reader_process(url: str, namespace: str, ready: Any, go: Any, done: Any, ou
                 cpu0, n0 = time.process_time(), len(seen)
                 await asyncio.to_thread(done.wait)
                 cpu, window = time.process_time() - cpu0, seen[n0:]
-            return {"cpu_s": cpu, "updates": len(window), "latencies_ms": window}
+                # Reported before leaving: an older reader could hang there (Python 3.11).
+                out.put({"cpu_s": cpu, "updates": len(window), "latencies_ms": window})
         finally:
             await reader.aclose()
 
     try:
-        out.put(asyncio.run(run()))
+        asyncio.run(run())
     except Exception as exc:  # reported by the parent, never a silent hole in the table
         out.put({"error": repr(exc)})
 
@@ -117,6 +118,7 @@ def measure(
         readies.append(ready)
     client = redis.Redis.from_url(url, decode_responses=True)
     results: list[dict[str, Any]] = []
+    hung = 0  # readers that did not exit within 10 s of the window's end
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
         for ready in readies:
@@ -139,6 +141,7 @@ def measure(
         for proc in procs:
             proc.join(10)
             if proc.is_alive():
+                hung += 1
                 proc.kill()  # by pid: this process's own child
                 proc.join(5)
         client.close()
@@ -159,6 +162,7 @@ def measure(
         "reader_cpu_s_per_s_each": round(cpu / readers / elapsed, 4) if readers else None,
         "event_to_cache_p50_ms": round(_pct(latencies, 0.5), 2) if latencies else None,
         "event_to_cache_p99_ms": round(_pct(latencies, 0.99), 2) if latencies else None,
+        "readers_hung_on_exit": hung,
     }
 
 
@@ -183,7 +187,7 @@ def bench_readers(
 def format_readers(result: dict[str, Any]) -> str:
     head = (
         "readers  Redis CPU s/s  Redis cmd/s  poller CPU s/s  updates/s each  "
-        "reader CPU us/update  event->cache p50 / p99 ms"
+        "reader CPU us/update  event->cache p50 / p99 ms  hung on exit"
     )
     lines = [head]
     for r in result["rows"]:
@@ -192,6 +196,7 @@ def format_readers(result: dict[str, Any]) -> str:
             f"{r['poller_cpu_s_per_s']:>14}  {r['updates_per_s_per_reader'] or '-':>14}  "
             f"{r['reader_cpu_us_per_update'] or '-':>20}  "
             f"{r['event_to_cache_p50_ms'] or '-'} / {r['event_to_cache_p99_ms'] or '-'}"
+            f"  {r.get('readers_hung_on_exit', 0)}"
         )
     if "redis_cpu_24_over_1" in result:
         lines.append(f"Redis CPU, 24 readers over 1: {result['redis_cpu_24_over_1']}x")
