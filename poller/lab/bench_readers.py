@@ -3,8 +3,9 @@
 One ``poller run`` writes N simulated endpoints at the interval; then 0, 1, 8 and 24
 cached readers (``StatsReader.cached()``, one process each) follow the view for one
 window each. Measured per reader count: Redis CPU s/s (``INFO cpu`` of the embedded
-redis-server, the poller's writes included), Redis commands/s, each reader's CPU per
-update it applied, and event-to-cache latency: from the write's Redis ``TIME`` stamp
+redis-server, the poller's writes included), Redis commands/s, scripts/s (EVALSHA: the
+poller's writes, so how much the poller kept up, and the readers' reads), each reader's
+CPU per update it applied, and event-to-cache latency: from the write's Redis ``TIME`` stamp
 (``scraped_at_ms``, the same machine's clock) to the moment the reader's cache stored it.
 
 The reader processes hook the cache's store step on the class (``set_stats`` today;
@@ -87,12 +88,15 @@ def _reader_process(url: str, namespace: str, ready: Any, go: Any, done: Any, ou
         out.put({"error": repr(exc)})
 
 
-def _redis_counters(client: Any) -> tuple[float, int]:
+def _redis_counters(client: Any) -> tuple[float, int, int]:
+    """(CPU s, commands, EVALSHA calls: the poller's writes plus a few reader scripts)."""
     cpu = client.info("cpu")
     stats = client.info("stats")
+    evalsha = client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
     return (
         float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]),
         int(stats["total_commands_processed"]),
+        int(evalsha),
     )
 
 
@@ -126,13 +130,13 @@ def measure(
                 raise TimeoutError(f"{readers} readers not ready in {READY_TIMEOUT_S:.0f} s")
         time.sleep(1.0)  # past the start-up snapshots
         writer0 = sum(process_cpu_s(p) for p in writer_pids)
-        redis0, commands0 = _redis_counters(client)
+        redis0, commands0, scripts0 = _redis_counters(client)
         t0 = time.monotonic()
         go.set()
         time.sleep(window_s)
         done.set()
         elapsed = time.monotonic() - t0
-        redis1, commands1 = _redis_counters(client)
+        redis1, commands1, scripts1 = _redis_counters(client)
         writer_cpu = sum(process_cpu_s(p) for p in writer_pids) - writer0
         for _ in procs:
             results.append(out.get(timeout=30))
@@ -156,6 +160,7 @@ def measure(
         "window_s": round(elapsed, 1),
         "redis_cpu_s_per_s": round((redis1 - redis0) / elapsed, 4),
         "redis_commands_per_s": round((commands1 - commands0) / elapsed),
+        "scripts_per_s": round((scripts1 - scripts0) / elapsed),
         "poller_cpu_s_per_s": round(writer_cpu / elapsed, 3),
         "updates_per_s_per_reader": round(updates / readers / elapsed) if readers else None,
         "reader_cpu_us_per_update": round(cpu / updates * 1e6, 1) if updates else None,
@@ -186,13 +191,14 @@ def bench_readers(
 
 def format_readers(result: dict[str, Any]) -> str:
     head = (
-        "readers  Redis CPU s/s  Redis cmd/s  poller CPU s/s  updates/s each  "
+        "readers  Redis CPU s/s  Redis cmd/s  scripts/s  poller CPU s/s  updates/s each  "
         "reader CPU us/update  event->cache p50 / p99 ms  hung on exit"
     )
     lines = [head]
     for r in result["rows"]:
         lines.append(
             f"{r['readers']:>7}  {r['redis_cpu_s_per_s']:>13}  {r['redis_commands_per_s']:>11}  "
+            f"{r['scripts_per_s']:>9}  "
             f"{r['poller_cpu_s_per_s']:>14}  {r['updates_per_s_per_reader'] or '-':>14}  "
             f"{r['reader_cpu_us_per_update'] or '-':>20}  "
             f"{r['event_to_cache_p50_ms'] or '-'} / {r['event_to_cache_p99_ms'] or '-'}"
