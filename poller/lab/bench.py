@@ -393,14 +393,20 @@ def bench_readers_section(fleet: Fleet) -> dict[str, Any]:
         fleet.work, fleet.redis_url, NS, ["readers-0"], interval_s=cfg.interval_s, cpu=0
     )
     try:
-        # A loaded machine may not keep every endpoint fresh: wait for most of them.
-        wait_until(
-            lambda: fleet.fresh_count() >= 0.9 * len(fleet.ids),
-            60 + len(fleet.ids) / 50,
-            "most endpoints fresh",
-            0.5,
-        )
-        return bench_readers(fleet.redis_url, NS, [p.pid for p, _ in procs], cfg.duration_s)
+        # A loaded machine may not keep every endpoint fresh: wait for most of them, and
+        # measure anyway after the wait (scripts/s says how much the poller kept up).
+        try:
+            wait_until(
+                lambda: fleet.fresh_count() >= 0.9 * len(fleet.ids),
+                30 + len(fleet.ids) / 50,
+                "most endpoints fresh",
+                0.5,
+            )
+        except TimeoutError:
+            pass
+        fresh = fleet.fresh_count() / max(1, len(fleet.ids))
+        result = bench_readers(fleet.redis_url, NS, [p.pid for p, _ in procs], cfg.duration_s)
+        return result | {"fresh_at_start": round(fresh, 3)}
     finally:
         for p, _ in procs:
             p.stop()
