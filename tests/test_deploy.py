@@ -865,7 +865,7 @@ def test_acl_file_loads_and_each_user_gets_exactly_its_commands(acl_redis: _Redi
     }
     assert " off " in listed["default"] + " "
     key = "{llmgw}:x"
-    ev, sha = "{llmgw}:events", "0" * 40
+    ev, up, sha = "{llmgw}:events", "{llmgw}:updates", "0" * 40
     poller_may = [
         ("GET", key), ("SET", key, "1"), ("INCR", key), ("DEL", key), ("MGET", key),
         ("HSET", key, "f", "v"), ("HGET", key, "f"), ("HGETALL", key), ("HDEL", key, "f"),
@@ -873,7 +873,7 @@ def test_acl_file_loads_and_each_user_gets_exactly_its_commands(acl_redis: _Redi
         ("ZREM", key, "m"), ("ZRANGEBYSCORE", key, "0", "1"), ("ZRANGE", key, "0", "-1"),
         ("ZREMRANGEBYSCORE", key, "0", "1"), ("TIME",), ("PUBLISH", ev, "x"), ("SUBSCRIBE", ev),
         ("EVALSHA", sha, "1", key), ("EVAL", "return 1", "1", key), ("SCRIPT", "LOAD", "return 1"),
-        ("PING",), ("MULTI",), ("EXEC",),
+        ("PING",), ("MULTI",), ("EXEC",), ("SPUBLISH", up, "x"),
     ]  # fmt: skip
     for command in poller_may:
         assert _dryrun(admin, "poller", *command), f"poller may not {command}"
@@ -881,7 +881,7 @@ def test_acl_file_loads_and_each_user_gets_exactly_its_commands(acl_redis: _Redi
         ("GET", key), ("MGET", key), ("HGET", key, "f"), ("HGETALL", key), ("HEXISTS", key, "f"),
         ("ZRANGE", key, "0", "-1"), ("ZRANGEBYSCORE", key, "0", "1"), ("TIME",), ("PING",),
         ("SUBSCRIBE", ev), ("EVALSHA", sha, "1", key), ("EVALSHA_RO", sha, "1", key),
-        ("SCRIPT", "LOAD", "return 1"), ("MULTI",), ("EXEC",),
+        ("SCRIPT", "LOAD", "return 1"), ("MULTI",), ("EXEC",), ("SSUBSCRIBE", up),
     ]  # fmt: skip
     for command in gateway_may:
         assert _dryrun(admin, "gateway", *command), f"gateway may not {command}"
@@ -895,6 +895,8 @@ def test_acl_file_loads_and_each_user_gets_exactly_its_commands(acl_redis: _Redi
         ("gateway", ("HSET", key, "f", "v")),
         ("gateway", ("DEL", key)),
         ("gateway", ("PUBLISH", "{llmgw}:events", "x")),
+        ("gateway", ("SPUBLISH", "{llmgw}:updates", "x")),
+        ("poller", ("SPUBLISH", "other", "x")),
         ("gateway", ("EVAL", "return 1", "0")),
         ("gateway", ("GET", "other")),
     ]:
@@ -936,6 +938,12 @@ def test_a_poller_and_a_reader_run_as_the_acl_users(acl_redis: _Redis, tmp_path:
                         break
                     assert time.monotonic() < deadline, f"never fresh: {view}"
                     await asyncio.sleep(0.1)
+                async with reader.cached() as cache:  # SSUBSCRIBE P:updates, probes
+                    seq = cache.get("acl-vllm").stats.seq  # type: ignore[union-attr]
+                    while (e := cache.get("acl-vllm")) is None or e.stats.seq <= seq + 1:  # type: ignore[union-attr]
+                        assert time.monotonic() < deadline + 10, "no update reached the cache"
+                        await asyncio.sleep(0.05)
+                    assert cache.healthy
             finally:
                 await worker.stop()
                 await reader.aclose()

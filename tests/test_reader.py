@@ -1,15 +1,21 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 from redisproc import RedisCluster, RedisProcess
 
+from poller.config import RedisSettings
 from poller.reader import StatsReader, SyncStatsReader
+from poller.reader.cache import ViewCache
 from poller.reader.pick import pick
-from poller.reader.view import EndpointView, View
+from poller.reader.protocol import Action, Protocol
+from poller.reader.view import EndpointView, LazyEndpoints, View
+from poller.redis.connection import subscribe
 from poller.redis.store import RedisStore
 from poller.registry import Endpoint
 
@@ -340,3 +346,269 @@ def test_pick_prefers_the_model_or_a_loaded_adapter() -> None:
     assert pick(v, model="llama") == "llama"
     assert pick(v, model="sql-lora") == "lora"
     assert pick(v, model="unknown-model") == "idle"
+
+
+# --- leaving the cache under load (the Python 3.11 hang) ---------------------------------------
+
+
+async def test_leaving_cached_never_hangs_under_load(redis_server: RedisProcess) -> None:
+    """Many readers enter and leave ``cached()`` while updates flow. With a socket timeout
+    set, redis-py reads through ``asyncio.wait_for``, and Python 3.11's ``wait_for`` can
+    swallow the cancel that lands as the read completes: the old ``cached()`` (one cancel,
+    then an unbounded wait) hung there forever."""
+    writer_client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    await writer_client.flushall()
+    store = RedisStore(writer_client, NS)
+    ids = [f"e{i}" for i in range(40)]
+    tokens = await setup(store, *ids)
+    stop = asyncio.Event()
+
+    async def writer() -> None:
+        n, deadline = 0, time.monotonic() + 60
+        while not stop.is_set() and time.monotonic() < deadline and n < 200_000:
+            n += 1
+            await asyncio.gather(*(write(store, e, tokens[e], running=n) for e in ids[:8]))
+
+    async def reader_loop(k: int) -> None:
+        client = aioredis.Redis.from_url(
+            redis_server.url, decode_responses=True, socket_timeout=1.0
+        )
+        try:
+            for i in range(6):
+                async with StatsReader(client, NS, resync_s=0.05).cached() as cache:
+                    await asyncio.sleep(0.01 * ((k + i) % 5))
+                    assert cache.loaded
+        finally:
+            await client.aclose()
+
+    feed = asyncio.create_task(writer())
+    readers = [asyncio.create_task(reader_loop(k)) for k in range(16)]
+    done, pending = await asyncio.wait(readers, timeout=60)
+    stop.set()
+    await feed
+    for task in pending:
+        task.cancel()
+    await writer_client.aclose()
+    assert not pending, f"{len(pending)} of {len(readers)} readers hung leaving cached()"
+    for task in done:
+        task.result()
+
+
+# --- the update channel and the protocol -------------------------------------------------------
+
+
+async def test_writes_publish_their_record_on_the_update_channel(store: RedisStore) -> None:
+    """On fakeredis, real Redis (batched or not) and Cluster (SPUBLISH to the slot's shard)."""
+    k = store.keys
+    t = await setup(store, "a")
+    async with subscribe(store.client, shard_channels=(k.updates,)) as pubsub:
+        await write(store, "a", t["a"], running=3)
+        await fail(store, "a", t["a"])
+        await fail(store, "a", t["a"])
+        await store.remove_endpoint("a")
+        got: list[str] = []
+        deadline = time.monotonic() + 5
+        while len(got) < 4 and time.monotonic() < deadline:
+            message = await pubsub.get_message(timeout=0.2)
+            if message is not None:
+                got.append(str(message["data"]))
+    stats, failure1, failure2, removed = got
+    assert stats.startswith("stats a 1 ") and "|" in stats
+    assert '"running":"3"' in stats and '"seq":"1"' in stats
+    assert failure1.startswith("failure a 1 ") and failure2.startswith("failure a 2 ")
+    assert '"reason":"timeout"' in failure2
+    assert removed.startswith("endpoints ")
+    # the record is exactly what the view hash held at that moment
+    assert stats.split(" ", 3)[3].startswith(stats.split(" ", 4)[3])
+
+
+async def test_cached_reader_applies_updates_without_reading(
+    rstore: RedisStore, real_client: aioredis.Redis
+) -> None:
+    t = await setup(rstore, "a", "b")
+    reader = StatsReader(real_client, NS, resync_s=60)
+    calls = count_calls(reader)
+    async with reader.cached() as cache:
+        assert calls == {"snapshot": 1, "read": 0}
+        for n in range(1, 21):
+            await write(rstore, "a", t["a"], running=n)
+        await fail(rstore, "b", t["b"], "auth")
+        await wait_for(lambda: (e := cache.get("a")) is not None and e.stats.running == 20)  # type: ignore[union-attr]
+        await wait_for(lambda: (e := cache.get("b")) is not None and e.state == "failing")
+        b = cache.get("b")
+        assert b is not None and b.failure is not None and b.failure.reason == "auth"
+        assert calls == {"snapshot": 1, "read": 0}
+        # a write whose update never arrived (published on another channel): the next
+        # update shows a gap in seq, and the reader reads that one endpoint back
+        await rstore._write_stats(
+            keys=lost_keys(rstore, "a"),
+            args=[f"p1 {t['a']}", 10_000, 10_000, "a", *flat(fields(running=21))],
+        )
+        await write(rstore, "a", t["a"], running=22)
+        await wait_for(lambda: calls["read"] == 1)
+        a = cache.get("a")
+        assert a is not None and a.stats is not None and a.stats.running == 22
+        assert a.stats.seq == 22 and calls["snapshot"] == 1
+
+
+def flat(d: dict[str, str]) -> list[str]:
+    return [x for kv in d.items() for x in kv]
+
+
+def lost_keys(store: RedisStore, endpoint_id: str) -> list[str]:
+    k = store.keys
+    return [
+        k.lease(endpoint_id),
+        k.stats(endpoint_id),
+        k.failure(endpoint_id),
+        "{r}:lost-events",  # the script publishes on {r}:lost-events and {r}:lost-updates
+        k.view_stats,
+        k.view_failures,
+    ]
+
+
+def count_calls(reader: Any) -> dict[str, int]:
+    """Count the reader's snapshots and one-endpoint reads (wrapping its scripts)."""
+    calls = {"snapshot": 0, "read": 0}
+    for name, attr in (("snapshot", "_snapshot"), ("read", "_get_records")):
+        script = getattr(reader, attr)
+
+        def counted(*args: Any, _s: Any = script, _n: str = name, **kw: Any) -> Any:
+            calls[_n] += 1
+            return _s(*args, **kw)
+
+        setattr(reader, attr, counted)
+    return calls
+
+
+def test_sync_reader_follows_the_same_protocol(redis_server: RedisProcess) -> None:
+    """The threaded face: updates applied without reads, a gap read back, a removal."""
+
+    async def run(coro: Any) -> Any:
+        client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+        try:
+            return await coro(RedisStore(client, NS))
+        finally:
+            await client.aclose()
+
+    async def flush(store: RedisStore) -> dict[str, int]:
+        await store.client.flushall()
+        return await setup(store, "a", "b")
+
+    tokens = asyncio.run(run(flush))
+    reader = SyncStatsReader.from_url(redis_server.url, NS, resync_s=60)
+    calls = count_calls(reader)
+
+    def until(cond: Any) -> None:
+        deadline = time.monotonic() + 5
+        while not cond():
+            assert time.monotonic() < deadline, "condition not met in time"
+            time.sleep(0.01)
+
+    try:
+        with reader.cached() as cache:
+            assert calls == {"snapshot": 1, "read": 0}
+
+            async def writes(store: RedisStore) -> None:
+                for n in range(1, 6):
+                    await write(store, "a", tokens["a"], running=n)
+
+            asyncio.run(run(writes))
+            until(lambda: (e := cache.get("a")) is not None and e.stats.running == 5)  # type: ignore[union-attr]
+            assert calls == {"snapshot": 1, "read": 0}
+
+            async def gap(store: RedisStore) -> None:
+                await store._write_stats(
+                    keys=lost_keys(store, "a"),
+                    args=[f"p1 {tokens['a']}", 10_000, 10_000, "a", *flat(fields(running=6))],
+                )
+                await write(store, "a", tokens["a"], running=7)
+                await store.remove_endpoint("b")
+
+            asyncio.run(run(gap))
+            until(lambda: calls["read"] == 1 and cache.get("b") is None)
+            a = cache.get("a")
+            assert a is not None and a.stats is not None and a.stats.seq == 7
+    finally:
+        reader.close()
+
+
+def test_sync_reader_notices_a_frozen_redis(own_redis: RedisProcess) -> None:
+    """The 1 s probe is part of the shared protocol: the sync face has it too."""
+    reader = SyncStatsReader.from_settings(
+        RedisSettings(url=own_redis.url, namespace=NS, socket_timeout_s=0.5)
+    )
+    try:
+        with reader.cached() as cache:
+            assert cache.healthy
+            own_redis.pause()
+            try:
+                deadline = time.monotonic() + 5
+                while cache.healthy:
+                    assert time.monotonic() < deadline, "a frozen Redis went unnoticed"
+                    time.sleep(0.02)
+            finally:
+                own_redis.resume()
+    finally:
+        reader.close()
+
+
+def stats_update(endpoint_id: str, seq: int, at_ms: int, running: int = 1) -> str:
+    body = fields(running=running) | {
+        "seq": str(seq),
+        "scraped_at_ms": str(at_ms),
+        "poller": "p1",
+        "token": "7",
+    }
+    record = f"{at_ms} 1000 {at_ms + 3000} p1 7|{json.dumps(body, separators=(',', ':'))}"
+    return f"stats {endpoint_id} {seq} {record}"
+
+
+def failure_update(endpoint_id: str, count: int, at_ms: int) -> str:
+    body = {"reason": "timeout", "detail": "", "missing": "", "since_ms": str(at_ms)}
+    body |= {"at_ms": str(at_ms), "count": str(count), "poller": "p1", "token": "7"}
+    record = f"{at_ms} {at_ms + 3000} p1 7|{json.dumps(body, separators=(',', ':'))}"
+    return f"failure {endpoint_id} {count} {record}"
+
+
+def loaded_protocol() -> Protocol:
+    proto = Protocol(ViewCache(), resync_s=5.0, probe_s=1.0)
+    stats = {"a": stats_update("a", 5, 10_000).split(" ", 3)[3]}
+    view = View(10_000, 3, LazyEndpoints({"a": "{}", "b": "{}"}, stats, {}, 10_000))
+    proto.loaded(view, now=100.0)
+    return proto
+
+
+def test_protocol_applies_orders_and_reads_back_only_on_gaps() -> None:
+    proto = loaded_protocol()
+    cache = proto.cache
+    assert proto.message(stats_update("a", 5, 10_000), 100.0) is None  # already held
+    assert proto.message(stats_update("a", 4, 9_000), 100.0) is None  # crossed the snapshot
+    assert proto.message(stats_update("a", 6, 10_000, running=6), 100.0) is None  # same ms
+    assert cache.get("a").stats.running == 6  # type: ignore[union-attr]
+    assert proto.message(failure_update("a", 1, 10_500), 100.0) is None
+    assert cache.get("a").state == "failing"  # type: ignore[union-attr]
+    assert proto.message(failure_update("a", 3, 10_700), 100.0) == Action("read", "a")
+    assert proto.message(stats_update("a", 7, 10_400), 100.0) is None  # older than the failure
+    assert proto.message(stats_update("a", 7, 11_000, running=7), 100.0) is None
+    a = cache.get("a")
+    assert a is not None and a.failure is None and a.stats is not None and a.stats.running == 7
+    assert proto.message(stats_update("a", 9, 12_000), 100.0) == Action("read", "a")
+    assert proto.message(stats_update("a", 1, 20_000), 100.0) is None  # hash expired: restart
+    assert (proto.applied, proto.read_backs) == (4, 2)
+
+
+def test_protocol_control_messages_and_timers() -> None:
+    proto = loaded_protocol()
+    assert proto.message("endpoints 3", 100.0) is None  # the revision we hold
+    assert proto.message("endpoints 4", 100.0) == Action("snapshot")
+    assert proto.message("released a", 100.0) is None  # no record changes
+    assert proto.message(stats_update("new", 1, 11_000), 100.0) is None  # not registered yet
+    assert proto.cache.get("new") is None
+    for junk in ("", "stats", "stats a x 1|{}", "stats a 2 no-bar", "hello world"):
+        assert proto.message(junk, 100.0) is None
+    assert proto.due(100.5) is None and proto.wait_s(100.5) == pytest.approx(0.25)
+    assert proto.due(101.0) == Action("probe")  # quiet for a second: probe
+    assert proto.probed(3) is None and proto.probed(4) == Action("snapshot")
+    assert proto.due(105.0) == Action("snapshot")  # resync_s
+    assert 0 < proto.lost(OSError("gone")) <= 2.0 / 3 and not proto.cache.healthy

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
+from poller.reader.records import STATS_HEADER, UPDATE_KINDS, json_int, parse_update, split
+from poller.redis.keys import Keys
 from poller.redis.lua import lua
 from poller.registry import Endpoint
 from poller.stats import FAILURE_FIELDS, FAILURE_REASONS, STATS_FIELDS
@@ -46,3 +49,37 @@ def test_registry_fields_match_the_model() -> None:
 def test_failure_reasons_are_all_documented() -> None:
     section = DOC[DOC.index("Reasons:") :].split("\n\n")[0]
     assert sorted(re.findall(r"`([a-z_]+)`", section)) == sorted(FAILURE_REASONS)
+
+
+def test_key_table_matches_the_code() -> None:
+    documented = set(table_after("## Keys"))
+    keys = Keys("ns")
+    names = [v for n, v in vars(keys).items() if n != "prefix" and v.startswith(keys.prefix)]
+    code = {v.replace(keys.prefix, "P") for v in names}
+    code |= {fn("<id>").replace(keys.prefix, "P") for fn in (keys.lease, keys.stats, keys.failure)}
+    code.add(keys.discovery_lease("<source>").replace(keys.prefix, "P"))
+    assert documented == code
+
+
+def test_update_messages_match_the_code_and_the_scripts() -> None:
+    rows = DOC[DOC.index("<!-- update-messages") :].splitlines()[3:]
+    kinds = []
+    for line in rows:
+        if not line.startswith("|"):
+            break
+        kinds.append(line.split("`")[1].split(" ")[0])
+    assert kinds == list(UPDATE_KINDS)
+    for kind, script in UPDATE_KINDS.items():
+        source = lua(script)
+        assert "'SPUBLISH'" in source and f"'{kind} '" in source, script
+        # the channel is derived from the events key: "events" -> "updates"
+        assert "string.sub(KEYS[" in source and "-7) .. 'updates'" in source, script
+
+
+def test_the_example_update_is_a_valid_message() -> None:
+    section = DOC[DOC.index("An example (one message") :]
+    example = section.split("\n\n")[1].strip().replace(",...}", "}")
+    update = parse_update(example)
+    assert update is not None and update.kind == "stats" and update.seq == 42
+    head, body = split(update.record, 0, STATS_HEADER) or ([], "")
+    assert head[0] == json.loads(body)["scraped_at_ms"] and json_int(update.record, "seq") == 42

@@ -63,7 +63,7 @@ def sim(ctx: click.Context) -> None:
     "--section",
     "sections",
     multiple=True,
-    type=click.Choice(["scrape", "cluster", "failover", "reader"]),
+    type=click.Choice(["scrape", "cluster", "failover", "reader", "readers"]),
     help="Run only these sections (repeatable).",
 )
 @click.option(

@@ -11,6 +11,9 @@ Sections (each bounded in time, every process stopped by pid at the end):
 - failover: SIGKILL one poller (time until its endpoints are written again), then SIGTERM
   another (intervals missed across the handover).
 - reader: snapshot latency and cached lookup cost against that view.
+- readers (only when asked for): one poller, then 0, 1, 8 and 24 cached reader processes:
+  Redis CPU and commands per second, reader CPU per update, event-to-cache latency
+  (``bench_readers.py``).
 
 The poller is pinned to core 0 and the simulator and Redis to core 1 when there are two.
 """
@@ -380,6 +383,35 @@ def bench_reader(fleet: Fleet) -> dict[str, Any]:
     return asyncio.run(go())
 
 
+def bench_readers_section(fleet: Fleet) -> dict[str, Any]:
+    """One poller writes the fleet; reader processes follow it (bench_readers.py)."""
+    from poller.lab.bench_readers import bench_readers
+
+    cfg = fleet.cfg
+    fleet.clear_view()
+    procs = start_pollers(
+        fleet.work, fleet.redis_url, NS, ["readers-0"], interval_s=cfg.interval_s, cpu=0
+    )
+    try:
+        # A loaded machine may not keep every endpoint fresh: wait for most of them, and
+        # measure anyway after the wait (scripts/s says how much the poller kept up).
+        try:
+            wait_until(
+                lambda: fleet.fresh_count() >= 0.9 * len(fleet.ids),
+                30 + len(fleet.ids) / 50,
+                "most endpoints fresh",
+                0.5,
+            )
+        except TimeoutError:
+            pass
+        fresh = fleet.fresh_count() / max(1, len(fleet.ids))
+        result = bench_readers(fleet.redis_url, NS, [p.pid for p, _ in procs], cfg.duration_s)
+        return result | {"fresh_at_start": round(fresh, 3)}
+    finally:
+        for p, _ in procs:
+            p.stop()
+
+
 def run_bench(cfg: BenchConfig, redis_url: str | None = None) -> dict[str, Any]:
     """Run the selected sections; returns every figure (JSON-ready)."""
     started = time.monotonic()
@@ -409,6 +441,8 @@ def run_bench(cfg: BenchConfig, redis_url: str | None = None) -> dict[str, Any]:
                     result.update(bench_cluster_and_failover(fleet, "failover" in cfg.sections))
                 if "reader" in cfg.sections:
                     result["reader"] = bench_reader(fleet)
+                if "readers" in cfg.sections:
+                    result["readers"] = bench_readers_section(fleet)
             finally:
                 fleet.close()
     result["elapsed_s"] = round(time.monotonic() - started, 1)
@@ -450,5 +484,9 @@ def format_table(result: dict[str, Any]) -> str:
             lines.append(f"  {label:<{width}}  {result[section][key]}")
     if "skipped" in result.get("prometheus", {}):
         lines.append(f"  prometheus: {result['prometheus']['skipped']}")
+    if "readers" in result:
+        from poller.lab.bench_readers import format_readers
+
+        lines.append(format_readers(result["readers"]))
     lines.append(f"  (took {result['elapsed_s']} s)")
     return "\n".join(lines)

@@ -4,8 +4,9 @@ Imports only the leaves (errors, config, registry, stats) and ``poller.redis.key
 gateway installs no scraping or scheduling stack.
 """
 
+from poller.reader.cache import ViewCache
 from poller.reader.pick import pick
 from poller.reader.reader import StatsReader, SyncStatsReader
-from poller.reader.view import EndpointView, View, ViewCache
+from poller.reader.view import EndpointView, View
 
 __all__ = ["EndpointView", "StatsReader", "SyncStatsReader", "View", "ViewCache", "pick"]

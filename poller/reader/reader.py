@@ -5,10 +5,11 @@ Importable without httpx or APScheduler (the package's public API). Two flavours
 - ``StatsReader`` (asyncio) and ``SyncStatsReader`` (threaded gateways).
 - ``snapshot()`` reads the whole view in one round trip at one moment of the Redis clock;
   ``get(id)`` reads one endpoint. Both raise ``StoreError`` if Redis is unreachable.
-- ``cached()`` keeps a local ``ViewCache`` that follows ``P:events`` (re-reading just the
-  endpoint an event names), resyncs fully on every (re)connect and every ``resync_s``
-  because pub/sub drops messages while disconnected, and never raises into the routing
-  path: while Redis is away it serves the last view, marked stale, ``healthy`` False.
+- ``cached()`` keeps a local ``ViewCache`` that follows ``P:updates`` (each update carries
+  its record: no read per update; ``protocol.py``), resyncs fully on every (re)connect
+  and every ``resync_s`` because pub/sub drops messages while disconnected, and never
+  raises into the routing path: while Redis is away it serves the last view, marked
+  stale, ``healthy`` False. Leaving the block always ends the follower within a bound.
 
     async with StatsReader.from_url("redis://redis:6379/0").cached() as cache:
         target = pick(cache.view(), model="meta-llama/Llama-3.1-8B-Instruct")
@@ -17,8 +18,8 @@ Importable without httpx or APScheduler (the package's public API). Two flavours
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import random
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -32,10 +33,11 @@ from redis.asyncio.cluster import RedisCluster
 
 from poller.config import RedisSettings
 from poller.errors import StoreError
+from poller.reader.cache import ViewCache
+from poller.reader.protocol import Action, Protocol
 from poller.reader.view import (
     EndpointView,
     View,
-    ViewCache,
     build_view,
     get_one_call,
     one_from_reply,
@@ -50,8 +52,8 @@ __all__ = ["StatsReader", "SyncStatsReader"]
 log = logging.getLogger(__name__)
 
 
-def _backoff(failures: int) -> float:
-    return float(min(5.0, 0.1 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0))
+#: How long leaving ``cached()`` may take at most (the follower normally ends at once).
+STOP_BOUND_S = 5.0
 
 
 class _Reader:
@@ -72,12 +74,20 @@ class _Reader:
         self.resync_s = resync_s
         self._snapshot = client.register_script(lua("snapshot"))
         self._get_one = client.register_script(lua("get_one"))
+        self._get_records = client.register_script(lua("get_records"))
 
     def _view(self, reply: Any) -> View:
         return build_view(reply, self.stale_after_intervals, self.stale_after_ms)
 
     def _entry(self, endpoint_id: str, reply: Any) -> tuple[int, EndpointView | None]:
         return one_from_reply(endpoint_id, reply, self.stale_after_intervals, self.stale_after_ms)
+
+    def _records_call(self, endpoint_id: str) -> tuple[list[str], list[str]]:
+        k = self.keys
+        return [k.endpoints, k.view_stats, k.view_failures], [endpoint_id]
+
+    def _protocol(self) -> Protocol:
+        return Protocol(ViewCache(self.stale_after_intervals, self.stale_after_ms), self.resync_s)
 
 
 class StatsReader(_Reader):
@@ -124,65 +134,74 @@ class StatsReader(_Reader):
     @asynccontextmanager
     async def cached(self) -> AsyncIterator[ViewCache]:
         """A local cache kept current in the background; reads never touch Redis."""
-        cache = ViewCache(self.stale_after_intervals, self.stale_after_ms)
-        first = asyncio.Event()
-        task = asyncio.create_task(self._follow(cache, first), name="reader-cache")
+        proto = self._protocol()
+        first, stop = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(self._follow(proto, first, stop), name="reader-cache")
         try:
             try:
                 # Give the first snapshot a moment, but never fail the caller over it.
                 await asyncio.wait_for(first.wait(), timeout=2.0)
             except TimeoutError:
                 pass
-            yield cache
+            yield proto.cache
         finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            stop.set()
+            await _end(task)
 
-    async def _follow(self, cache: ViewCache, first: asyncio.Event) -> None:
-        failures = 0
-        while True:
+    async def _follow(self, proto: Protocol, first: asyncio.Event, stop: asyncio.Event) -> None:
+        # The loop checks ``stop`` at least every MAX_WAIT_S: on Python 3.11 a cancel can be
+        # swallowed by the asyncio.wait_for inside redis-py, and must not keep us running.
+        while not stop.is_set():
             try:
-                async with subscribe(self.client, self.keys.events) as pubsub:
-                    # Subscribed first, then snapshot: no event can fall between them.
-                    cache.load(await self.snapshot())
-                    cache.healthy = True
+                async with subscribe(self.client, shard_channels=(self.keys.updates,)) as pubsub:
+                    # Subscribed first, then snapshot: no update can fall between them.
+                    proto.loaded(await self.snapshot(), time.monotonic())
                     first.set()
-                    failures = 0
-                    await self._apply_events(cache, pubsub)
+                    while not stop.is_set():
+                        timeout = proto.wait_s(time.monotonic())
+                        message = await pubsub.get_message(timeout=timeout)
+                        if message is not None:
+                            data = str(message["data"])
+                            await self._perform(proto, proto.message(data, time.monotonic()))
+                        await self._perform(proto, proto.due(time.monotonic()))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # redis-py errors surface raw from get_message
-                if cache.healthy or failures == 0:
-                    log.warning("reader lost Redis, serving the last view: %s", exc)
-                cache.healthy = False
+                wait_s = proto.lost(exc)
                 first.set()
-                failures += 1
-            await asyncio.sleep(_backoff(failures))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), wait_s)
 
-    async def _apply_events(self, cache: ViewCache, pubsub: Any) -> None:
-        next_resync = time.monotonic() + self.resync_s
-        next_ping = time.monotonic() + 1.0
-        while True:
-            timeout = max(0.0, next_resync - time.monotonic())
-            message = await pubsub.get_message(timeout=min(timeout, 1.0))
-            if time.monotonic() >= next_resync:
-                cache.load(await self.snapshot())
-                next_resync = time.monotonic() + self.resync_s
-            if message is None:
-                if time.monotonic() >= next_ping:
-                    # A quiet channel may mean a frozen Redis (SIGSTOP, partition): one
-                    # PING a second, bounded, notices it in ~2 s instead of at a resync.
-                    async with asyncio.timeout(1.0):
-                        await redis_call(self.client.ping(), "PING")
-                    next_ping = time.monotonic() + 1.0
-                continue
-            kind, _, rest = str(message["data"]).partition(" ")
-            if kind == "endpoints":
-                cache.load(await self.snapshot())
-            elif kind in ("stats", "failure", "released"):
-                endpoint_id = rest.partition(" ")[0]
-                now_ms, entry = await self._one(endpoint_id)
-                cache.apply(endpoint_id, now_ms, entry)
+    async def _perform(self, proto: Protocol, action: Action | None) -> None:
+        if action is None:
+            return
+        if action.kind == "probe":
+            # A quiet channel may mean a frozen Redis (SIGSTOP, partition): one bounded
+            # read a second notices it in ~2 s, and catches a missed registry change.
+            async with asyncio.timeout(1.0):
+                rev = await redis_call(self.client.get(self.keys.endpoints_rev), "probe")
+            action = proto.probed(int(rev or 0))
+        if action is None:
+            return
+        if action.kind == "read":
+            keys, args = self._records_call(action.endpoint_id)
+            reply = await redis_call(self._get_records(keys=keys, args=args), "read endpoint")
+            proto.cache.apply_records(action.endpoint_id, reply)
+        else:
+            proto.loaded(await self.snapshot(), time.monotonic())
+
+
+async def _end(task: asyncio.Task[None]) -> None:
+    """Stop the follower: it sees its stop flag within MAX_WAIT_S, and a cancel (repeated,
+    since Python 3.11 may swallow one) ends a call in flight. Never waits past the bound."""
+    deadline = time.monotonic() + STOP_BOUND_S
+    while not task.done() and time.monotonic() < deadline:
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.05)
+    if not task.done():
+        log.warning("reader cache did not stop within %.0f s; leaving it to its flag", STOP_BOUND_S)
+    elif not task.cancelled() and task.exception() is not None:
+        log.warning("reader cache ended with an error: %s", task.exception())
 
 
 class SyncStatsReader(_Reader):
@@ -248,56 +267,51 @@ class SyncStatsReader(_Reader):
     @contextmanager
     def cached(self) -> Iterator[ViewCache]:
         """A cache kept current by a daemon thread; stopped when the block ends."""
-        cache = ViewCache(self.stale_after_intervals, self.stale_after_ms)
-        stop = threading.Event()
-        first = threading.Event()
+        proto = self._protocol()
+        stop, first = threading.Event(), threading.Event()
         thread = threading.Thread(
-            target=self._follow, args=(cache, stop, first), name="reader-cache", daemon=True
+            target=self._follow, args=(proto, stop, first), name="reader-cache", daemon=True
         )
         thread.start()
         try:
             first.wait(2.0)
-            yield cache
+            yield proto.cache
         finally:
             stop.set()
-            thread.join(5.0)
+            thread.join(STOP_BOUND_S)
 
-    def _follow(self, cache: ViewCache, stop: threading.Event, first: threading.Event) -> None:
-        failures = 0
+    def _follow(self, proto: Protocol, stop: threading.Event, first: threading.Event) -> None:
         while not stop.is_set():
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            wait_s = 0.0
             try:
-                pubsub.subscribe(self.keys.events)
-                cache.load(self.snapshot())
-                cache.healthy = True
+                pubsub.ssubscribe(self.keys.updates)
+                proto.loaded(self.snapshot(), time.monotonic())
                 first.set()
-                failures = 0
-                next_resync = time.monotonic() + self.resync_s
                 while not stop.is_set():
-                    message = pubsub.get_message(timeout=0.2)
-                    if time.monotonic() >= next_resync:
-                        cache.load(self.snapshot())
-                        next_resync = time.monotonic() + self.resync_s
+                    message = pubsub.get_message(timeout=proto.wait_s(time.monotonic()))
                     if message is not None:
-                        self._apply(cache, str(message["data"]))
+                        self._perform(proto, proto.message(str(message["data"]), time.monotonic()))
+                    self._perform(proto, proto.due(time.monotonic()))
             except Exception as exc:
-                if cache.healthy or failures == 0:
-                    log.warning("reader lost Redis, serving the last view: %s", exc)
-                cache.healthy = False
+                wait_s = proto.lost(exc)
                 first.set()
-                failures += 1
             finally:
                 try:
                     pubsub.close()
                 except Exception:
                     log.debug("pubsub close failed", exc_info=True)
-            stop.wait(_backoff(failures))
+            stop.wait(wait_s)
 
-    def _apply(self, cache: ViewCache, data: str) -> None:
-        kind, _, rest = data.partition(" ")
-        if kind == "endpoints":
-            cache.load(self.snapshot())
-        elif kind in ("stats", "failure", "released"):
-            endpoint_id = rest.partition(" ")[0]
-            now_ms, entry = self._one(endpoint_id)
-            cache.apply(endpoint_id, now_ms, entry)
+    def _perform(self, proto: Protocol, action: Action | None) -> None:
+        if action is not None and action.kind == "probe":
+            rev = self._call(self.client.get, "probe", name=self.keys.endpoints_rev)
+            action = proto.probed(int(rev or 0))
+        if action is None:
+            return
+        if action.kind == "read":
+            keys, args = self._records_call(action.endpoint_id)
+            reply = self._call(self._get_records, "read endpoint", keys=keys, args=args)
+            proto.cache.apply_records(action.endpoint_id, reply)
+        else:
+            proto.loaded(self.snapshot(), time.monotonic())

@@ -11,11 +11,11 @@ The bound is ``stale_after_intervals`` times the interval the poller wrote with 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from poller.reader.records import FAILURE_HEADER, STATS_HEADER, split
 from poller.redis.keys import Keys
 from poller.registry import Endpoint, endpoint_from_json
 from poller.stats import EndpointStats, Failure
@@ -24,8 +24,9 @@ __all__ = [
     "EndpointView",
     "State",
     "View",
-    "ViewCache",
+    "LazyEndpoints",
     "build_view",
+    "entry_from_records",
     "judge",
 ]
 
@@ -218,7 +219,7 @@ class View:
 
     now_ms: int
     rev: int
-    endpoints: dict[str, EndpointView]
+    endpoints: Mapping[str, EndpointView]
     #: Live pollers (heartbeat not expired at ``now_ms``).
     pollers: list[str] = field(default_factory=list)
 
@@ -272,17 +273,95 @@ def make_entry(
     )
 
 
-def _record(record: str | None, now_ms: int, fields: int) -> tuple[list[str], str] | None:
-    """Split a view record ``header|json`` into header fields and body; None if it is
-    absent, expired (the header's expiry has passed) or malformed."""
-    if not record:
-        return None
-    head, sep, body = record.partition("|")
-    parts = head.split(" ")
-    if not sep or len(parts) != fields or not all(p.isdigit() for p in parts[: fields - 2]):
-        return None
-    expires = int(parts[fields - 3])
-    return (parts, body) if expires > now_ms else None
+def entry_from_records(
+    endpoint_id: str,
+    entry_json: str,
+    stats_record: str | None,
+    failure_record: str | None,
+    now_ms: int,
+    stale_after_intervals: float = 2.0,
+    stale_after_ms: int | None = None,
+) -> EndpointView:
+    """One endpoint from its registry entry and its two view records at ``now_ms``.
+
+    The owner shown is the writer of the newer record (docs/schema.md); only the headers
+    are read here, the JSON on first use.
+    """
+    stats = split(stats_record, now_ms, STATS_HEADER)
+    failure = split(failure_record, now_ms, FAILURE_HEADER)
+    scraped = failure_at = None
+    owner, token, writer_at = None, None, -1
+    bound = stale_after_ms
+    if stats is not None:
+        head = stats[0]
+        scraped = writer_at = int(head[0])
+        owner, token = head[3], int(head[4]) if head[4].isdigit() else None
+        if bound is None:
+            bound = int(int(head[1]) * stale_after_intervals)
+    if failure is not None:
+        head = failure[0]
+        failure_at = int(head[0])
+        if failure_at >= writer_at:
+            owner, token = head[2], int(head[3]) if head[3].isdigit() else None
+    t = Timing(scraped, 3000 if bound is None else bound, failure_at, failure is not None)
+    state, age = t.state_at(now_ms)
+    return EndpointView(
+        endpoint_id,
+        state=state,
+        age_ms=age,
+        owner=owner,
+        token=token,
+        raw=(entry_json, stats[1] if stats else {}, failure[1] if failure else {}),
+        timing=t,
+    )
+
+
+class LazyEndpoints(Mapping[str, EndpointView]):
+    """The endpoints of a snapshot, each built on first access.
+
+    A snapshot of 1,000 endpoints is three dicts of strings; a caller that looks at ten
+    endpoints pays for ten. Iteration follows the registry.
+    """
+
+    __slots__ = ("_built", "entries", "failures", "now_ms", "stale", "stats")
+
+    def __init__(
+        self,
+        entries: dict[str, str],
+        stats: dict[str, str],
+        failures: dict[str, str],
+        now_ms: int,
+        stale: tuple[float, int | None] = (2.0, None),
+    ) -> None:
+        self.entries, self.stats, self.failures = entries, stats, failures
+        self.now_ms, self.stale = now_ms, stale
+        self._built: dict[str, EndpointView] = {}
+
+    def __getitem__(self, endpoint_id: str) -> EndpointView:
+        view = self._built.get(endpoint_id)
+        if view is None:
+            view = entry_from_records(
+                endpoint_id,
+                self.entries[endpoint_id],
+                self.stats.get(endpoint_id),
+                self.failures.get(endpoint_id),
+                self.now_ms,
+                *self.stale,
+            )
+            self._built[endpoint_id] = view
+        return view
+
+    def __contains__(self, endpoint_id: object) -> bool:
+        return endpoint_id in self.entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __repr__(self) -> str:
+        return f"LazyEndpoints({len(self.entries)} endpoints)"
 
 
 def build_view(
@@ -290,46 +369,20 @@ def build_view(
 ) -> View:
     """The snapshot script's reply -> View (pure; shared by the async and sync readers).
 
-    Stats records are ``<scraped_at_ms> <interval_ms> <expires_at_ms> <poller> <token>|``
-    and failure records ``<at_ms> <expires_at_ms> <poller> <token>|`` followed by the
-    hash's fields as JSON; only the header is read here, the JSON on first use.
+    Builds three dicts of strings and nothing per endpoint: see ``LazyEndpoints``.
     """
     now_ms = _now_ms(reply[0], reply[1])
     members = reply[4]
     pollers = sorted(
         str(members[i]) for i in range(0, len(members), 2) if float(members[i + 1]) >= now_ms
     )
-    view_stats, view_failures = _pairs(reply[5]), _pairs(reply[6])
-    endpoints: dict[str, EndpointView] = {}
-    for endpoint_id, entry_json in _pairs(reply[3]).items():
-        stats = _record(view_stats.get(endpoint_id), now_ms, 5)
-        failure = _record(view_failures.get(endpoint_id), now_ms, 4)
-        scraped = failure_at = None
-        owner, token, writer_at = None, None, -1
-        bound = stale_after_ms
-        if stats is not None:
-            scraped, writer_at = int(stats[0][0]), int(stats[0][0])
-            owner, token = stats[0][3], int(stats[0][4]) if stats[0][4].isdigit() else None
-            if bound is None:
-                bound = int(int(stats[0][1]) * stale_after_intervals)
-        if failure is not None:
-            failure_at = int(failure[0][0])
-            if failure_at >= writer_at:
-                owner, token = (
-                    failure[0][2],
-                    int(failure[0][3]) if failure[0][3].isdigit() else None,
-                )
-        t = Timing(scraped, 3000 if bound is None else bound, failure_at, failure is not None)
-        state, age = t.state_at(now_ms)
-        endpoints[endpoint_id] = EndpointView(
-            endpoint_id,
-            state=state,
-            age_ms=age,
-            owner=owner,
-            token=token,
-            raw=(entry_json, stats[1] if stats else {}, failure[1] if failure else {}),
-            timing=t,
-        )
+    endpoints = LazyEndpoints(
+        _pairs(reply[3]),
+        _pairs(reply[5]),
+        _pairs(reply[6]),
+        now_ms,
+        (stale_after_intervals, stale_after_ms),
+    )
     return View(now_ms, int(reply[2]), endpoints, pollers)
 
 
@@ -374,57 +427,10 @@ def get_one_call(keys: Keys, endpoint_id: str) -> tuple[list[str], list[str]]:
     ], [endpoint_id]
 
 
-class ViewCache:
-    """A local copy of the view that follows events; every read is a dict lookup.
+def __getattr__(name: str) -> Any:
+    # ViewCache moved to cache.py (which builds on this module); old imports keep working.
+    if name == "ViewCache":
+        from poller.reader.cache import ViewCache
 
-    Ages stay right between events: the cache keeps the offset between the local
-    monotonic clock and the Redis clock, taken at every reply from Redis. While Redis is
-    unreachable (``healthy`` False) it keeps serving the last view, ages growing, and
-    reports nothing as fresh.
-    """
-
-    def __init__(self, stale_after_intervals: float = 2.0, stale_after_ms: int | None = None):
-        self.stale_after_intervals = stale_after_intervals
-        self.stale_after_ms = stale_after_ms
-        self._views: dict[str, EndpointView] = {}
-        self._offset_ms = 0.0
-        self.rev = -1
-        self.pollers: list[str] = []
-        self.healthy = False
-        self.loaded = False
-        self.updated_at = 0.0  # monotonic seconds of the last reply applied
-
-    def _clock(self, redis_now_ms: int) -> None:
-        self._offset_ms = redis_now_ms - time.monotonic() * 1000
-        self.updated_at = time.monotonic()
-
-    def now_ms(self) -> int:
-        """The Redis clock, estimated locally."""
-        return int(time.monotonic() * 1000 + self._offset_ms)
-
-    def load(self, view: View) -> None:
-        self._views = dict(view.endpoints)
-        self.rev = view.rev
-        self.pollers = view.pollers
-        self._clock(view.now_ms)
-        self.loaded = True
-
-    def apply(self, endpoint_id: str, now_ms: int, entry: EndpointView | None) -> None:
-        if entry is None:
-            self._views.pop(endpoint_id, None)
-        else:
-            self._views[endpoint_id] = entry
-        self._clock(now_ms)
-
-    def get(self, endpoint_id: str) -> EndpointView | None:
-        base = self._views.get(endpoint_id)
-        return None if base is None else base.at(self.now_ms(), self.healthy)
-
-    def ids(self) -> list[str]:
-        return list(self._views)
-
-    def view(self) -> View:
-        now = self.now_ms()
-        healthy = self.healthy
-        endpoints = {e: v.at(now, healthy) for e, v in list(self._views.items())}
-        return View(now, self.rev, endpoints, list(self.pollers))
+        return ViewCache
+    raise AttributeError(name)

@@ -153,16 +153,24 @@ async def close_client(client: Any) -> None:
 
 
 @asynccontextmanager
-async def subscribe(client: Any, *channels: str) -> AsyncIterator[aioredis.client.PubSub]:
-    """A pub/sub connection on ``channels`` (callers read with get_message)."""
+async def subscribe(
+    client: Any, *channels: str, shard_channels: tuple[str, ...] = ()
+) -> AsyncIterator[aioredis.client.PubSub]:
+    """A pub/sub connection on ``channels`` and the shard channels ``shard_channels``
+    (``SSUBSCRIBE``, Redis 7); callers read with get_message."""
     own = client
     if isinstance(client, RedisCluster):
-        # Cluster PUBLISH reaches every node: listen on any one of them.
-        node = client.get_random_node()
+        # Cluster PUBLISH reaches every node, SPUBLISH only the shard owning the channel's
+        # slot: listen on that node (every key of a namespace shares one slot).
+        owner = client.get_node_from_key(shard_channels[0]) if shard_channels else None
+        node = owner or client.get_random_node()
         own = aioredis.Redis(host=node.host, port=int(node.port), **_pubsub_options(client))
     pubsub = own.pubsub(ignore_subscribe_messages=True)
     try:
-        await redis_call(pubsub.subscribe(*channels), "SUBSCRIBE")
+        if channels:
+            await redis_call(pubsub.subscribe(*channels), "SUBSCRIBE")
+        if shard_channels:
+            await redis_call(pubsub.ssubscribe(*shard_channels), "SSUBSCRIBE")
         yield pubsub
     finally:
         try:

@@ -25,6 +25,10 @@ class Keys:
         self.members_info = f"{self.prefix}:members:info"
         self.fence = f"{self.prefix}:fence"
         self.events = f"{self.prefix}:events"
+        # A shard channel (SSUBSCRIBE) carrying what events carries, plus each stats and
+        # failure record, so cached readers never read back (docs/schema.md). The write
+        # scripts derive it from the events key: keep the two names in step.
+        self.updates = f"{self.prefix}:updates"
         self.epoch = f"{self.prefix}:epoch"
         # The whole view in two hashes, for snapshots in one cheap read (docs/schema.md).
         self.view_stats = f"{self.prefix}:view:stats"

@@ -57,6 +57,7 @@ from redisproc import RedisProcess  # noqa: E402
 
 from poller.config import RedisSettings  # noqa: E402
 from poller.reader import StatsReader, SyncStatsReader  # noqa: E402
+from poller.reader.records import json_int  # noqa: E402
 from poller.reader.view import View, build_view, snapshot_call  # noqa: E402
 from poller.redis.lua import lua  # noqa: E402
 from poller.redis.store import Keys, RedisStore, connect  # noqa: E402
@@ -415,9 +416,22 @@ def _writer_process(conn: Any, url: str, plan: list[tuple[str, str, int, dict[st
 @contextmanager
 def watch_seqs(cache: Any) -> Iterator[dict[str, list[tuple[int, float]]]]:
     """Record (seq, time) whenever an endpoint's seq changes in the cache, by wrapping
-    this cache instance's apply/load (library code untouched)."""
+    this cache instance's apply/load/set_stats/apply_records (library code untouched)."""
     seen: dict[str, list[tuple[int, float]]] = defaultdict(list)
     apply, load = cache.apply, cache.load
+    set_stats, apply_records = cache.set_stats, cache.apply_records
+
+    def wrapped_set_stats(endpoint_id: str, record: str) -> None:
+        set_stats(endpoint_id, record)  # an update applied without a read
+        seq = json_int(record, "seq") or 0
+        if not seen[endpoint_id] or seen[endpoint_id][-1][0] != seq:
+            seen[endpoint_id].append((seq, time.perf_counter()))
+
+    def wrapped_apply_records(endpoint_id: str, reply: Any) -> None:
+        apply_records(endpoint_id, reply)  # a read-back after a gap
+        entry = cache.get(endpoint_id)
+        if entry is not None:
+            note(endpoint_id, entry, time.perf_counter())
 
     def note(e: str, entry: Any, now: float) -> None:
         stats = entry.stats  # a hash (events) or a view record (snapshots): parse either
@@ -437,10 +451,12 @@ def watch_seqs(cache: Any) -> Iterator[dict[str, list[tuple[int, float]]]]:
             note(e, v, now)
 
     cache.apply, cache.load = wrapped_apply, wrapped_load
+    cache.set_stats, cache.apply_records = wrapped_set_stats, wrapped_apply_records
     try:
         yield seen
     finally:
         cache.apply, cache.load = apply, load
+        cache.set_stats, cache.apply_records = set_stats, apply_records
 
 
 async def bench_propagation(
@@ -493,7 +509,8 @@ async def bench_propagation(
         "rejected": rejected,
         "cache_seq_mismatches_after": stale,
         "method": "t0 in the writer process just before write_stats; seen = when the "
-        "cache's apply/load stored the seq (wrapped on the instance, no polling)",
+        "cache stored the seq (apply/load/set_stats/apply_records wrapped on the instance, "
+        "no polling)",
     }
     return rows, info
 

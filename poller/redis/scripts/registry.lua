@@ -2,6 +2,7 @@
 --       of each removed id
 -- ARGV: expected rev ("" = any), n removed, removed ids..., then id/json pairs to set
 -- Compare-and-set on the revision, so concurrent syncs converge instead of interleaving.
+-- Publishes "endpoints <rev>" on events and on the shard channel P:updates (as RELEASE).
 -- Returns the new revision, or -1 when the revision moved (caller re-reads and retries).
 local rev = redis.call('GET', KEYS[2]) or '0'
 if ARGV[1] ~= '' and ARGV[1] ~= rev then return -1 end
@@ -15,4 +16,5 @@ end
 for i = 3 + n, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 local new = redis.call('INCR', KEYS[2])
 redis.call('PUBLISH', KEYS[3], 'endpoints ' .. new)
+redis.call('SPUBLISH', string.sub(KEYS[3], 1, -7) .. 'updates', 'endpoints ' .. new)
 return new

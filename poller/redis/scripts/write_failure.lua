@@ -2,7 +2,8 @@
 -- ARGV: lease value, lease ttl ms, failure ttl ms, endpoint id, reason, detail, missing
 -- Fenced like WRITE_STATS. Keeps since_ms and counts while the reason stays the same;
 -- leaves the last good stats alone; mirrors the failure as one record in the view hash.
--- Publishes "failure <id> <reason>".
+-- Publishes "failure <id> <reason>" on events, and the record as
+-- "failure <id> <count> <view record>" on the shard channel P:updates (as WRITE_STATS).
 -- Returns {1, count} accepted, or {0, current lease value or ""} rejected.
 local cur = redis.call('GET', KEYS[1])
 if cur ~= ARGV[1] then return {0, cur or ''} end
@@ -27,7 +28,9 @@ redis.call('PEXPIRE', KEYS[2], ARGV[3])
 local record = {reason = ARGV[5], detail = ARGV[6], missing = ARGV[7], since_ms = since,
                 at_ms = now, count = tostring(count), poller = poller, token = token}
 local expires = string.format('%.0f', tonumber(now) + tonumber(ARGV[3]))
-redis.call('HSET', KEYS[4], ARGV[4], now .. ' ' .. expires .. ' ' .. poller .. ' ' .. token ..
-           '|' .. cjson.encode(record))
+local view = now .. ' ' .. expires .. ' ' .. poller .. ' ' .. token .. '|' .. cjson.encode(record)
+redis.call('HSET', KEYS[4], ARGV[4], view)
 redis.call('PUBLISH', KEYS[3], 'failure ' .. ARGV[4] .. ' ' .. ARGV[5])
+redis.call('SPUBLISH', string.sub(KEYS[3], 1, -7) .. 'updates',
+           'failure ' .. ARGV[4] .. ' ' .. count .. ' ' .. view)
 return {1, count}

@@ -3,7 +3,9 @@
 -- Fenced: only if the lease still holds our value. Renews the lease, replaces the stats
 -- hash (so fields the engine stopped publishing disappear), stamps scraped_at_ms from
 -- TIME, bumps seq, sets the TTL, clears the failure, mirrors the stats as one record in
--- the view hash and publishes "stats <id> <seq>".
+-- the view hash and publishes "stats <id> <seq>" on events, and the record itself as
+-- "stats <id> <seq> <view record>" on the shard channel P:updates (the events key with
+-- "updates" for its last 6 characters "events": same hash tag, so the same slot).
 -- Returns {1, seq} accepted, or {0, current lease value or ""} rejected.
 local cur = redis.call('GET', KEYS[1])
 if cur ~= ARGV[1] then return {0, cur or ''} end
@@ -27,8 +29,11 @@ redis.call('HSET', KEYS[2], unpack(fields))
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('DEL', KEYS[3])
 local expires = string.format('%.0f', tonumber(now) + tonumber(ARGV[3]))
-redis.call('HSET', KEYS[5], ARGV[4], now .. ' ' .. (record['interval_ms'] or '0') .. ' ' ..
-           expires .. ' ' .. poller .. ' ' .. token .. '|' .. cjson.encode(record))
+local view = now .. ' ' .. (record['interval_ms'] or '0') .. ' ' .. expires .. ' ' .. poller ..
+             ' ' .. token .. '|' .. cjson.encode(record)
+redis.call('HSET', KEYS[5], ARGV[4], view)
 redis.call('HDEL', KEYS[6], ARGV[4])
 redis.call('PUBLISH', KEYS[4], 'stats ' .. ARGV[4] .. ' ' .. seq)
+redis.call('SPUBLISH', string.sub(KEYS[4], 1, -7) .. 'updates',
+           'stats ' .. ARGV[4] .. ' ' .. seq .. ' ' .. view)
 return {1, seq}

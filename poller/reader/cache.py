@@ -1,0 +1,157 @@
+"""A local copy of the view that follows updates; every read is a dict lookup.
+
+The cache keeps the view as a snapshot delivers it: the registry and the two kinds of
+compact records, as strings. An endpoint is decoded when first asked for after a change,
+and that decode is shared by every later lookup until the next change.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from poller.reader.records import written_ms
+from poller.reader.view import EndpointView, LazyEndpoints, View, entry_from_records
+
+__all__ = ["ViewCache"]
+
+
+class ViewCache:
+    """The view kept by a cached reader; ``get``/``view`` never touch Redis.
+
+    Ages stay right between updates: the cache keeps the offset between the local
+    monotonic clock and the Redis clock, taken at every reply from Redis. While Redis is
+    unreachable (``healthy`` False) it keeps serving the last view, ages growing, and
+    reports nothing as fresh.
+    """
+
+    def __init__(self, stale_after_intervals: float = 2.0, stale_after_ms: int | None = None):
+        self.stale_after_intervals = stale_after_intervals
+        self.stale_after_ms = stale_after_ms
+        self._entries: dict[str, str] = {}
+        self._stats: dict[str, str] = {}
+        self._failures: dict[str, str] = {}
+        self._built: dict[str, EndpointView] = {}  # decoded bases, dropped on change
+        self._offset_ms = 0.0
+        self.rev = -1
+        self.pollers: list[str] = []
+        self.healthy = False
+        self.loaded = False
+        self.updated_at = 0.0  # monotonic seconds of the last reply applied
+
+    def _clock(self, redis_now_ms: int) -> None:
+        self._offset_ms = redis_now_ms - time.monotonic() * 1000
+        self.updated_at = time.monotonic()
+
+    def now_ms(self) -> int:
+        """The Redis clock, estimated locally."""
+        return int(time.monotonic() * 1000 + self._offset_ms)
+
+    def load(self, view: View) -> None:
+        """Replace everything with a snapshot."""
+        endpoints = view.endpoints
+        if isinstance(endpoints, LazyEndpoints):
+            self._entries = dict(endpoints.entries)
+            self._stats = dict(endpoints.stats)
+            self._failures = dict(endpoints.failures)
+            self._built = {}
+        else:  # a View built by hand: keep its entries as they are
+            self._entries = {e: "" for e in endpoints}
+            self._stats, self._failures = {}, {}
+            self._built = dict(endpoints)
+        self.rev = view.rev
+        self.pollers = view.pollers
+        self._clock(view.now_ms)
+        self.loaded = True
+
+    # --- changes the protocol applies (protocol.py) -------------------------------------
+
+    def knows(self, endpoint_id: str) -> bool:
+        return endpoint_id in self._entries
+
+    def stats_record(self, endpoint_id: str) -> str | None:
+        return self._stats.get(endpoint_id)
+
+    def failure_record(self, endpoint_id: str) -> str | None:
+        return self._failures.get(endpoint_id)
+
+    def set_stats(self, endpoint_id: str, record: str) -> None:
+        """An accepted stats write: it replaced the stats and cleared the failure."""
+        self._stats[endpoint_id] = record
+        self._failures.pop(endpoint_id, None)
+        self._built.pop(endpoint_id, None)
+
+    def set_failure(self, endpoint_id: str, record: str) -> None:
+        self._failures[endpoint_id] = record
+        self._built.pop(endpoint_id, None)
+
+    def apply_records(self, endpoint_id: str, reply: Sequence[Any]) -> None:
+        """GET_RECORDS' reply: the endpoint as a snapshot shows it, or gone."""
+        self._clock(int(reply[0]) * 1000 + int(reply[1]) // 1000)
+        self._built.pop(endpoint_id, None)
+        if not reply[2]:
+            for table in (self._entries, self._stats, self._failures):
+                table.pop(endpoint_id, None)
+            return
+        self._entries[endpoint_id] = str(reply[2])
+        for table, record in ((self._stats, reply[3]), (self._failures, reply[4])):
+            if record:
+                table[endpoint_id] = str(record)
+            else:
+                table.pop(endpoint_id, None)
+
+    def apply(self, endpoint_id: str, now_ms: int, entry: EndpointView | None) -> None:
+        """Put one endpoint as a reader built it (None: it left the registry)."""
+        if entry is None:
+            for table in (self._entries, self._stats, self._failures, self._built):
+                table.pop(endpoint_id, None)
+        else:
+            self._entries.setdefault(endpoint_id, "")
+            self._built[endpoint_id] = entry
+        self._clock(now_ms)
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def _base(self, endpoint_id: str) -> EndpointView | None:
+        base = self._built.get(endpoint_id)
+        if base is None:
+            entry_json = self._entries.get(endpoint_id)
+            if entry_json is None:
+                return None
+            base = entry_from_records(
+                endpoint_id,
+                entry_json,
+                self._stats.get(endpoint_id),
+                self._failures.get(endpoint_id),
+                self.now_ms(),
+                self.stale_after_intervals,
+                self.stale_after_ms,
+            )
+            self._built[endpoint_id] = base
+        return base
+
+    def get(self, endpoint_id: str) -> EndpointView | None:
+        base = self._base(endpoint_id)
+        return None if base is None else base.at(self.now_ms(), self.healthy)
+
+    def ids(self) -> list[str]:
+        return list(self._entries)
+
+    def view(self) -> View:
+        now = self.now_ms()
+        healthy = self.healthy
+        endpoints: dict[str, EndpointView] = {}
+        for endpoint_id in list(self._entries):
+            base = self._base(endpoint_id)
+            if base is not None:
+                endpoints[endpoint_id] = base.at(now, healthy)
+        return View(now, self.rev, endpoints, list(self.pollers))
+
+    def written_ms(self, endpoint_id: str) -> tuple[int, int]:
+        """(stats write time, failure write time) of what the cache holds; -1 if none."""
+        stats, failure = self._stats.get(endpoint_id), self._failures.get(endpoint_id)
+        return (
+            -1 if stats is None else written_ms(stats),
+            -1 if failure is None else written_ms(failure),
+        )

@@ -1,0 +1,6 @@
+-- KEYS: endpoints, view stats, view failures   ARGV: endpoint id
+-- Returns {seconds, microseconds, registry json or "", stats record or "",
+--          failure record or ""}: one endpoint as a snapshot would show it.
+local t = redis.call('TIME')
+return {t[1], t[2], redis.call('HGET', KEYS[1], ARGV[1]) or '',
+        redis.call('HGET', KEYS[2], ARGV[1]) or '', redis.call('HGET', KEYS[3], ARGV[1]) or ''}
