@@ -6,9 +6,9 @@ lives in the modules behind the ``service`` extra.
 
 from poller._version import __version__
 from poller.errors import PollerError, StoreError
+from poller.reader.cache import ViewCache
 from poller.reader.pick import pick
 from poller.reader.reader import StatsReader, SyncStatsReader
-from poller.reader.cache import ViewCache
 from poller.reader.view import EndpointView, View
 from poller.stats import EndpointStats, Failure
 
