@@ -125,6 +125,24 @@ async def test_states_for_every_case(rstore: RedisStore, reader: StatsReader) ->
     assert await reader.live_pollers() == ["p1"]
 
 
+async def test_a_malformed_record_reads_as_absent_and_says_so_once(
+    rstore: RedisStore, reader: StatsReader, caplog: pytest.LogCaptureFixture
+) -> None:
+    tokens = await setup(rstore, "a", "b")
+    await write(rstore, "a", tokens["a"], running=1)
+    await write(rstore, "b", tokens["b"], running=2)
+    view_stats = f"{{{NS}}}:view:stats"
+    for endpoint_id in ("a", "b"):  # a foreign writer's garbage in the record's JSON part
+        header = (await rstore.client.hget(view_stats, endpoint_id)).partition("|")[0]
+        await rstore.client.hset(view_stats, endpoint_id, header + '|{"running": "many"}')
+    with caplog.at_level("DEBUG", logger="poller.reader.view"):
+        view = await reader.snapshot()
+        assert view["a"].stats is None and view["b"].stats is None
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) <= 1  # once per kind of problem in a process, not per endpoint
+    assert any("malformed stats of endpoint" in r.getMessage() for r in caplog.records)
+
+
 async def test_freshness_bound_is_per_endpoint_and_overridable(
     rstore: RedisStore, real_client: aioredis.Redis
 ) -> None:

@@ -11,10 +11,12 @@ The bound is ``stale_after_intervals`` times the interval the poller wrote with 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from poller.errors import PollerError
 from poller.reader.records import FAILURE_HEADER, STATS_HEADER, split
 from poller.redis.keys import Keys
 from poller.registry import Endpoint, endpoint_from_json
@@ -31,6 +33,19 @@ __all__ = [
 ]
 
 State = Literal["fresh", "stale", "failing", "unknown"]
+
+
+_RECORDS = ("stats", "failure", "registry entry")
+_reported: set[tuple[str, str]] = set()
+log = logging.getLogger(__name__)
+
+
+def _malformed(record: str, endpoint_id: str, exc: Exception) -> None:
+    """A WARNING once per (record, error type) in this process; DEBUG after that."""
+    kind = (record, type(exc).__name__)
+    level = logging.DEBUG if kind in _reported else logging.WARNING
+    _reported.add(kind)
+    log.log(level, "malformed %s of endpoint %s read as absent: %s", record, endpoint_id, exc)
 
 
 def _fields(raw: Mapping[str, str] | str) -> dict[str, str]:
@@ -159,7 +174,9 @@ class EndpointView:
                     parsed = Failure.from_hash(_fields(self.raw[2])) if self.raw[2] else None
                 else:
                     parsed = endpoint_from_json(self.id, self.raw[0]) if self.raw[0] else None
-            except Exception:  # malformed data from a foreign writer reads as absent
+            except (ValueError, TypeError, KeyError, PollerError) as exc:
+                # Malformed data from a foreign writer reads as absent, and says so once.
+                _malformed(_RECORDS[index], self.id, exc)
                 parsed = None
             self._parsed[index] = parsed
         return parsed
