@@ -113,7 +113,7 @@ MAX_KEY_FILE_BYTES = 16 * 1024
 def resolve_api_key(endpoint: Endpoint, policy: KeyPolicy | None = None) -> str | None:
     """The bearer token for an endpoint, from the poller's environment or a file.
 
-    ``policy`` (default: ``KeyPolicy()``, the default settings) decides which variables and
+    ``policy`` (default: the default settings' rules) decides which variables and
     files may be named; anything else is a ``config`` failure naming the rule, and a file
     outside the key directory is never opened. The key never appears in an error: a key
     that is not one header-safe word is a ``config`` failure that says where it came
@@ -205,7 +205,8 @@ def _read_key_file(endpoint: Endpoint, name: str, key_dir: str | None) -> str:
         ) from None
 
 
-#: Redirects followed within the endpoint's origin, like the Go poller (which follows 10).
+#: Redirects followed, within the endpoint's origin only. (The Go poller's http.Client follows
+#: 10, to any host, dropping only the Authorization header on another domain.)
 MAX_REDIRECTS = 3
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
