@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import logging
 import os
 import re
@@ -163,6 +164,13 @@ def _read_api_key(endpoint: Endpoint, policy: KeyPolicy) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=16)
+def _real_dir(key_dir: str) -> str:
+    """The key directory with its own symlinks resolved, once per process (the files in
+    it are resolved at every read)."""
+    return os.path.realpath(key_dir)
+
+
 def _read_key_file(endpoint: Endpoint, name: str, key_dir: str | None) -> str:
     """The stripped text of a key file, which must resolve inside ``key_dir`` (if set).
 
@@ -172,7 +180,7 @@ def _read_key_file(endpoint: Endpoint, name: str, key_dir: str | None) -> str:
     and must be a regular file (a FIFO or a device is refused, not read)."""
     path = name
     if key_dir is not None:
-        root = os.path.realpath(key_dir)
+        root = _real_dir(key_dir)
         path = os.path.realpath(os.path.join(root, name))  # an absolute name replaces root
         if os.path.commonpath([root, path]) != root or path == root:
             raise FetchError(
