@@ -64,7 +64,7 @@ class LlamaServer:
         self.log = log
         # -np 2: two slots, so a third concurrent request is deferred (waiting).
         command = [str(binary), "-m", str(model), "--host", "127.0.0.1"]
-        command += ["--port", str(self.port), "-c", "8192", "-np", "2", "-t", "2", *args]
+        command += ["--port", str(self.port), "-c", "16384", "-np", "2", "-t", "2", *args]
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
                 command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
@@ -89,7 +89,7 @@ class LlamaServer:
         if key:
             request.add_header("Authorization", f"Bearer {key}")
         try:
-            with urllib.request.urlopen(request, timeout=10) as response:
+            with urllib.request.urlopen(request, timeout=30) as response:
                 return response.status, response.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()

@@ -24,6 +24,7 @@ from poller.redis.keys import Keys
 NS = "engines"
 SLOTS = 2  # llama-server -np 2 (conftest)
 CONCURRENT = 6  # so SLOTS run and the rest are deferred
+MAX_PREDICT = 8000  # a slot's context is 16384 / SLOTS tokens (conftest)
 
 
 def poller_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -117,7 +118,7 @@ def n_predict_for(server: Any, seconds: float) -> int:
     started = time.monotonic()
     server.complete(256)
     rate = 256 / max(time.monotonic() - started, 1e-3)
-    return max(256, min(4000, int(rate * seconds / SLOTS)))
+    return max(256, min(MAX_PREDICT, int(rate * seconds / SLOTS)))
 
 
 # --- tests --------------------------------------------------------------------------------------
@@ -147,7 +148,11 @@ def test_check_and_run_follow_concurrent_completions(
     llama: Any, own_redis: RedisProcess, tmp_path: Path
 ) -> None:
     server = llama("--metrics")
-    n_predict = n_predict_for(server, 6.0)
+    # Each wave of two requests must outlast several `poller check` runs (a Python start
+    # each, slow on a busy machine), so that one of them sees no request finish.
+    started = time.monotonic()
+    check_json(server.url)
+    n_predict = n_predict_for(server, max(6.0, 5 * (time.monotonic() - started)))
     client = redis.Redis.from_url(own_redis.url, decode_responses=True)
     added = poller_cli(
         "endpoints", "add", "llama", server.url, "--engine", "llamacpp",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 #: Small enough to decode quickly on a shared CPU, big enough to be a real llama graph.
-N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF, N_CTX = 64, 2, 4, 2, 128, 4096
+N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF, N_CTX = 64, 2, 4, 2, 128, 16384
 
 
 def write_tiny_llama(tree: Path, out: Path, seed: int = 0) -> Path:
