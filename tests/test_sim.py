@@ -309,7 +309,7 @@ async def test_admin_api_over_http(client: httpx.AsyncClient) -> None:
         assert (await fetch(client, admin + "/hits")).json()["hits"] == {"a": 0, "b": 0}
         registry = (await fetch(client, admin + "/registry")).json()
         assert registry[1] == {"id": "b", "url": b_url, "engine": "llamacpp"} | {
-            "api_key_env": "LLMGW_SIM_API_KEY"
+            "api_key_env": "LLMGW_KEY_SIM"
         }
         snapshot = (await fetch(client, admin + "/endpoints/a/snapshot")).json()
         assert snapshot["restarts"] == 0

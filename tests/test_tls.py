@@ -542,3 +542,45 @@ async def test_readers_and_status_take_the_tls_settings(tls_redis: TlsRedis, pki
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["endpoints"] == []
+
+
+async def test_https_redirects_stay_on_https_and_never_downgrade(
+    scraper: Scraper, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Within the https origin a redirect is followed; to http on the same host and port
+    (a downgrade that would send the key in clear text) it is refused."""
+    monkeypatch.setenv("LLMGW_KEY_TLS_TEST", "tls-key")
+    seen: list[tuple[str, str | None]] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        seen.append((request.path, request.headers.get("Authorization")))
+        if request.path == "/moved/metrics":
+            return web.Response(status=301, headers={"Location": "/metrics"})
+        if request.path == "/plain/metrics":
+            port = request.url.port
+            return web.Response(status=302, headers={"Location": f"http://127.0.0.1:{port}/"})
+        return web.Response(body=PAGE, content_type="text/plain")
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    pki.server.configure_cert(context)
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context).start()
+    base = f"https://127.0.0.1:{runner.addresses[0][1]}"
+    extra = {"tls_ca_file": str(pki.ca), "api_key_env": "LLMGW_KEY_TLS_TEST"}
+    try:
+        fetched = await scraper.fetch(ep(f"{base}/moved", **extra), "/metrics", 2.0)
+        assert fetched.body == PAGE
+        with pytest.raises(FetchError) as err:
+            await scraper.fetch(ep(f"{base}/plain", **extra), "/metrics", 2.0)
+    finally:
+        await runner.cleanup()
+    assert err.value.reason == "http_status"
+    assert err.value.detail.startswith(f"HTTP 302 redirect to {base.replace('https', 'http')},")
+    assert seen == [
+        ("/moved/metrics", "Bearer tls-key"),
+        ("/metrics", "Bearer tls-key"),
+        ("/plain/metrics", "Bearer tls-key"),
+    ]

@@ -145,10 +145,6 @@ class Engine:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.hits[request.path] = self.hits.get(request.path, 0) + 1
-        if request.path == "/redirect/metrics":
-            raise web.HTTPFound("/target/metrics")
-        if request.path == "/away/metrics":  # to a host that is not in any allowlist
-            raise web.HTTPFound("http://localhost:9/metrics")
         return web.Response(body=VLLM, content_type="text/plain")
 
 
@@ -166,17 +162,135 @@ async def engine() -> AsyncIterator[Engine]:
     await runner.cleanup()
 
 
-@pytest.mark.parametrize("http_client", ["aiohttp", "httpcore"])
-@pytest.mark.parametrize("path", ["redirect", "away"])
-async def test_redirects_are_not_followed(engine: Engine, http_client: str, path: str) -> None:
+class Origin:
+    """A local HTTP server that records the Authorization header of every request."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str | None]] = []  # (path, Authorization)
+        self.port = 0
+        self.redirects: dict[str, tuple[int, str]] = {}  # path -> (status, Location)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.seen.append((request.path, request.headers.get("Authorization")))
+        hop = request.path.removeprefix("/hop/").removesuffix("/metrics")
+        if request.path.startswith("/hop/") and hop.isdigit() and int(hop) > 0:
+            # 301, 302, 303, 307, 308 in turn: every kind of redirect is followed alike.
+            status = (301, 302, 303, 307, 308)[int(hop) % 5]
+            return web.Response(status=status, headers={"Location": f"/hop/{int(hop) - 1}/metrics"})
+        if request.path in self.redirects:
+            status, location = self.redirects[request.path]
+            return web.Response(status=status, headers={"Location": location} if location else {})
+        return web.Response(body=VLLM, content_type="text/plain")
+
+
+@pytest.fixture
+async def origins() -> AsyncIterator[tuple[Origin, Origin]]:
+    """Two servers on 127.0.0.1: two origins that differ by port."""
+    runners, pair = [], (Origin(), Origin())
+    for origin in pair:
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", origin.handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        origin.port = runner.addresses[0][1]
+        runners.append(runner)
+    yield pair
+    for runner in runners:
+        await runner.cleanup()
+
+
+KEY = "Bearer redirect-test-key"
+
+
+async def _fetch(http_client: str, url: str) -> Exception | int:
     scraper = Scraper(max_body_bytes=100_000, http_client=http_client)
+    endpoint = Endpoint(id="e", url=url, api_key_env="LLMGW_KEY_REDIRECT_TEST")
     try:
-        with pytest.raises(FetchError) as err:
-            await scraper.fetch(Endpoint(id="e", url=f"{engine.url}/{path}"), "/metrics", 2.0)
+        return (await scraper.fetch(endpoint, "/metrics", 5.0)).status
+    except FetchError as exc:
+        return exc
     finally:
         await scraper.aclose()
-    assert err.value.reason == "http_status" and err.value.detail == "HTTP 302"
-    assert engine.hits == {f"/{path}/metrics": 1}
+
+
+@pytest.fixture(autouse=True)
+def _redirect_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMGW_KEY_REDIRECT_TEST", KEY.removeprefix("Bearer "))
+
+
+@pytest.mark.parametrize("http_client", ["aiohttp", "httpcore"])
+async def test_three_redirects_within_the_origin_are_followed_with_the_key(
+    origins: tuple[Origin, Origin], http_client: str
+) -> None:
+    a, _ = origins
+    assert await _fetch(http_client, f"http://127.0.0.1:{a.port}/hop/3") == 200
+    assert a.seen == [(f"/hop/{n}/metrics", KEY) for n in (3, 2, 1, 0)]
+
+
+@pytest.mark.parametrize("http_client", ["aiohttp", "httpcore"])
+async def test_a_fourth_redirect_fails(origins: tuple[Origin, Origin], http_client: str) -> None:
+    a, _ = origins
+    err = await _fetch(http_client, f"http://127.0.0.1:{a.port}/hop/4")
+    assert isinstance(err, FetchError) and err.reason == "http_status"
+    assert err.detail == "HTTP 302: more than 3 redirects" and err.status == 302  # /hop/1's
+    assert [path for path, _ in a.seen] == [f"/hop/{n}/metrics" for n in (4, 3, 2, 1)]
+
+
+@pytest.mark.parametrize("http_client", ["aiohttp", "httpcore"])
+@pytest.mark.parametrize("elsewhere", ["port", "host", "scheme"])
+async def test_a_redirect_to_another_origin_fails_and_never_gets_the_key(
+    origins: tuple[Origin, Origin], http_client: str, elsewhere: str
+) -> None:
+    a, b = origins
+    target, named = {
+        # another port of the same address: a different server (b records what it gets)
+        "port": (f"http://127.0.0.1:{b.port}/metrics", f"http://127.0.0.1:{b.port}"),
+        # another host name for the same server: a's own log shows it was never asked
+        "host": (f"http://localhost:{a.port}/landed", f"http://localhost:{a.port}"),
+        "scheme": (f"https://127.0.0.1:{a.port}/landed", f"https://127.0.0.1:{a.port}"),
+    }[elsewhere]
+    a.redirects["/metrics"] = (302, "/go")  # same origin first: the check is made per hop
+    a.redirects["/go"] = (307, target)
+    err = await _fetch(http_client, f"http://127.0.0.1:{a.port}")
+    assert isinstance(err, FetchError) and err.reason == "http_status" and err.status == 307
+    assert err.detail.startswith(f"HTTP 307 redirect to {named}, another origin: not followed")
+    assert a.seen == [("/metrics", KEY), ("/go", KEY)]
+    assert b.seen == []
+
+
+@pytest.mark.parametrize("http_client", ["aiohttp", "httpcore"])
+async def test_a_redirect_without_a_location_fails(
+    origins: tuple[Origin, Origin], http_client: str
+) -> None:
+    a, _ = origins
+    a.redirects["/metrics"] = (302, "")
+    err = await _fetch(http_client, f"http://127.0.0.1:{a.port}")
+    assert isinstance(err, FetchError) and err.reason == "http_status"
+    assert err.detail == "HTTP 302 redirect without a usable Location"
+
+
+@pytest.mark.parametrize("http_client", ["aiohttp", "httpcore"])
+async def test_a_redirect_to_the_same_origin_with_default_port_is_followed(
+    http_client: str,
+) -> None:
+    # http://h/ and http://h:80/ are one origin; checked without a network (MockTransport).
+    seen: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url))
+        if request.url.path == "/metrics":
+            return httpx.Response(302, headers={"Location": "http://gw.internal:80/real"})
+        return httpx.Response(200, content=VLLM)
+
+    scraper = Scraper(
+        max_body_bytes=100_000, transport_factory=lambda _: httpx.MockTransport(handle)
+    )
+    try:
+        fetched = await scraper.fetch(Endpoint(id="e", url="http://gw.internal"), "/metrics", 2.0)
+    finally:
+        await scraper.aclose()
+    assert fetched.status == 200 and seen[-1].endswith("/real")
 
 
 @pytest.mark.parametrize("http_client", ["aiohttp", "httpcore"])

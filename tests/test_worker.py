@@ -9,11 +9,15 @@ import fakeredis
 import httpx
 import pytest
 
-from poller.config import Settings
+from poller.config import ScrapeSettings, Settings
 from poller.redis.store import RedisStore
 from poller.registry import Endpoint
+from poller.scrape.http import KeyPolicy
 from poller.service.jobs import GridJitterTrigger
 from poller.service.worker import Worker
+
+#: These tests were written at a 1 s interval (the default is 2 s, timeout 1 s).
+ONE_S = ScrapeSettings(interval_s=1.0, timeout_s=0.8)
 
 DATA = Path(__file__).parent / "data"
 VLLM = (DATA / "vllm-v1-synthetic-61k.txt").read_bytes()
@@ -46,7 +50,7 @@ def engines() -> Engines:
 async def worker(engines: Engines) -> AsyncIterator[Worker]:
     client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
     store = RedisStore(client, "t")
-    w = Worker(Settings(id="p1"), store, transport_factory=engines.factory)
+    w = Worker(Settings(id="p1", scrape=ONE_S), store, transport_factory=engines.factory)
     yield w
     await w.jobs.stop()
     await w.scraper.aclose()
@@ -98,7 +102,7 @@ async def test_hit_rate_is_windowed_and_survives_handover(worker: Worker, engine
     assert float((await worker.store.read_stats("e1"))["prefix_cache_hit_rate"]) == 0.9
 
     # a new owner continues the window from the counters in the stats hash
-    other = Worker(Settings(id="p2"), worker.store, transport_factory=engines.factory)
+    other = Worker(Settings(id="p2", scrape=ONE_S), worker.store, transport_factory=engines.factory)
     await worker.coordinator.leave()
     worker.jobs.remove("e1")
     await other.step()
@@ -162,12 +166,14 @@ async def test_api_key_from_env_or_file(
 ) -> None:
     key_file = tmp_path / "key"
     key_file.write_text("file-secret\n")
-    monkeypatch.setenv("ENGINE_KEY", "env-secret")
+    monkeypatch.setenv("LLMGW_KEY_ENGINE", "env-secret")
+    # The rules of scrape.key_env_prefix and scrape.key_dir (tmp_path as the key directory).
+    worker.scraper.key_policy = KeyPolicy.from_settings(ScrapeSettings(key_dir=str(tmp_path)))
     await own(
         worker,
-        ep("a", api_key_env="ENGINE_KEY"),
+        ep("a", api_key_env="LLMGW_KEY_ENGINE"),
         ep("b", api_key_file=str(key_file)),
-        ep("c", api_key_env="UNSET_VARIABLE"),
+        ep("c", api_key_env="LLMGW_KEY_UNSET_VARIABLE"),
         ep("d", api_key_file=str(tmp_path / "no")),
     )
     for endpoint_id in "abcd":
@@ -176,7 +182,7 @@ async def test_api_key_from_env_or_file(
     assert auth == ["Bearer env-secret", "Bearer file-secret"]
     c = await worker.store.read_failure("c")
     d = await worker.store.read_failure("d")
-    assert c["reason"] == "config" and "UNSET_VARIABLE" in c["detail"]
+    assert c["reason"] == "config" and "LLMGW_KEY_UNSET_VARIABLE" in c["detail"]
     assert d["reason"] == "config" and "api_key_file" in d["detail"]
     values = [v for e in "abcd" for v in (await worker.store.read_failure(e)).values()]
     assert not any("secret" in v for v in values)

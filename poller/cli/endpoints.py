@@ -9,14 +9,40 @@ from typing import Any
 import click
 
 from poller.cli.common import NAMESPACE, REDIS_URL, run_store_command, store_session
+from poller.config import ScrapeSettings, effective_timeout_s, load_settings
 from poller.errors import ConfigError
 from poller.redis.store import sync_diff
-from poller.registry import ENGINES, endpoint_from_dict, endpoints_from_file
+from poller.registry import ENGINES, Endpoint, endpoint_from_dict, endpoints_from_file
 
 
 @click.group()
 def endpoints() -> None:
     """Read and change the endpoint registry in Redis."""
+
+
+def _scrape_settings() -> ScrapeSettings:
+    """The pollers' scrape settings as far as this shell knows them (``POLLER_SCRAPE__*``),
+    else the defaults."""
+    try:
+        return load_settings().scrape
+    except ConfigError:
+        return ScrapeSettings()
+
+
+def _timeout_notes(entries: list[Endpoint]) -> None:
+    """One line per entry whose timeout the pollers will lower (effective_timeout_s)."""
+    scrape = _scrape_settings()
+    for e in entries:
+        timeout, lowered = effective_timeout_s(e.timeout_s, e.interval_s, scrape)
+        if not lowered:
+            continue
+        interval = e.interval_s or scrape.interval_s
+        named = e.timeout_s or scrape.timeout_s
+        where = "" if e.interval_s else " (scrape.interval_s)"
+        click.echo(
+            f"note: {e.id}: timeout {named:g}s is not below its interval {interval:g}s{where}: "
+            f"the pollers use {timeout:g}s, half the interval"
+        )
 
 
 def _labels(values: tuple[str, ...]) -> dict[str, str]:
@@ -83,6 +109,7 @@ def endpoints_add(
 
     rev = run_store_command(go())
     click.echo(f"{'updated' if replace else 'added'} {endpoint_id} (registry rev {rev})")
+    _timeout_notes([endpoint])
 
 
 @endpoints.command("rm")
@@ -171,3 +198,4 @@ def endpoints_sync(file: str, dry_run: bool, redis_url: str | None, namespace: s
         f"{verb} add {len(added)}, change {len(changed)}, remove {len(removed)}"
         + ("" if dry_run else f" (registry rev {rev})")
     )
+    _timeout_notes([wanted[endpoint_id] for endpoint_id in sorted(wanted)])

@@ -18,35 +18,44 @@ TLS: engines are verified against the system trust store, or against the endpoin
 gets one session per pair, since httpx-aiohttp cannot pass aiohttp a per-request
 ``ssl=``; endpoints with the default TLS settings all share the first session.
 
-URL policy: redirects are never followed, and with ``scrape.allowed_hosts`` set a host
-outside it is never contacted (a ``config`` failure). The host checked is the one in the
-request httpx builds, i.e. exactly what the transport will connect to.
+URL policy: up to 3 redirects are followed within the endpoint's origin (scheme, host and
+port), with the same headers; a redirect to another origin is an ``http_status`` failure
+and nothing is sent there, so the bearer key never leaves the origin it was named for.
+With ``scrape.allowed_hosts`` set a host outside it is never contacted (a ``config``
+failure). The host checked is the one in the request httpx builds, i.e. exactly what the
+transport will connect to.
+
+Keys: ``api_key_env`` must start with ``scrape.key_env_prefix`` and ``api_key_file`` must
+resolve inside ``scrape.key_dir`` (``KeyPolicy``), so a registry writer cannot make the
+poller send another variable or file of its host.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import functools
 import logging
 import os
 import re
 import ssl
+import stat
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
-from poller.config import HostAllowlist
+from poller.config import DEFAULT_KEY_DIR, HostAllowlist, ScrapeSettings, key_directory
 from poller.errors import FetchError
 from poller.registry import Endpoint
 from poller.scrape.http_errors import status_error
 
-__all__ = ["Fetched", "Scraper", "TransportFactory", "resolve_api_key"]
+__all__ = ["Fetched", "KeyPolicy", "Scraper", "TransportFactory", "resolve_api_key"]
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +85,44 @@ class Fetched:
 _TOKEN_RE = re.compile(r"[\x21-\x7e]+")
 
 
-def resolve_api_key(endpoint: Endpoint) -> str | None:
+@dataclass(frozen=True, slots=True)
+class KeyPolicy:
+    """Which variables and files an entry may name as its key (``scrape.key_env_prefix``,
+    ``scrape.key_dir``). Whoever can write the registry chooses ``api_key_env`` and
+    ``api_key_file``, and the poller sends what it finds as a bearer token to a URL of the
+    writer's choosing: without this, any variable or readable file of the poller host
+    could be sent anywhere. ``None`` lifts a rule (``poller check``, where the operator
+    names their own variable or file on their own machine)."""
+
+    env_prefix: str | None = "LLMGW_KEY_"
+    key_dir: str | None = DEFAULT_KEY_DIR
+
+    @classmethod
+    def from_settings(
+        cls, scrape: ScrapeSettings, environ: Mapping[str, str] | None = None
+    ) -> KeyPolicy:
+        return cls(scrape.key_env_prefix, key_directory(scrape, environ))
+
+    @classmethod
+    def unrestricted(cls) -> KeyPolicy:
+        return cls(None, None)
+
+
+#: A key file larger than this is not a key (and is not read past it).
+MAX_KEY_FILE_BYTES = 16 * 1024
+
+
+def resolve_api_key(endpoint: Endpoint, policy: KeyPolicy | None = None) -> str | None:
     """The bearer token for an endpoint, from the poller's environment or a file.
 
-    The key never appears in an error: a key that is not one header-safe word is a
-    ``config`` failure that says where it came from, not what it is."""
-    key = _read_api_key(endpoint)
+    ``policy`` (default: the default settings' rules) decides which variables and
+    files may be named; anything else is a ``config`` failure naming the rule, and a file
+    outside the key directory is never opened. The key never appears in an error: a key
+    that is not one header-safe word is a ``config`` failure that says where it came
+    from, not what it is."""
+    if policy is None:
+        policy = KeyPolicy.from_settings(ScrapeSettings())
+    key = _read_api_key(endpoint, policy)
     if key is not None and not _TOKEN_RE.fullmatch(key):
         source = (
             f"environment variable {endpoint.api_key_env}"
@@ -96,32 +137,93 @@ def resolve_api_key(endpoint: Endpoint) -> str | None:
     return key
 
 
-def _read_api_key(endpoint: Endpoint) -> str | None:
+def _read_api_key(endpoint: Endpoint, policy: KeyPolicy) -> str | None:
     if endpoint.api_key_env:
-        value = os.environ.get(endpoint.api_key_env)
+        name = endpoint.api_key_env
+        if policy.env_prefix is not None and not name.startswith(policy.env_prefix):
+            raise FetchError(
+                "config",
+                f"api_key_env {name} does not start with {policy.env_prefix}: only such "
+                "variables may hold engine keys (scrape.key_env_prefix)",
+                endpoint=endpoint.id,
+            )
+        value = os.environ.get(name)
         if not value:
             raise FetchError(
                 "config",
-                f"environment variable {endpoint.api_key_env} (api_key_env) is not set",
+                f"environment variable {name} (api_key_env) is not set",
                 endpoint=endpoint.id,
             )
         return value.strip()
     if endpoint.api_key_file:
-        try:
-            value = Path(endpoint.api_key_file).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-            raise FetchError(
-                "config",
-                f"cannot read api_key_file {endpoint.api_key_file}: {why}",
-                endpoint=endpoint.id,
-            ) from None
+        value = _read_key_file(endpoint, endpoint.api_key_file, policy.key_dir)
         if not value:
             raise FetchError(
                 "config", f"api_key_file {endpoint.api_key_file} is empty", endpoint=endpoint.id
             )
         return value
     return None
+
+
+@functools.lru_cache(maxsize=16)
+def _real_dir(key_dir: str) -> str:
+    """The key directory with its own symlinks resolved, once per process (the files in
+    it are resolved at every read)."""
+    return os.path.realpath(key_dir)
+
+
+def _read_key_file(endpoint: Endpoint, name: str, key_dir: str | None) -> str:
+    """The stripped text of a key file, which must resolve inside ``key_dir`` (if set).
+
+    A relative name is taken inside the key directory. The path is resolved (symlinks,
+    ``..``) before anything is opened, so a file outside is never opened at all; the
+    resolved path is then opened without following a last symlink and without blocking,
+    and must be a regular file (a FIFO or a device is refused, not read)."""
+    path = name
+    if key_dir is not None:
+        root = _real_dir(key_dir)
+        path = os.path.realpath(os.path.join(root, name))  # an absolute name replaces root
+        if os.path.commonpath([root, path]) != root or path == root:
+            raise FetchError(
+                "config",
+                f"api_key_file {name} is not inside the key directory {key_dir}: only files "
+                "there may hold engine keys (scrape.key_dir)",
+                endpoint=endpoint.id,
+            )
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise FetchError(
+                    "config", f"api_key_file {name} is not a regular file", endpoint=endpoint.id
+                )
+            data = file.read(MAX_KEY_FILE_BYTES + 1)
+        if len(data) > MAX_KEY_FILE_BYTES:
+            raise FetchError(
+                "config",
+                f"api_key_file {name} is larger than {MAX_KEY_FILE_BYTES} bytes",
+                endpoint=endpoint.id,
+            )
+        return data.decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
+            why = "it is a symbolic link"  # only when swapped in after it was resolved
+        raise FetchError(
+            "config", f"cannot read api_key_file {name}: {why}", endpoint=endpoint.id
+        ) from None
+
+
+#: Redirects followed, within the endpoint's origin only. (The Go poller's http.Client follows
+#: 10, to any host, dropping only the Authorization header on another domain.)
+MAX_REDIRECTS = 3
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int]:
+    """(scheme, host, port) with the scheme's default port filled in."""
+    return (url.scheme, url.host.lower(), url.port or _DEFAULT_PORTS.get(url.scheme, 0))
 
 
 def metrics_url(endpoint: Endpoint, default_path: str) -> str:
@@ -138,8 +240,12 @@ class Scraper:
         http_client: str = "aiohttp",
         transport_factory: TransportFactory | None = None,
         allowed_hosts: Sequence[str] = (),
+        key_policy: KeyPolicy | None = None,
     ) -> None:
         self.max_body_bytes = max_body_bytes
+        #: Default: the default settings' rules (LLMGW_KEY_*, $CREDENTIALS_DIRECTORY or
+        #: /etc/llmgw-poller/keys); a poller passes ``KeyPolicy.from_settings``.
+        self.key_policy = key_policy or KeyPolicy.from_settings(ScrapeSettings())
         if transport_factory is None and http_client == "httpcore":
             transport_factory = self._httpcore_transport
         self._transport_factory = transport_factory
@@ -155,7 +261,7 @@ class Scraper:
     def _new_client(transport: httpx.AsyncBaseTransport) -> httpx.AsyncClient:
         return httpx.AsyncClient(
             transport=transport,
-            follow_redirects=False,  # a redirect is a misconfigured URL, not a page
+            follow_redirects=False,  # followed by _send, within the origin only
             trust_env=False,  # no proxy or netrc surprises: engines are addressed directly
         )
 
@@ -242,7 +348,7 @@ class Scraper:
             "Accept": _ACCEPT,
             "Accept-Encoding": "gzip" if endpoint.accept_gzip else "identity",
         }
-        api_key = resolve_api_key(endpoint)
+        api_key = resolve_api_key(endpoint, self.key_policy)
         if api_key is not None:
             headers["Authorization"] = f"Bearer {api_key}"
         url = metrics_url(endpoint, default_path)
@@ -291,7 +397,7 @@ class Scraper:
             log.warning(
                 "endpoint=%s has tls_insecure: its certificate is not verified", endpoint.id
             )
-        response = await client.send(request, stream=True)
+        response = await self._send(endpoint, client, request, headers, timeout_s)
         try:
             status = response.status_code
             if not 200 <= status < 300:
@@ -320,6 +426,56 @@ class Scraper:
         return Fetched(
             body, status, response.headers.get("content-type", ""), time.perf_counter() - t0
         )
+
+    async def _send(
+        self,
+        endpoint: Endpoint,
+        client: httpx.AsyncClient,
+        request: httpx.Request,
+        headers: dict[str, str],
+        timeout_s: float,
+    ) -> httpx.Response:
+        """Send, following up to ``MAX_REDIRECTS`` redirects within the request's origin
+        (scheme, host, port), with the same headers (the bearer key too). A redirect to
+        another origin is an ``http_status`` failure naming it; nothing is sent there."""
+        origin = _origin(request.url)
+        for hop in range(MAX_REDIRECTS + 1):
+            response = await client.send(request, stream=True)
+            status = response.status_code
+            if status not in _REDIRECT_STATUSES:
+                return response
+            location = response.headers.get("location", "")
+            await response.aclose()
+            try:
+                target = request.url.join(location.strip()) if location.strip() else None
+            except (httpx.InvalidURL, ValueError, UnicodeError):
+                target = None
+            if target is None or not target.host:
+                raise FetchError(
+                    "http_status",
+                    f"HTTP {status} redirect without a usable Location",
+                    endpoint=endpoint.id,
+                    status=status,
+                )
+            if _origin(target) != origin:
+                scheme, host, port = _origin(target)
+                shown = f"[{host}]" if ":" in host else host
+                raise FetchError(
+                    "http_status",
+                    f"HTTP {status} redirect to {scheme}://{shown[:120]}:{port}, another "
+                    "origin: not followed (only the same scheme, host and port are)",
+                    endpoint=endpoint.id,
+                    status=status,
+                )
+            if hop == MAX_REDIRECTS:
+                raise FetchError(
+                    "http_status",
+                    f"HTTP {status}: more than {MAX_REDIRECTS} redirects",
+                    endpoint=endpoint.id,
+                    status=status,
+                )
+            request = client.build_request("GET", target, headers=headers, timeout=timeout_s)
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     def _too_large(self, size: int) -> str:
         return f"body of {size}+ bytes exceeds the {self.max_body_bytes}-byte cap"

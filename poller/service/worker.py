@@ -22,11 +22,11 @@ from datetime import UTC, datetime, timedelta
 from redis.exceptions import RedisError
 
 from poller.backoff import backoff_s, member_ttl_cap_s
-from poller.config import Settings
+from poller.config import Settings, effective_timeout_s
 from poller.errors import ConfigError, PollerError, SchemaMismatch, StoreError
 from poller.redis.store import RedisStore
 from poller.scrape.engines import mapping_for_endpoint
-from poller.scrape.http import Scraper, TransportFactory
+from poller.scrape.http import KeyPolicy, Scraper, TransportFactory
 from poller.service.coordinator import Coordinator
 from poller.service.follow import RegistryFollower
 from poller.service.jobs import JobRunner, JobSpec
@@ -58,6 +58,7 @@ class Worker:
             http_client=settings.scrape.http_client,
             transport_factory=transport_factory,
             allowed_hosts=settings.scrape.allowed_hosts,
+            key_policy=KeyPolicy.from_settings(settings.scrape),
         )
         self.metrics = metrics or PollerMetrics()
         self.surprises = Surprises(self.metrics)
@@ -214,9 +215,8 @@ class Worker:
             # ValueError: an override names an invalid metric (a foreign writer's entry).
             error = str(exc)
         interval_s = endpoint.interval_s or s.interval_s
-        timeout_s = endpoint.timeout_s or s.timeout_s
-        if timeout_s >= interval_s:
-            timeout_s = interval_s / 2  # the Go poller's rule: a scrape ends before the next
+        # The Go poller's rule: a timeout at or above the interval is lowered to half of it.
+        timeout_s, _ = effective_timeout_s(endpoint.timeout_s, endpoint.interval_s, s)
         return JobSpec(endpoint_id, token, endpoint, mapping, error, interval_s, timeout_s)
 
     def _first_run(self, spec: JobSpec, stats: Mapping[str, str] | None) -> datetime:

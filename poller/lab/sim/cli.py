@@ -29,7 +29,7 @@ from poller.lab.sim.spec import STYLES, EndpointSpec, fleet
 __all__ = ["main", "run_sim"]
 
 _log = logging.getLogger(__name__)
-DEFAULT_KEY_ENV = "LLMGW_SIM_API_KEY"
+DEFAULT_KEY_ENV = "LLMGW_KEY_SIM"  # pollers accept LLMGW_KEY_* (scrape.key_env_prefix)
 
 
 async def run_sim(

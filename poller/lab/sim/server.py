@@ -208,7 +208,7 @@ class Simulator:
         path = engine.json_path if json and engine.json_path else engine.text_path
         return self.base_url(endpoint_id) + path
 
-    def registry(self, api_key_env: str = "LLMGW_SIM_API_KEY") -> list[dict[str, str]]:
+    def registry(self, api_key_env: str = "LLMGW_KEY_SIM") -> list[dict[str, str]]:
         """Poller registry entries ``{id, url, engine, api_key_env?}`` for every endpoint."""
         entries = []
         for ep in self._endpoints.values():
