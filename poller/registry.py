@@ -253,7 +253,8 @@ def endpoint_from_json(endpoint_id: str, raw: str | bytes) -> Endpoint:
         )
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        # RecursionError: nesting deeper than the interpreter's stack (a hostile writer).
         raise ConfigError(f"entry is not valid JSON: {exc}", endpoint=endpoint_id) from None
     if not isinstance(data, dict):
         raise ConfigError("entry must be a JSON object", endpoint=endpoint_id)

@@ -174,7 +174,7 @@ class EndpointView:
                     parsed = Failure.from_hash(_fields(self.raw[2])) if self.raw[2] else None
                 else:
                     parsed = endpoint_from_json(self.id, self.raw[0]) if self.raw[0] else None
-            except (ValueError, TypeError, KeyError, PollerError) as exc:
+            except (ValueError, TypeError, KeyError, RecursionError, PollerError) as exc:
                 # Malformed data from a foreign writer reads as absent, and says so once.
                 _malformed(_RECORDS[index], self.id, exc)
                 parsed = None
