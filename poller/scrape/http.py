@@ -32,7 +32,7 @@ import re
 import ssl
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from typing import Any
 import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
+from httpx_aiohttp.transport import AiohttpResponseStream
 
 from poller.config import HostAllowlist
 from poller.errors import FetchError
@@ -148,6 +149,9 @@ class Scraper:
         # whose tls_ca_file/tls_insecure changed gets a new client.
         self._clients: dict[str, tuple[TlsKey, httpx.AsyncClient]] = {}
         self._shared: dict[TlsKey, tuple[aiohttp.ClientSession, httpx.AsyncClient]] = {}
+        # perf (issue 13): each client's transport, and each endpoint's prepared request.
+        self._transports: dict[httpx.AsyncClient, httpx.AsyncBaseTransport] = {}
+        self._requests: dict[str, _Prepared] = {}
         self._warned_insecure: set[str] = set()
 
     @staticmethod
@@ -199,7 +203,9 @@ class Scraper:
                     auto_decompress=False,  # httpx decodes; we ask for identity anyway
                     trust_env=False,
                 )
-                shared = (session, self._new_client(AiohttpTransport(client=session)))
+                transport = AiohttpTransport(client=session)
+                shared = (session, self._new_client(transport))
+                self._transports[shared[1]] = transport
                 self._shared[key] = shared
             return shared[1]
         cached = self._clients.get(endpoint.id)
@@ -207,17 +213,23 @@ class Scraper:
             return cached[1]
         if cached is not None:
             await self.discard(endpoint.id)
-        client = self._new_client(self._transport_factory(endpoint))
+        own = self._transport_factory(endpoint)
+        client = self._new_client(own)
+        self._transports[client] = own
         self._clients[endpoint.id] = (key, client)
         return client
 
     async def discard(self, endpoint_id: str) -> None:
         """Close the endpoint's own client, if it has one (lease lost, endpoint removed)."""
+        self._requests.pop(endpoint_id, None)
         cached = self._clients.pop(endpoint_id, None)
         if cached is not None:
+            self._transports.pop(cached[1], None)
             await cached[1].aclose()
 
     async def aclose(self) -> None:
+        self._requests.clear()
+        self._transports.clear()
         clients, self._clients = self._clients, {}
         for _, client in clients.values():
             await client.aclose()
@@ -283,14 +295,13 @@ class Scraper:
         self, endpoint: Endpoint, url: str, headers: dict[str, str], timeout_s: float, t0: float
     ) -> Fetched:
         client = await self._client(endpoint)
-        request = client.build_request("GET", url, headers=headers, timeout=timeout_s)
-        self._check_host(endpoint, request)
+        request = self._prepared(client, endpoint, url, headers, timeout_s)
         if endpoint.tls_insecure and endpoint.id not in self._warned_insecure:
             self._warned_insecure.add(endpoint.id)
             log.warning(
                 "endpoint=%s has tls_insecure: its certificate is not verified", endpoint.id
             )
-        response = await client.send(request, stream=True)
+        response = await self._send(client, request)
         try:
             status = response.status_code
             if status in (401, 403):
@@ -315,7 +326,9 @@ class Scraper:
             encoding = response.headers.get("content-encoding", "")
             read = response.is_stream_consumed
             decoder = _Decoder("" if read else encoding, endpoint.id)
-            async for raw in _once(response.content) if read else response.aiter_raw():
+            async for raw in (
+                _once(response.content) if read else _raw(response, self.max_body_bytes)
+            ):
                 for chunk in decoder.feed(raw, self.max_body_bytes - size + 1):
                     size += len(chunk)
                     if size > self.max_body_bytes:
@@ -329,12 +342,73 @@ class Scraper:
             body, status, response.headers.get("content-type", ""), time.perf_counter() - t0
         )
 
+    # --- perf (issue 13): the request path without per-request client machinery ------
+    # ``client.send`` costs ~15% of a scrape's CPU (URL merging, cookie extraction through
+    # urllib, an INFO log record, a stream wrapper): an endpoint's request never changes
+    # between scrapes (no cookies, no redirects, no auth flow), so it is built and
+    # host-checked once, and sent straight to the client's transport.
+
+    def _prepared(
+        self,
+        client: httpx.AsyncClient,
+        endpoint: Endpoint,
+        url: str,
+        headers: dict[str, str],
+        timeout_s: float,
+    ) -> httpx.Request:
+        """The endpoint's request, built once and rebuilt only when an input changed."""
+        cached = self._requests.get(endpoint.id)
+        if (
+            cached is not None
+            and cached.client is client
+            and cached.url == url
+            and cached.timeout_s == timeout_s
+            and cached.headers == headers
+        ):
+            return cached.request
+        request = client.build_request("GET", url, headers=headers, timeout=timeout_s)
+        self._check_host(endpoint, request)
+        self._requests[endpoint.id] = _Prepared(client, url, dict(headers), timeout_s, request)
+        return request
+
+    async def _send(self, client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+        """One exchange on the client's transport; the response's body is not read yet."""
+        transport = self._transports.get(client)
+        if transport is None:  # not a client this Scraper built
+            return await client.send(request, stream=True)
+        return await transport.handle_async_request(request)
+
     def _too_large(self, size: int) -> str:
         return f"body of {size}+ bytes exceeds the {self.max_body_bytes}-byte cap"
 
 
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """An endpoint's request and what it was built from."""
+
+    client: httpx.AsyncClient
+    url: str
+    headers: dict[str, str]
+    timeout_s: float
+    request: httpx.Request
+
+
 async def _once(data: bytes) -> AsyncIterator[bytes]:
     yield data
+
+
+def _raw(response: httpx.Response, max_body_bytes: int) -> AsyncIterable[bytes]:
+    """The response's undecoded body as the transport yields it (perf, issue 13).
+
+    Iterated directly rather than through ``aiter_raw`` (one generator layer less per
+    chunk), and for the aiohttp transport in pieces of whatever the socket buffered, up
+    to the cap, rather than 16 KB slices (a 61 KB page: 1-2 reads instead of 4-5)."""
+    stream = response.stream
+    if isinstance(stream, AiohttpResponseStream):
+        stream.CHUNK_SIZE = max_body_bytes + 1  # an instance override of the class default
+    if isinstance(stream, httpx.AsyncByteStream):
+        return stream
+    return response.aiter_raw()
 
 
 class _Decoder:
