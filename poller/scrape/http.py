@@ -366,10 +366,7 @@ class Scraper:
             and cached.headers == headers
         ):
             return cached.request
-        # No per-phase timeouts: ``fetch`` bounds the whole exchange with one asyncio
-        # timeout, and aiohttp would otherwise arm a connect timer per request and re-arm
-        # a read timer per chunk received.
-        request = client.build_request("GET", url, headers=headers, timeout=None)
+        request = client.build_request("GET", url, headers=headers, timeout=timeout_s)
         self._check_host(endpoint, request)
         self._requests[endpoint.id] = _Prepared(client, url, dict(headers), timeout_s, request)
         return request
