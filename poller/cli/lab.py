@@ -67,6 +67,11 @@ def sim(ctx: click.Context) -> None:
     help="Run only these sections (repeatable).",
 )
 @click.option(
+    "--page",
+    type=click.Choice(["61k", "200k"]),
+    help="vLLM page the engines serve: 61k (one engine) or 200k (dp=4, 8 LoRA) [61k].",
+)
+@click.option(
     "--vs-prometheus",
     is_flag=True,
     help="Also scrape the same endpoints with a local `prometheus` binary.",
@@ -80,6 +85,7 @@ def bench(
     interval_s: float | None,
     duration_s: float | None,
     sections: tuple[str, ...],
+    page: str | None,
     vs_prometheus: bool,
     quick: bool,
     redis_url: str | None,
@@ -97,6 +103,7 @@ def bench(
         ("pollers", pollers),
         ("interval_s", interval_s),
         ("duration_s", duration_s),
+        ("page", page),
     ):
         if value is not None:
             changes[name] = value

@@ -9,13 +9,14 @@ failure's ``detail`` and for ``poller check``.
 from __future__ import annotations
 
 import json
+import ssl
 
 import aiohttp
 import httpx
 
 from poller.errors import FetchError
 
-__all__ = ["status_error"]
+__all__ = ["describe", "disconnected", "status_error", "unreachable_detail"]
 
 #: How much of a non-2xx body is read for its message (engines answer with a line or a
 #: small JSON object; a proxy's HTML error page is cut here).
@@ -78,3 +79,40 @@ def _json_message(text: str) -> str | None:
         if isinstance(data.get(key), str):
             return str(data[key])
     return None
+
+
+def disconnected(exc: httpx.TimeoutException) -> bool:
+    """httpx-aiohttp maps every aiohttp connection error to ConnectTimeout; a refused
+    connect or a server that hung up is 'unreachable', not a timeout."""
+    cause = exc.__cause__
+    if isinstance(cause, aiohttp.ServerTimeoutError | aiohttp.SocketTimeoutError):
+        return False
+    return isinstance(cause, aiohttp.ClientConnectionError | OSError)
+
+
+def unreachable_detail(exc: BaseException) -> str:
+    """The detail of an ``unreachable`` failure; TLS problems say so first."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        # aiohttp wraps the ssl error and keeps it in an attribute, not in __cause__.
+        inner = getattr(cause, "certificate_error", None) or getattr(cause, "os_error", None)
+        if isinstance(inner, BaseException) and inner is not cause:
+            cause = inner
+            continue
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            why = cause.verify_message or cause.reason or str(cause)
+            return (
+                f"TLS certificate verification failed: {why} (tls_ca_file names the CA "
+                "bundle to verify it with)"
+            )[:300]
+        if isinstance(cause, ssl.SSLError):
+            return f"TLS handshake failed: {cause.reason or cause}"[:300]
+        cause = cause.__cause__ or cause.__context__
+    return describe(exc)
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:300]

@@ -135,6 +135,10 @@ class JobRunner:
         self._windows: dict[str, _Window] = {}
         self._inflight: dict[str, set[asyncio.Task[Any]]] = {}
         self._stopping = False
+        # Label children resolved once, not per scrape: (engine, result) -> counter child.
+        self._scrape_counters: dict[tuple[str, str], Any] = {}
+        self._missed: dict[str, Any] = {}
+        self._lateness_observe = metrics.lateness.observe
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -228,12 +232,26 @@ class JobRunner:
 
     def _on_scheduler_event(self, event: Any) -> None:
         if event.code == EVENT_JOB_SUBMITTED:
-            planned = event.scheduled_run_times[-1]
-            self.metrics.lateness.observe(max(0.0, (datetime.now(UTC) - planned).total_seconds()))
+            # Once per run: float seconds, not a datetime subtraction and a timedelta.
+            late = time.time() - event.scheduled_run_times[-1].timestamp()
+            self._lateness_observe(late if late > 0.0 else 0.0)
         elif event.code == EVENT_JOB_MISSED:
-            self.metrics.missed.labels("misfire").inc()
+            self._count_missed("misfire")
         else:
-            self.metrics.missed.labels("still_running").inc()
+            self._count_missed("still_running")
+
+    def _count_scrape(self, engine: str, result: str) -> None:
+        key = (engine, result)
+        child = self._scrape_counters.get(key)
+        if child is None:
+            child = self._scrape_counters[key] = self.metrics.scrapes.labels(engine, result)
+        child.inc()
+
+    def _count_missed(self, why: str) -> None:
+        child = self._missed.get(why)
+        if child is None:
+            child = self._missed[why] = self.metrics.missed.labels(why)
+        child.inc()
 
     # --- one scrape --------------------------------------------------------------------
 
@@ -247,7 +265,7 @@ class JobRunner:
             await self.scrape_once(spec)
         except asyncio.CancelledError:
             # Dropped or stopping: the scrape's result would not be ours to write.
-            self.metrics.missed.labels("cancelled").inc()
+            self._count_missed("cancelled")
         except Exception as exc:
             self.surprises.report("scrape", exc)
         finally:
@@ -259,12 +277,12 @@ class JobRunner:
         """Fetch, map and write one endpoint with this job's record."""
         if not self._ready():
             # No Redis to write to (or a stuck one): spare the engine, count the skip.
-            self.metrics.missed.labels("redis_unavailable").inc()
+            self._count_missed("redis_unavailable")
             return
         window = self._windows.get(spec.endpoint_id)
         if window is None or self._specs.get(spec.endpoint_id) is not spec:
             # Replaced or dropped since APScheduler submitted this run.
-            self.metrics.missed.labels("replaced").inc()
+            self._count_missed("replaced")
             return
         started = time.perf_counter()
         try:
@@ -281,11 +299,11 @@ class JobRunner:
             else:
                 signals = spec.mapping.read(fetched.body, fetched.content_type, max_samples)
         except ScrapeError as exc:
-            self.metrics.scrapes.labels(spec.engine, exc.reason).inc()
+            self._count_scrape(spec.engine, exc.reason)
             await self._write_failure(spec, window, exc)
             return
         elapsed = time.perf_counter() - started
-        self.metrics.scrapes.labels(spec.engine, "ok").inc()
+        self._count_scrape(spec.engine, "ok")
         self.metrics.scrape_duration.observe(elapsed)
         rate = prefix_hit_rate(
             signals.prefix_cache_hits_total,
@@ -313,7 +331,7 @@ class JobRunner:
             )
         except StoreError as exc:
             self.metrics.redis_errors.labels("write_stats").inc()
-            self.metrics.missed.labels("write_failed").inc()
+            self._count_missed("write_failed")
             log.debug("write failed endpoint=%s: %s", spec.endpoint_id, exc)
             return
         if not result.accepted:
@@ -342,7 +360,7 @@ class JobRunner:
             )
         except StoreError as store_exc:
             self.metrics.redis_errors.labels("write_failure").inc()
-            self.metrics.missed.labels("write_failed").inc()
+            self._count_missed("write_failed")
             log.debug("write failed endpoint=%s: %s", spec.endpoint_id, store_exc)
             return
         if not result.accepted:

@@ -1,0 +1,73 @@
+"""A response body read raw and decoded (gzip, deflate) in steps bounded by the cap.
+
+httpx would inflate a whole network chunk before the caller could count it (a 64 KB gzip
+bomb is 64 MiB decoded); here every step stops once the cap is passed.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any
+
+import httpx
+from httpx_aiohttp.transport import AiohttpResponseStream
+
+from poller.errors import FetchError
+
+__all__ = ["Decoder", "once", "raw_chunks"]
+
+
+async def once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+def raw_chunks(response: httpx.Response, max_body_bytes: int) -> AsyncIterable[bytes]:
+    """The response's undecoded body as the transport yields it (perf, issue 13).
+
+    Iterated directly rather than through ``aiter_raw`` (one generator layer less per
+    chunk), and for the aiohttp transport in pieces of whatever the socket buffered, up
+    to the cap, rather than 16 KB slices (a 61 KB page: 1-2 reads instead of 4-5)."""
+    stream = response.stream
+    if isinstance(stream, AiohttpResponseStream):
+        stream.CHUNK_SIZE = max_body_bytes + 1  # an instance override of the class default
+    if isinstance(stream, httpx.AsyncByteStream):
+        return stream
+    return response.aiter_raw()
+
+
+class Decoder:
+    """Content-Encoding identity, gzip or deflate, decoded in bounded steps."""
+
+    def __init__(self, encoding: str, endpoint_id: str) -> None:
+        self.encoding = encoding.strip().lower()
+        self.endpoint_id = endpoint_id
+        self._zlib: Any = None
+        if self.encoding in ("gzip", "x-gzip", "deflate"):
+            self._zlib = zlib.decompressobj(wbits=47)  # gzip or zlib header, detected
+        elif self.encoding not in ("", "identity"):
+            raise FetchError(
+                "parse", f"unsupported Content-Encoding {encoding[:40]!r}", endpoint=endpoint_id
+            )
+
+    def feed(self, raw: bytes, room: int) -> list[bytes]:
+        """Decoded pieces of ``raw``, stopping once more than ``room`` bytes came out."""
+        if self._zlib is None:
+            return [raw]
+        out: list[bytes] = []
+        try:
+            data = raw
+            while data and room > 0:
+                piece = self._zlib.decompress(data, room)
+                out.append(piece)
+                room -= len(piece)
+                data = self._zlib.unconsumed_tail
+        except zlib.error as exc:
+            raise FetchError(
+                "parse", f"cannot decode {self.encoding} body: {exc}", endpoint=self.endpoint_id
+            ) from None
+        return out
+
+    def finish(self) -> None:
+        if self._zlib is not None and not self._zlib.eof and self._zlib.unconsumed_tail:
+            raise FetchError("parse", f"truncated {self.encoding} body", endpoint=self.endpoint_id)

@@ -1,0 +1,62 @@
+"""JobRunner's per-run bookkeeping (issue 13): cached label children and float lateness
+record exactly what the uncached, datetime-based versions did."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any, cast
+
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, EVENT_JOB_SUBMITTED
+
+from poller.config import Settings
+from poller.service.jobs import JobRunner
+from poller.service.metrics import PollerMetrics, Surprises
+
+
+def runner() -> tuple[JobRunner, PollerMetrics]:
+    metrics = PollerMetrics()
+    jobs = JobRunner(
+        Settings(id="p1"),
+        cast(Any, None),
+        cast(Any, None),
+        metrics,
+        Surprises(metrics),
+        ready=lambda: True,
+        on_lease_lost=lambda spec, holder: None,
+    )
+    return jobs, metrics
+
+
+def value(metrics: PollerMetrics, name: str, **labels: str) -> float:
+    found = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if found is None else found
+
+
+def test_lateness_is_observed_in_seconds() -> None:
+    jobs, metrics = runner()
+    past = datetime.now(UTC) - timedelta(seconds=30)
+    future = datetime.now(UTC) + timedelta(seconds=30)
+    for planned in (past, future):
+        event = SimpleNamespace(code=EVENT_JOB_SUBMITTED, scheduled_run_times=[planned])
+        jobs._on_scheduler_event(event)
+    assert value(metrics, "poller_scheduler_lateness_seconds_count") == 2
+    total = value(metrics, "poller_scheduler_lateness_seconds_sum")
+    assert 30 <= total < 60  # 30 s late, and a run planned ahead counts as 0, not -30
+    assert value(metrics, "poller_scheduler_lateness_seconds_bucket", le="2.5") == 1
+
+
+def test_cached_children_count_per_label() -> None:
+    jobs, metrics = runner()
+    for _ in range(3):
+        jobs._count_scrape("vllm", "ok")
+    jobs._count_scrape("vllm", "timeout")
+    jobs._count_scrape("sglang", "ok")
+    jobs._on_scheduler_event(SimpleNamespace(code=EVENT_JOB_MISSED))
+    jobs._on_scheduler_event(SimpleNamespace(code=EVENT_JOB_MAX_INSTANCES))
+    jobs._on_scheduler_event(SimpleNamespace(code=EVENT_JOB_MAX_INSTANCES))
+    assert value(metrics, "poller_scrapes_total", engine="vllm", result="ok") == 3
+    assert value(metrics, "poller_scrapes_total", engine="vllm", result="timeout") == 1
+    assert value(metrics, "poller_scrapes_total", engine="sglang", result="ok") == 1
+    assert value(metrics, "poller_scrapes_missed_total", why="misfire") == 1
+    assert value(metrics, "poller_scrapes_missed_total", why="still_running") == 2
