@@ -63,7 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 K8S = DEPLOY / "k8s"
 ACL_FILE = DEPLOY / "redis" / "users.acl"
-ENGINES = ("vllm", "sglang", "llamacpp", "trtllm", "triton", "tgi")
+ENGINES = ("vllm", "sglang", "llamacpp", "trtllm", "triton", "tgi", "lmdeploy")
 # The example passwords documented in deploy/redis/README.md.
 ADMIN = ("admin", "admin-example-password")
 POLLER = ("poller", "poller-example-password")
@@ -366,8 +366,9 @@ def test_dockerfile_matches_the_package() -> None:
 
 def test_dockerignore_keeps_the_context_to_what_the_build_needs() -> None:
     patterns = _dockerignore()
-    needed = ["pyproject.toml", "README.md", "poller/cli.py", "poller/py.typed"]
-    needed += [f"poller/data/{e}.txt" for e in ENGINES]
+    needed = ["pyproject.toml", "README.md", "poller/cli/__init__.py", "poller/py.typed"]
+    needed += [f"poller/scrape/data/{e}.txt" for e in ENGINES]
+    needed += ["poller/redis/scripts/write_stats.lua", "poller/service/static/page.js"]
     for rel in needed:
         assert not _ignored(rel, patterns), f"{rel} must be in the build context"
     for rel in ["tests/test_cli.py", ".git/HEAD", ".venv/bin/python", "poller/__pycache__/x.pyc"]:
