@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 from redisproc import RedisProcess
 
 from poller._version import __version__
-from poller.lab.bench import sync_registry
+from poller.lab.bench_fleet import sync_registry
 from poller.lab.embedded import http_json, start_sim
 from poller.reader.reader import StatsReader
 from poller.redis.keys import Keys

@@ -14,7 +14,8 @@ from poller.reader import StatsReader, SyncStatsReader
 from poller.reader.cache import ViewCache
 from poller.reader.pick import pick
 from poller.reader.protocol import Action, Protocol
-from poller.reader.view import EndpointView, LazyEndpoints, View
+from poller.reader.replies import LazyEndpoints
+from poller.reader.view import EndpointView, View
 from poller.redis.connection import subscribe
 from poller.redis.store import RedisStore
 from poller.registry import Endpoint

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.live import Live
 
 from poller.cli.render import render
-from poller.lab.bench import sync_registry
+from poller.lab.bench_fleet import sync_registry
 from poller.lab.embedded import Proc, http_json, redis_for, start_pollers, start_sim, workdir
 from poller.reader.reader import StatsReader
 from poller.reader.view import View

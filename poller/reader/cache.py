@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from poller.reader.records import written_ms
-from poller.reader.view import EndpointView, LazyEndpoints, View, entry_from_records
+from poller.reader.replies import LazyEndpoints, entry_from_records
+from poller.reader.view import EndpointView, View
 
 __all__ = ["ViewCache"]
 

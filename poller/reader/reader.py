@@ -35,14 +35,8 @@ from poller.config import RedisSettings
 from poller.errors import StoreError
 from poller.reader.cache import ViewCache
 from poller.reader.protocol import Action, Protocol
-from poller.reader.view import (
-    EndpointView,
-    View,
-    build_view,
-    get_one_call,
-    one_from_reply,
-    snapshot_call,
-)
+from poller.reader.replies import build_view, get_one_call, one_from_reply, snapshot_call
+from poller.reader.view import EndpointView, View
 from poller.redis.connection import close_client, connect, redis_call, subscribe, tls_options
 from poller.redis.keys import Keys
 from poller.redis.lua import lua

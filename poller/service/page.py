@@ -20,7 +20,7 @@ from typing import Any
 
 from poller._version import __version__
 from poller.errors import StoreError
-from poller.reader.view import build_view, snapshot_call
+from poller.reader.replies import build_view, snapshot_call
 from poller.redis.connection import redis_call
 from poller.redis.discovery import read_sources
 from poller.redis.keys import Keys

@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:
 
 import redis  # noqa: E402
 
-from poller.lab.bench import _hist_quantile, _p, sync_registry  # noqa: E402
+from poller.lab.bench_fleet import _hist_quantile, _p, sync_registry  # noqa: E402
 from poller.lab.embedded import (  # noqa: E402
     Proc,
     free_port,

@@ -58,7 +58,8 @@ from redisproc import RedisProcess  # noqa: E402
 from poller.config import RedisSettings  # noqa: E402
 from poller.reader import StatsReader, SyncStatsReader  # noqa: E402
 from poller.reader.records import json_int  # noqa: E402
-from poller.reader.view import View, build_view, snapshot_call  # noqa: E402
+from poller.reader.replies import build_view, snapshot_call  # noqa: E402
+from poller.reader.view import View  # noqa: E402
 from poller.redis.lua import lua  # noqa: E402
 from poller.redis.store import Keys, RedisStore, connect  # noqa: E402
 from poller.registry import Endpoint  # noqa: E402

@@ -1,0 +1,202 @@
+"""The replies of the two read scripts (a whole snapshot, or one endpoint) as views.
+
+A snapshot builds three dicts of strings; each endpoint is decoded only when asked for
+(``LazyEndpoints``), so a caller that reads ten endpoints of a thousand pays for ten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from poller.reader.records import FAILURE_HEADER, STATS_HEADER, split
+from poller.reader.view import EndpointView, Timing, View, _now_ms, _owner, _pairs, timing
+from poller.redis.keys import Keys
+
+__all__ = [
+    "LazyEndpoints",
+    "build_view",
+    "entry_from_records",
+    "get_one_call",
+    "make_entry",
+    "one_from_reply",
+    "snapshot_call",
+]
+
+
+def make_entry(
+    endpoint_id: str,
+    entry_json: str,
+    stats_raw: dict[str, str],
+    failure_raw: dict[str, str],
+    lease: str,
+    now_ms: int,
+    stale_after_intervals: float,
+    stale_after_ms: int | None,
+) -> EndpointView:
+    t = timing(stats_raw, failure_raw, stale_after_intervals, stale_after_ms)
+    state, age = t.state_at(now_ms)
+    owner, token = _owner(lease)
+    return EndpointView(
+        endpoint_id,
+        state=state,
+        age_ms=age,
+        owner=owner,
+        token=token,
+        raw=(entry_json, stats_raw, failure_raw),
+        timing=t,
+    )
+
+
+def entry_from_records(
+    endpoint_id: str,
+    entry_json: str,
+    stats_record: str | None,
+    failure_record: str | None,
+    now_ms: int,
+    stale_after_intervals: float = 2.0,
+    stale_after_ms: int | None = None,
+) -> EndpointView:
+    """One endpoint from its registry entry and its two view records at ``now_ms``.
+
+    The owner shown is the writer of the newer record (docs/schema.md); only the headers
+    are read here, the JSON on first use.
+    """
+    stats = split(stats_record, now_ms, STATS_HEADER)
+    failure = split(failure_record, now_ms, FAILURE_HEADER)
+    scraped = failure_at = None
+    owner, token, writer_at = None, None, -1
+    bound = stale_after_ms
+    if stats is not None:
+        head = stats[0]
+        scraped = writer_at = int(head[0])
+        owner, token = head[3], int(head[4]) if head[4].isdigit() else None
+        if bound is None:
+            bound = int(int(head[1]) * stale_after_intervals)
+    if failure is not None:
+        head = failure[0]
+        failure_at = int(head[0])
+        if failure_at >= writer_at:
+            owner, token = head[2], int(head[3]) if head[3].isdigit() else None
+    t = Timing(scraped, 3000 if bound is None else bound, failure_at, failure is not None)
+    state, age = t.state_at(now_ms)
+    return EndpointView(
+        endpoint_id,
+        state=state,
+        age_ms=age,
+        owner=owner,
+        token=token,
+        raw=(entry_json, stats[1] if stats else {}, failure[1] if failure else {}),
+        timing=t,
+    )
+
+
+class LazyEndpoints(Mapping[str, EndpointView]):
+    """The endpoints of a snapshot, each built on first access.
+
+    A snapshot of 1,000 endpoints is three dicts of strings; a caller that looks at ten
+    endpoints pays for ten. Iteration follows the registry.
+    """
+
+    __slots__ = ("_built", "entries", "failures", "now_ms", "stale", "stats")
+
+    def __init__(
+        self,
+        entries: dict[str, str],
+        stats: dict[str, str],
+        failures: dict[str, str],
+        now_ms: int,
+        stale: tuple[float, int | None] = (2.0, None),
+    ) -> None:
+        self.entries, self.stats, self.failures = entries, stats, failures
+        self.now_ms, self.stale = now_ms, stale
+        self._built: dict[str, EndpointView] = {}
+
+    def __getitem__(self, endpoint_id: str) -> EndpointView:
+        view = self._built.get(endpoint_id)
+        if view is None:
+            view = entry_from_records(
+                endpoint_id,
+                self.entries[endpoint_id],
+                self.stats.get(endpoint_id),
+                self.failures.get(endpoint_id),
+                self.now_ms,
+                *self.stale,
+            )
+            self._built[endpoint_id] = view
+        return view
+
+    def __contains__(self, endpoint_id: object) -> bool:
+        return endpoint_id in self.entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __repr__(self) -> str:
+        return f"LazyEndpoints({len(self.entries)} endpoints)"
+
+
+def build_view(
+    reply: Sequence[Any], stale_after_intervals: float = 2.0, stale_after_ms: int | None = None
+) -> View:
+    """The snapshot script's reply -> View (pure; shared by the async and sync readers).
+
+    Builds three dicts of strings and nothing per endpoint: see ``LazyEndpoints``.
+    """
+    now_ms = _now_ms(reply[0], reply[1])
+    members = reply[4]
+    pollers = sorted(
+        str(members[i]) for i in range(0, len(members), 2) if float(members[i + 1]) >= now_ms
+    )
+    endpoints = LazyEndpoints(
+        _pairs(reply[3]),
+        _pairs(reply[5]),
+        _pairs(reply[6]),
+        now_ms,
+        (stale_after_intervals, stale_after_ms),
+    )
+    return View(now_ms, int(reply[2]), endpoints, pollers)
+
+
+def one_from_reply(
+    endpoint_id: str,
+    reply: Sequence[Any],
+    stale_after_intervals: float = 2.0,
+    stale_after_ms: int | None = None,
+) -> tuple[int, EndpointView | None]:
+    """GET_ONE's reply -> (Redis now ms, the endpoint, or None if not registered)."""
+    now_ms = _now_ms(reply[0], reply[1])
+    if not reply[2]:
+        return now_ms, None
+    return now_ms, make_entry(
+        endpoint_id,
+        str(reply[2]),
+        _pairs(reply[3]),
+        _pairs(reply[4]),
+        str(reply[5]),
+        now_ms,
+        stale_after_intervals,
+        stale_after_ms,
+    )
+
+
+def snapshot_call(keys: Keys) -> tuple[list[str], list[str]]:
+    return [
+        keys.endpoints,
+        keys.members,
+        keys.endpoints_rev,
+        keys.view_stats,
+        keys.view_failures,
+    ], []
+
+
+def get_one_call(keys: Keys, endpoint_id: str) -> tuple[list[str], list[str]]:
+    return [
+        keys.endpoints,
+        keys.stats(endpoint_id),
+        keys.failure(endpoint_id),
+        keys.lease(endpoint_id),
+    ], [endpoint_id]
