@@ -124,9 +124,8 @@ def run_variant(
     asyncio.run(sync_registry(url, NS, registry))
     health = free_port()
     env = {f"POLLER_SCRAPE__{k.upper()}": str(v) for k, v in overrides.items()}
-    proc = Proc(
-        f"poller-{len(name)}", poller_args(url, NS, "p0", 1.0, health), work / "p0.log", env=env
-    )
+    slug = "".join(c if c.isalnum() else "-" for c in name)
+    proc = Proc(slug, poller_args(url, NS, "p0", 1.0, health), work / f"{slug}.log", env=env)
     try:
 
         def fresh() -> bool:
