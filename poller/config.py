@@ -9,7 +9,6 @@ takes only its own sub-model. Unknown keys are errors, and every cross-field rul
 from __future__ import annotations
 
 import os
-import re
 import socket
 import tomllib
 from collections.abc import Mapping
@@ -154,20 +153,9 @@ class EngineSettings(BaseModel):
     @field_validator("overrides")
     @classmethod
     def _check_overrides(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
-        from poller.registry import SIGNALS
+        from poller.registry import check_overrides
 
-        for signal, names in value.items():
-            if signal not in SIGNALS:
-                raise ValueError(f"unknown signal {signal!r}; accepted: {', '.join(SIGNALS)}")
-            if not names:
-                raise ValueError(f"override for {signal!r} names no metric")
-            for name in names:
-                if not _METRIC_NAME_RE.fullmatch(name):
-                    raise ValueError(f"override for {signal!r}: {name!r} is not a metric name")
-        return value
-
-
-_METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+        return check_overrides(value)
 
 
 class ScrapeSettings(BaseModel):

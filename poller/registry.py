@@ -205,12 +205,7 @@ class Endpoint(BaseModel):
     @field_validator("overrides")
     @classmethod
     def _check_overrides(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
-        for signal, names in value.items():
-            if signal not in SIGNALS:
-                raise ValueError(f"unknown signal {signal!r}; accepted: {', '.join(SIGNALS)}")
-            if not names:
-                raise ValueError(f"override for {signal!r} names no metric")
-        return value
+        return check_overrides(value)
 
     @model_validator(mode="after")
     def _check_combination(self) -> Endpoint:
@@ -310,3 +305,20 @@ def endpoints_from_file(path: str | Path) -> dict[str, Endpoint]:
     if not isinstance(data, list):
         raise ConfigError(f"{path}: 'endpoints' must be a list of entries")
     return endpoints_from_items(data, str(path))
+
+
+_METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def check_overrides(value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """Metric-name overrides (an entry's, or ``[scrape.engines.<e>]``'s): known signals,
+    each naming at least one valid metric name."""
+    for signal, names in value.items():
+        if signal not in SIGNALS:
+            raise ValueError(f"unknown signal {signal!r}; accepted: {', '.join(SIGNALS)}")
+        if not names:
+            raise ValueError(f"override for {signal!r} names no metric")
+        for name in names:
+            if not _METRIC_NAME_RE.fullmatch(name):
+                raise ValueError(f"override for {signal!r}: {name!r} is not a metric name")
+    return value

@@ -267,19 +267,8 @@ def __getattr__(name: str) -> Any:
         from poller.reader.cache import ViewCache
 
         return ViewCache
-    if name in _MOVED_TO_REPLIES:
-        from poller.reader import replies
+    from poller.reader import replies
 
+    if name in replies.__all__:
         return getattr(replies, name)
     raise AttributeError(name)
-
-
-_MOVED_TO_REPLIES = (
-    "LazyEndpoints",
-    "build_view",
-    "entry_from_records",
-    "get_one_call",
-    "make_entry",
-    "one_from_reply",
-    "snapshot_call",
-)

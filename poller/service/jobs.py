@@ -13,7 +13,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,7 +24,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from poller.config import Settings
 from poller.errors import ScrapeError, StoreError
-from poller.redis.store import RedisStore
+from poller.redis.store import RedisStore, WriteResult
 from poller.registry import Endpoint
 from poller.scrape.engines import EngineMapping
 from poller.scrape.http import Scraper
@@ -320,22 +320,15 @@ class JobRunner:
             scrape_ms=elapsed * 1000,
             interval_ms=round(spec.interval_s * 1000),
         )
-        try:
-            result = await self.store.write_stats(
-                spec.endpoint_id,
-                self.settings.id,
-                spec.token,
-                fields,
-                lease_ttl_ms=self.settings.coordination.lease_ttl_ms,
-                stats_ttl_ms=self._ttl_ms(spec),
-            )
-        except StoreError as exc:
-            self.metrics.redis_errors.labels("write_stats").inc()
-            self._count_missed("write_failed")
-            log.debug("write failed endpoint=%s: %s", spec.endpoint_id, exc)
-            return
-        if not result.accepted:
-            self._lease_lost(spec, result.holder)
+        written = self.store.write_stats(
+            spec.endpoint_id,
+            self.settings.id,
+            spec.token,
+            fields,
+            lease_ttl_ms=self.settings.coordination.lease_ttl_ms,
+            stats_ttl_ms=self._ttl_ms(spec),
+        )
+        if not await self._fenced(spec, "write_stats", written):
             return
         window.prev_hits = signals.prefix_cache_hits_total
         window.prev_queries = signals.prefix_cache_queries_total
@@ -347,24 +340,32 @@ class JobRunner:
 
     async def _write_failure(self, spec: JobSpec, window: _Window, exc: ScrapeError) -> None:
         window.failures.failed(spec.endpoint_id, exc)
+        written = self.store.write_failure(
+            spec.endpoint_id,
+            self.settings.id,
+            spec.token,
+            reason=exc.reason,
+            detail=exc.detail,
+            missing=getattr(exc, "missing", ()),
+            lease_ttl_ms=self.settings.coordination.lease_ttl_ms,
+            failure_ttl_ms=self._ttl_ms(spec),
+        )
+        await self._fenced(spec, "write_failure", written)
+
+    async def _fenced(self, spec: JobSpec, what: str, write: Awaitable[WriteResult]) -> bool:
+        """Await a fenced write; True when Redis accepted it. A Redis error counts the
+        run as missed; a rejection means the lease is someone else's now."""
         try:
-            result = await self.store.write_failure(
-                spec.endpoint_id,
-                self.settings.id,
-                spec.token,
-                reason=exc.reason,
-                detail=exc.detail,
-                missing=getattr(exc, "missing", ()),
-                lease_ttl_ms=self.settings.coordination.lease_ttl_ms,
-                failure_ttl_ms=self._ttl_ms(spec),
-            )
-        except StoreError as store_exc:
-            self.metrics.redis_errors.labels("write_failure").inc()
+            result = await write
+        except StoreError as exc:
+            self.metrics.redis_errors.labels(what).inc()
             self._count_missed("write_failed")
-            log.debug("write failed endpoint=%s: %s", spec.endpoint_id, store_exc)
-            return
+            log.debug("%s failed endpoint=%s: %s", what, spec.endpoint_id, exc)
+            return False
         if not result.accepted:
             self._lease_lost(spec, result.holder)
+            return False
+        return True
 
     def _lease_lost(self, spec: JobSpec, holder: str) -> None:
         self.metrics.write_rejections.inc()

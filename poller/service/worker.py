@@ -211,8 +211,7 @@ class Worker:
         mapping = None
         try:
             mapping = mapping_for_endpoint(endpoint, s)
-        except (ConfigError, KeyError, ValueError) as exc:
-            # ValueError: an override names an invalid metric (a foreign writer's entry).
+        except (ConfigError, KeyError) as exc:
             error = str(exc)
         interval_s = endpoint.interval_s or s.interval_s
         # The Go poller's rule: a timeout at or above the interval is lowered to half of it.
