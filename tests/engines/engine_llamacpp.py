@@ -187,6 +187,12 @@ def test_check_and_run_follow_concurrent_completions(
             assert (running, waiting) == after
             assert running == SLOTS
             assert waiting == CONCURRENT - SLOTS - load.done
+            # The server's own /slots agrees with what the poller read: with a backlog
+            # waiting, a slot that finishes takes the next request, so every slot decodes.
+            status, body = server.get("/slots")
+            assert status == 200, body[:200]
+            processing = sum(1 for slot in json.loads(body) if slot.get("is_processing"))
+            assert processing == running, (processing, running)
             # poller run writes the same: both slots running, a backlog waiting.
             wait_until(
                 lambda: (
