@@ -14,7 +14,7 @@ from poller.reader import StatsReader, SyncStatsReader
 from poller.reader.cache import ViewCache
 from poller.reader.pick import pick
 from poller.reader.protocol import Action, Protocol
-from poller.reader.replies import LazyEndpoints
+from poller.reader.replies import LazyEndpoints, build_view
 from poller.reader.view import EndpointView, View
 from poller.redis.connection import subscribe
 from poller.redis.store import RedisStore
@@ -155,6 +155,84 @@ async def test_freshness_bound_is_per_endpoint_and_overridable(
     assert (view["fast"].state, view["slow"].state) == ("stale", "fresh")
     strict = await StatsReader(real_client, NS, stale_after_ms=100).snapshot()
     assert strict["slow"].state == "stale"
+
+
+def spy_snapshots(reader: StatsReader | SyncStatsReader) -> list[Any]:
+    """Record every reply of the reader's snapshot script."""
+    replies: list[Any] = []
+    script = reader._snapshot
+
+    if isinstance(reader, StatsReader):
+
+        async def spy(**kwargs: Any) -> Any:
+            replies.append(await script(**kwargs))
+            return replies[-1]
+
+        reader._snapshot = spy
+    else:
+        reader._snapshot = lambda **kwargs: replies.append(script(**kwargs)) or replies[-1]
+    return replies
+
+
+async def test_snapshot_skips_the_registry_it_holds(
+    rstore: RedisStore, reader: StatsReader, real_client: aioredis.Redis
+) -> None:
+    """The registry is left out while (epoch, rev) is the one held; a change of either
+    brings it back, and the view is the same either way."""
+    await setup(rstore, "a", "b")
+    replies = spy_snapshots(reader)
+    first, second = await reader.snapshot(), await reader.snapshot()
+    assert replies[0][3] != 0 and replies[1][3] == 0
+    assert list(second.endpoints) == list(first.endpoints) == ["a", "b"]
+    assert second["a"].entry == first["a"].entry and second["a"].entry is not None
+
+    await rstore.put_endpoint(Endpoint(id="c", url="http://127.0.0.1:10"))
+    third, fourth = await reader.snapshot(), await reader.snapshot()
+    assert replies[2][3] != 0 and replies[3][3] == 0
+    assert sorted(third.endpoints) == sorted(fourth.endpoints) == ["a", "b", "c"]
+
+    # Redis lost everything; the registry came back other, at the same revision: the new
+    # epoch (the first heartbeat's) tells.
+    await real_client.flushall()
+    await rstore.heartbeat("p1", 5000)
+    for endpoint_id in ("x", "y", "z"):
+        await rstore.put_endpoint(Endpoint(id=endpoint_id, url="http://127.0.0.1:9"))
+    after = await reader.snapshot()
+    assert after.rev == fourth.rev and replies[4][3] != 0
+    assert sorted(after.endpoints) == ["x", "y", "z"]
+
+    # No epoch at all (no poller has run yet): nothing to trust, every snapshot reads it.
+    await real_client.delete(rstore.keys.epoch)
+    await reader.snapshot(), await reader.snapshot()
+    assert replies[5][3] != 0 and replies[6][3] != 0
+
+
+def test_sync_snapshot_skips_the_registry_it_holds(redis_server: RedisProcess) -> None:
+    async def prepare(*ids: str, flush: bool = False) -> None:
+        client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+        if flush:
+            await client.flushall()
+        await setup(RedisStore(client, NS), *ids)
+        await client.aclose()
+
+    reader = SyncStatsReader.from_url(redis_server.url, NS)
+    try:
+        asyncio.run(prepare("a", flush=True))
+        replies = spy_snapshots(reader)
+        assert list(reader.snapshot().endpoints) == list(reader.snapshot().endpoints) == ["a"]
+        asyncio.run(prepare("b"))
+        assert sorted(reader.snapshot().endpoints) == ["a", "b"]
+        assert [r[3] == 0 for r in replies] == [False, True, False]
+    finally:
+        reader.close()
+
+
+def test_a_reply_without_the_registry_needs_the_one_held() -> None:
+    reply = ["1", "0", "3", 0, [], [], [], "e1"]
+    with pytest.raises(ValueError, match="none was held"):
+        build_view(reply)
+    view = build_view(reply, held=("e1", "3", {"a": '{"url": "http://127.0.0.1:9"}'}))
+    assert list(view.endpoints) == ["a"] and view["a"].state == "unknown"
 
 
 async def test_snapshot_is_atomic(rstore: RedisStore, reader: StatsReader) -> None:

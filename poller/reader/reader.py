@@ -35,7 +35,14 @@ from poller.config import RedisSettings
 from poller.errors import StoreError
 from poller.reader.cache import ViewCache
 from poller.reader.protocol import Action, Protocol
-from poller.reader.replies import build_view, get_one_call, one_from_reply, snapshot_call
+from poller.reader.replies import (
+    Held,
+    build_view,
+    get_one_call,
+    held_after,
+    one_from_reply,
+    snapshot_call,
+)
 from poller.reader.view import EndpointView, View
 from poller.redis.connection import close_client, connect, redis_call, subscribe, tls_options
 from poller.redis.keys import Keys
@@ -67,11 +74,21 @@ class _Reader:
         self.stale_after_ms = stale_after_ms
         self.resync_s = resync_s
         self._snapshot = client.register_script(lua("snapshot"))
+        # The registry of the last snapshot: the next one skips it while it is unchanged
+        # (a quarter of a snapshot's bytes). Replaced whole, so concurrent calls are safe.
+        self._held: Held | None = None
         self._get_one = client.register_script(lua("get_one"))
         self._get_records = client.register_script(lua("get_records"))
 
-    def _view(self, reply: Any) -> View:
-        return build_view(reply, self.stale_after_intervals, self.stale_after_ms)
+    def _snapshot_call(self) -> tuple[list[str], list[str], Held | None]:
+        held = self._held
+        keys, args = snapshot_call(self.keys, held)
+        return keys, args, held
+
+    def _view(self, reply: Any, held: Held | None) -> View:
+        view = build_view(reply, self.stale_after_intervals, self.stale_after_ms, held)
+        self._held = held_after(reply, view)
+        return view
 
     def _entry(self, endpoint_id: str, reply: Any) -> tuple[int, EndpointView | None]:
         return one_from_reply(endpoint_id, reply, self.stale_after_intervals, self.stale_after_ms)
@@ -107,8 +124,9 @@ class StatsReader(_Reader):
         await close_client(self.client)
 
     async def snapshot(self) -> View:
-        keys, args = snapshot_call(self.keys)
-        return self._view(await redis_call(self._snapshot(keys=keys, args=args), "snapshot"))
+        keys, args, held = self._snapshot_call()
+        reply = await redis_call(self._snapshot(keys=keys, args=args), "snapshot")
+        return self._view(reply, held)
 
     async def _one(self, endpoint_id: str) -> tuple[int, EndpointView | None]:
         keys, args = get_one_call(self.keys, endpoint_id)
@@ -235,8 +253,8 @@ class SyncStatsReader(_Reader):
             raise StoreError(f"Redis error during {what}: {exc}") from exc
 
     def snapshot(self) -> View:
-        keys, args = snapshot_call(self.keys)
-        return self._view(self._call(self._snapshot, "snapshot", keys=keys, args=args))
+        keys, args, held = self._snapshot_call()
+        return self._view(self._call(self._snapshot, "snapshot", keys=keys, args=args), held)
 
     def _one(self, endpoint_id: str) -> tuple[int, EndpointView | None]:
         keys, args = get_one_call(self.keys, endpoint_id)

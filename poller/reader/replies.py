@@ -14,10 +14,12 @@ from poller.reader.view import EndpointView, Timing, View, _now_ms, _owner, _pai
 from poller.redis.keys import Keys
 
 __all__ = [
+    "Held",
     "LazyEndpoints",
     "build_view",
     "entry_from_records",
     "get_one_call",
+    "held_after",
     "make_entry",
     "one_from_reply",
     "snapshot_call",
@@ -139,26 +141,51 @@ class LazyEndpoints(Mapping[str, EndpointView]):
         return f"LazyEndpoints({len(self.entries)} endpoints)"
 
 
+#: The registry a reader read last, as ``(epoch, rev, entries)``: the next snapshot skips
+#: re-reading it while Redis still has that epoch and revision (snapshot.lua).
+Held = tuple[str, str, dict[str, str]]
+
+
 def build_view(
-    reply: Sequence[Any], stale_after_intervals: float = 2.0, stale_after_ms: int | None = None
+    reply: Sequence[Any],
+    stale_after_intervals: float = 2.0,
+    stale_after_ms: int | None = None,
+    held: Held | None = None,
 ) -> View:
     """The snapshot script's reply -> View (pure; shared by the async and sync readers).
 
-    Builds three dicts of strings and nothing per endpoint: see ``LazyEndpoints``.
+    Builds three dicts of strings and nothing per endpoint: see ``LazyEndpoints``. Where
+    the script left the registry out (0), the entries are ``held``'s: the call that
+    passed ``held`` to ``snapshot_call`` must pass the same one here.
     """
     now_ms = _now_ms(reply[0], reply[1])
     members = reply[4]
     pollers = sorted(
         str(members[i]) for i in range(0, len(members), 2) if float(members[i + 1]) >= now_ms
     )
+    if reply[3] == 0:
+        if held is None:
+            raise ValueError("the snapshot left the registry out, but none was held")
+        entries = held[2]
+    else:
+        entries = _pairs(reply[3])
     endpoints = LazyEndpoints(
-        _pairs(reply[3]),
+        entries,
         _pairs(reply[5]),
         _pairs(reply[6]),
         now_ms,
         (stale_after_intervals, stale_after_ms),
     )
     return View(now_ms, int(reply[2]), endpoints, pollers)
+
+
+def held_after(reply: Sequence[Any], view: View) -> Held | None:
+    """What a reader holds after ``view``: its registry, or None without an epoch."""
+    epoch = str(reply[7]) if len(reply) > 7 else ""
+    endpoints = view.endpoints
+    if not epoch or not isinstance(endpoints, LazyEndpoints):
+        return None
+    return epoch, str(reply[2]), endpoints.entries
 
 
 def one_from_reply(
@@ -183,14 +210,17 @@ def one_from_reply(
     )
 
 
-def snapshot_call(keys: Keys) -> tuple[list[str], list[str]]:
+def snapshot_call(keys: Keys, held: Held | None = None) -> tuple[list[str], list[str]]:
+    """The snapshot script's keys and arguments; with ``held``, the registry is left out
+    of the reply if it is still the one held."""
     return [
         keys.endpoints,
         keys.members,
         keys.endpoints_rev,
         keys.view_stats,
         keys.view_failures,
-    ], []
+        keys.epoch,
+    ], [held[1], held[0]] if held is not None else []
 
 
 def get_one_call(keys: Keys, endpoint_id: str) -> tuple[list[str], list[str]]:
