@@ -176,9 +176,10 @@ class ScrapeSettings(BaseModel):
     thread_map_bytes: int = Field(default=256 * 1024, ge=0, le=1024**3)
     #: Bodies larger than this are a ``too_large`` failure (a vLLM page is ~60 KB).
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1024**3)
-    #: HTTP stack under httpx: one shared aiohttp session ("aiohttp", measured fastest) or
-    #: one httpcore pool per endpoint ("httpcore").
-    http_client: Literal["aiohttp", "httpcore"] = "aiohttp"
+    #: HTTP stack under httpx: the poller's own HTTP/1.1 transport on asyncio protocols
+    #: ("asyncio", measured fastest: scrape/wire.py), one shared aiohttp session
+    #: ("aiohttp", the default before) or one httpcore pool per endpoint ("httpcore").
+    http_client: Literal["asyncio", "aiohttp", "httpcore"] = "asyncio"
     #: Engine mapping for entries that name none.
     default_engine: str = "vllm"
     #: Stats and failure hashes expire after this many intervals without a write.

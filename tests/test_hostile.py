@@ -764,7 +764,7 @@ async def test_slowloris_headers_time_out_within_the_overall_timeout() -> None:
 
 
 def _framing_cases() -> Iterator[Any]:
-    for client in ("aiohttp", "httpcore"):
+    for client in ("asyncio", "aiohttp", "httpcore"):
         for case in RAW_RESPONSES:
             yield pytest.param(client, case, id=f"{client}-{case}")
 
@@ -791,7 +791,7 @@ def _key_cases() -> Iterator[Any]:
     # A key with a newline (a PEM-like file, or api_key_file=/proc/self/environ) or a
     # non-ASCII character cannot be a header: h11's error would quote it, aiohttp's and
     # httpx's would escape fetch. Both must end as a config failure that never shows it.
-    for client in ("aiohttp", "httpcore"):
+    for client in ("asyncio", "aiohttp", "httpcore"):
         yield pytest.param(client, "file", "{key}\nsecond line\n", id=f"{client}-newline")
         yield pytest.param(client, "env", "{key}-cl\u00e9", id=f"{client}-non-ascii")
 

@@ -86,7 +86,7 @@ async def server() -> AsyncIterator[str]:
     await runner.cleanup()
 
 
-@pytest.fixture(params=["aiohttp", "httpcore"])
+@pytest.fixture(params=["asyncio", "aiohttp", "httpcore"])
 async def scraper(request: pytest.FixtureRequest) -> AsyncIterator[Scraper]:
     s = Scraper(max_body_bytes=200_000, http_client=request.param)
     yield s

@@ -400,7 +400,7 @@ async def engine(pki: Pki) -> AsyncIterator[str]:
         yield url
 
 
-@pytest.fixture(params=["aiohttp", "httpcore"])
+@pytest.fixture(params=["asyncio", "aiohttp", "httpcore"])
 async def scraper(request: pytest.FixtureRequest) -> AsyncIterator[Scraper]:
     s = Scraper(max_body_bytes=200_000, http_client=request.param)
     yield s

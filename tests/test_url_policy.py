@@ -219,7 +219,7 @@ def _redirect_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMGW_KEY_REDIRECT_TEST", KEY.removeprefix("Bearer "))
 
 
-@pytest.mark.parametrize("http_client", ["aiohttp", "httpcore"])
+@pytest.mark.parametrize("http_client", ["asyncio", "aiohttp", "httpcore"])
 async def test_three_redirects_within_the_origin_are_followed_with_the_key(
     origins: tuple[Origin, Origin], http_client: str
 ) -> None:
@@ -228,7 +228,7 @@ async def test_three_redirects_within_the_origin_are_followed_with_the_key(
     assert a.seen == [(f"/hop/{n}/metrics", KEY) for n in (3, 2, 1, 0)]
 
 
-@pytest.mark.parametrize("http_client", ["aiohttp", "httpcore"])
+@pytest.mark.parametrize("http_client", ["asyncio", "aiohttp", "httpcore"])
 async def test_a_fourth_redirect_fails(origins: tuple[Origin, Origin], http_client: str) -> None:
     a, _ = origins
     err = await _fetch(http_client, f"http://127.0.0.1:{a.port}/hop/4")
@@ -237,7 +237,7 @@ async def test_a_fourth_redirect_fails(origins: tuple[Origin, Origin], http_clie
     assert [path for path, _ in a.seen] == [f"/hop/{n}/metrics" for n in (4, 3, 2, 1)]
 
 
-@pytest.mark.parametrize("http_client", ["aiohttp", "httpcore"])
+@pytest.mark.parametrize("http_client", ["asyncio", "aiohttp", "httpcore"])
 @pytest.mark.parametrize("elsewhere", ["port", "host", "scheme"])
 async def test_a_redirect_to_another_origin_fails_and_never_gets_the_key(
     origins: tuple[Origin, Origin], http_client: str, elsewhere: str
@@ -259,7 +259,7 @@ async def test_a_redirect_to_another_origin_fails_and_never_gets_the_key(
     assert b.seen == []
 
 
-@pytest.mark.parametrize("http_client", ["aiohttp", "httpcore"])
+@pytest.mark.parametrize("http_client", ["asyncio", "aiohttp", "httpcore"])
 async def test_a_redirect_without_a_location_fails(
     origins: tuple[Origin, Origin], http_client: str
 ) -> None:
@@ -270,7 +270,7 @@ async def test_a_redirect_without_a_location_fails(
     assert err.detail == "HTTP 302 redirect without a usable Location"
 
 
-@pytest.mark.parametrize("http_client", ["aiohttp", "httpcore"])
+@pytest.mark.parametrize("http_client", ["asyncio", "aiohttp", "httpcore"])
 async def test_a_redirect_to_the_same_origin_with_default_port_is_followed(
     http_client: str,
 ) -> None:
@@ -293,7 +293,7 @@ async def test_a_redirect_to_the_same_origin_with_default_port_is_followed(
     assert fetched.status == 200 and seen[-1].endswith("/real")
 
 
-@pytest.mark.parametrize("http_client", ["aiohttp", "httpcore"])
+@pytest.mark.parametrize("http_client", ["asyncio", "aiohttp", "httpcore"])
 async def test_disallowed_host_is_never_contacted(engine: Engine, http_client: str) -> None:
     scraper = Scraper(
         max_body_bytes=100_000, http_client=http_client, allowed_hosts=["localhost", "10.0.0.0/8"]

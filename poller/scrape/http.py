@@ -49,6 +49,7 @@ from poller.registry import Endpoint
 from poller.scrape.apikeys import KeyPolicy, resolve_api_key
 from poller.scrape.body import Decoder, once, raw_chunks
 from poller.scrape.http_errors import disconnected, status_error, unreachable_detail
+from poller.scrape.wire import WireTransport
 
 __all__ = ["Fetched", "KeyPolicy", "Scraper", "TransportFactory", "resolve_api_key"]
 
@@ -98,7 +99,7 @@ class Scraper:
         self,
         *,
         max_body_bytes: int,
-        http_client: str = "aiohttp",
+        http_client: str = "asyncio",
         transport_factory: TransportFactory | None = None,
         allowed_hosts: Sequence[str] = (),
         key_policy: KeyPolicy | None = None,
@@ -109,6 +110,7 @@ class Scraper:
         self.key_policy = key_policy or KeyPolicy.from_settings(ScrapeSettings())
         if transport_factory is None and http_client == "httpcore":
             transport_factory = self._httpcore_transport
+        self._http_client = http_client
         self._transport_factory = transport_factory
         self._allowlist = HostAllowlist.parse(tuple(allowed_hosts))
         self._contexts: dict[TlsKey, ssl.SSLContext] = {}
@@ -116,6 +118,7 @@ class Scraper:
         # whose tls_ca_file/tls_insecure changed gets a new client.
         self._clients: dict[str, tuple[TlsKey, httpx.AsyncClient]] = {}
         self._shared: dict[TlsKey, tuple[aiohttp.ClientSession, httpx.AsyncClient]] = {}
+        self._wire: dict[TlsKey, httpx.AsyncClient] = {}
         # perf (issue 13): each client's transport, and each endpoint's prepared request.
         self._transports: dict[httpx.AsyncClient, httpx.AsyncBaseTransport] = {}
         self._requests: dict[str, _Prepared] = {}
@@ -158,6 +161,17 @@ class Scraper:
 
     async def _client(self, endpoint: Endpoint) -> httpx.AsyncClient:
         key = _tls_key(endpoint)
+        if self._transport_factory is None and self._http_client == "asyncio":
+            wire = self._wire.get(key)
+            if wire is None:
+                # One transport for every endpoint with these TLS settings; it keeps its
+                # connections per origin, so a request's cost does not grow with them.
+                transport: httpx.AsyncBaseTransport = WireTransport(
+                    max_body_bytes=self.max_body_bytes, ssl_context=self._ssl_context(endpoint)
+                )
+                wire = self._wire[key] = self._new_client(transport)
+                self._transports[wire] = transport
+            return wire
         if self._transport_factory is None:
             shared = self._shared.get(key)
             if shared is None:
@@ -199,6 +213,9 @@ class Scraper:
         self._transports.clear()
         clients, self._clients = self._clients, {}
         for _, client in clients.values():
+            await client.aclose()
+        wire, self._wire = self._wire, {}
+        for client in wire.values():
             await client.aclose()
         shared, self._shared = self._shared, {}
         for session, client in shared.values():

@@ -1,0 +1,453 @@
+"""An httpx transport of our own: HTTP/1.1 GETs on asyncio protocols (issue 13).
+
+A scrape is one small request and one response of tens of kilobytes, to a host the
+poller talks to every second. Under httpx, aiohttp's client machinery and the
+``httpx-aiohttp`` adapter cost about a quarter of a scrape's CPU (docs/performance.md);
+this transport does the same exchange with one ``asyncio.Protocol`` per connection:
+
+- the request's bytes are built once per prepared ``httpx.Request`` (kept in its
+  extensions) and written in one call;
+- the response is parsed as it arrives, in ``data_received``, without a task switch per
+  piece: the status line and headers once, then the body by ``Content-Length``,
+  ``chunked`` framing, or until the server closes (HTTP/1.0, ``Connection: close``);
+- the awaiting request is woken once, with the whole body (at most ``max_body_bytes`` + 1
+  bytes of it: past the cap the connection is dropped, and the caller sees a body over
+  its cap, or a ``Content-Length`` over it, and reports ``too_large``);
+- connections are kept alive per origin (scheme, host, port) and reused; one found closed
+  by the server before any byte of the answer came is replaced, once, by a new one.
+
+Errors are httpx's: ``ConnectError`` (refused, unresolvable, TLS verification, with the
+``OSError``/``ssl`` error as its cause), ``ConnectTimeout`` and ``ReadTimeout`` (from the
+request's ``timeout`` extension; the caller's overall deadline still bounds everything),
+``RemoteProtocolError`` for anything that is not HTTP/1.x framing we can trust (a bad status
+line, a header over 64 KiB or with a NUL, conflicting or malformed ``Content-Length``, a bad
+chunk, a body cut short) and ``ReadError`` for a reset. Only ``GET`` without a request body
+is supported: that is all a scrape sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+__all__ = ["WireTransport"]
+
+#: Status line plus headers; more is not an engine's answer.
+MAX_HEAD_BYTES = 64 * 1024
+_WIRE = "llmgw.wire"  # the request's bytes, cached in its extensions
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_BAD_VALUE_CHARS = frozenset("\r\n\x00")
+
+Origin = tuple[str, str, int]
+
+
+class WireTransport(httpx.AsyncBaseTransport):
+    """Keep-alive HTTP/1.1 connections per origin; see the module docstring."""
+
+    def __init__(self, *, max_body_bytes: int, ssl_context: ssl.SSLContext | None = None):
+        self.max_body_bytes = max_body_bytes
+        self.ssl_context = ssl_context
+        self._idle: dict[Origin, list[_Connection]] = {}
+        self._closed = False
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method != "GET":
+            raise httpx.UnsupportedProtocol(f"only GET is supported, not {request.method}")
+        url = request.url
+        if url.scheme not in _DEFAULT_PORTS:
+            raise httpx.UnsupportedProtocol(f"unsupported URL scheme {url.scheme!r}")
+        wire = request.extensions.get(_WIRE)
+        if wire is None:
+            wire = request.extensions[_WIRE] = _request_bytes(request)
+        origin = (url.scheme, url.host, url.port or _DEFAULT_PORTS[url.scheme])
+        timeouts = request.extensions.get("timeout") or {}
+        for _ in range(2):
+            conn, reused = self._idle_connection(origin), True
+            if conn is None:
+                conn, reused = await self._connect(origin, timeouts.get("connect")), False
+            try:
+                reply = await conn.exchange(wire, timeouts.get("read"))
+            except _Stale:
+                if reused:
+                    continue  # the server closed it while idle: once more, on a new one
+                raise httpx.RemoteProtocolError(
+                    "server disconnected without sending a response"
+                ) from None
+            if conn.reusable and not self._closed:
+                self._idle.setdefault(origin, []).append(conn)
+            else:
+                conn.close()
+            status, reason, headers, body = reply
+            return httpx.Response(
+                status,
+                headers=headers,
+                stream=_Body(body),
+                request=request,
+                extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason},
+            )
+        raise httpx.RemoteProtocolError("server disconnected without sending a response")
+
+    def _idle_connection(self, origin: Origin) -> _Connection | None:
+        idle = self._idle.get(origin)
+        while idle:
+            conn = idle.pop()
+            if conn.reusable:
+                return conn
+        return None
+
+    async def _connect(self, origin: Origin, timeout_s: float | None) -> _Connection:
+        scheme, host, port = origin
+        tls = None
+        if scheme == "https":
+            tls = self.ssl_context or ssl.create_default_context()
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(self.max_body_bytes),
+                    host,
+                    port,
+                    ssl=tls,
+                    server_hostname=host if tls is not None else None,
+                )
+        except TimeoutError:
+            raise httpx.ConnectTimeout(f"no connection within {timeout_s:g}s") from None
+        except OSError as exc:  # refused, unreachable, DNS, ssl.SSLError
+            raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+        return conn
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn in conns:
+                conn.abort()  # idle: no TLS goodbye to wait for (it could outlive the loop)
+        await asyncio.sleep(0)  # the sockets close in the loop's next step
+
+
+class _Body(httpx.AsyncByteStream):
+    """The body, read already: one piece."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._body:
+            yield self._body
+
+
+class _Stale(Exception):
+    """The connection closed before any byte of the response."""
+
+
+def _request_bytes(request: httpx.Request) -> bytes:
+    if request.stream is not None and request.headers.get("content-length", "0") != "0":
+        raise httpx.UnsupportedProtocol("a request body is not supported")
+    lines = [b"GET " + request.url.raw_path + b" HTTP/1.1"]
+    for name, value in request.headers.raw:
+        text = value.decode("latin-1")
+        if _BAD_VALUE_CHARS.intersection(text) or _BAD_VALUE_CHARS.intersection(name.decode()):
+            # Never quote it: the value may be a key read from a file.
+            raise ValueError(f"header {name.decode('ascii', 'replace')!r} has a line break or NUL")
+        lines.append(name + b": " + value)
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+# Parser states.
+_IDLE, _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _TRAILER, _UNTIL_CLOSE = range(7)
+
+
+class _Connection(asyncio.Protocol):
+    """One connection: writes a request, parses its response as it arrives."""
+
+    def __init__(self, max_body_bytes: int) -> None:
+        self.max_body = max_body_bytes
+        self.transport: asyncio.Transport | None = None
+        self.reusable = False
+        self._waiter: asyncio.Future[Any] | None = None
+        self._state = _IDLE
+        self._buf = bytearray()
+        self._scanned = 0  # how far the head was searched for its end
+        self._pieces: list[bytes] = []
+        self._size = 0
+        self._remaining = 0
+        self._head: tuple[int, bytes, list[tuple[bytes, bytes]]] | None = None
+        self._keep_alive = True
+        self._got_bytes = False
+
+    # --- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.reusable = True
+
+    def data_received(self, data: bytes) -> None:
+        if self._waiter is None or self._waiter.done():
+            self._drop()  # bytes nobody asked for: the connection cannot be trusted
+            return
+        self._got_bytes = True
+        try:
+            self._feed(data)
+        except httpx.RemoteProtocolError as exc:
+            self._fail(exc)
+
+    def eof_received(self) -> bool:
+        return False  # close the transport; connection_lost finishes the exchange
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.reusable = False
+        waiter, self._waiter = self._waiter, None
+        if waiter is None or waiter.done():
+            return
+        if self._state == _UNTIL_CLOSE:
+            self._waiter = waiter
+            self._finish()
+        elif not self._got_bytes:
+            waiter.set_exception(_Stale())
+        elif exc is not None:
+            waiter.set_exception(httpx.ReadError(f"connection lost: {exc}"))
+        else:
+            what = "headers" if self._state == _HEAD else "body"
+            waiter.set_exception(
+                httpx.RemoteProtocolError(
+                    f"server closed the connection in the middle of the {what}"
+                )
+            )
+
+    # --- one exchange -------------------------------------------------------------------
+
+    async def exchange(
+        self, wire: bytes, timeout_s: float | None
+    ) -> tuple[int, bytes, list[tuple[bytes, bytes]], bytes]:
+        assert self.transport is not None
+        self.reusable = False  # until this exchange ends well
+        self._state, self._scanned, self._size = _HEAD, 0, 0
+        self._buf.clear()
+        self._pieces = []
+        self._head, self._keep_alive, self._got_bytes = None, True, False
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(wire)
+        try:
+            if timeout_s is None:
+                return await waiter  # type: ignore[no-any-return]
+            async with asyncio.timeout(timeout_s):
+                return await waiter  # type: ignore[no-any-return]
+        except TimeoutError:
+            self._drop()
+            raise httpx.ReadTimeout(f"no complete response within {timeout_s:g}s") from None
+        except BaseException:  # cancelled (the caller's deadline), or a failure above
+            self._drop()
+            raise
+
+    def close(self) -> None:
+        self.reusable = False
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.reusable = False
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _drop(self) -> None:
+        self._waiter = None
+        self.abort()
+
+    def _fail(self, exc: Exception) -> None:
+        waiter = self._waiter
+        self._drop()
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+    def _finish(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        assert self._head is not None
+        status, reason, headers = self._head
+        pieces, self._pieces = self._pieces, []
+        body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        self._state = _IDLE
+        self._buf.clear()  # a connection holds nothing between exchanges
+        self.reusable = self._keep_alive and self.transport is not None
+        if not self._keep_alive and self.transport is not None:
+            self.transport.close()
+        if waiter is not None and not waiter.done():
+            waiter.set_result((status, reason, headers, body))
+
+    # --- parsing ------------------------------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        if self._state == _HEAD:
+            buf = self._buf
+            seen: bytes | bytearray = data
+            if buf:
+                buf += data
+                seen = buf
+            end = seen.find(b"\r\n\r\n", max(0, self._scanned - 3))
+            if end < 0 or end > MAX_HEAD_BYTES:
+                if len(seen) > MAX_HEAD_BYTES:
+                    raise httpx.RemoteProtocolError("response headers over 64 KiB")
+                if not buf:
+                    buf += data
+                self._scanned = len(buf)
+                return
+            head, rest = bytes(seen[:end]), bytes(seen[end + 4 :])
+            buf.clear()
+            self._scanned = 0
+            self._start_body(head)
+            if self._state == _HEAD:  # an interim 1xx answer: its real one follows
+                if rest:
+                    self._feed(rest)
+                return
+            data = rest
+        self._body(data)
+
+    def _start_body(self, head: bytes) -> None:
+        lines = head.split(b"\r\n")
+        status, reason, http10 = _status_line(lines[0])
+        if 100 <= status < 200 and status != 101:
+            return  # stay in _HEAD
+        headers, length, encodings, connection = _header_fields(lines)
+        self._head = (status, reason, headers)
+        tokens = {t.strip() for t in connection.split(b",")}
+        self._keep_alive = b"keep-alive" in tokens if http10 else b"close" not in tokens
+        chunked = False
+        if encodings:
+            chunked = encodings.rsplit(b",", 1)[-1].strip() == b"chunked"
+            length = None  # Transfer-Encoding wins over Content-Length (RFC 9112 6.3)
+            self._keep_alive = self._keep_alive and chunked
+        if status in (101, 204, 304):
+            self._finish()
+        elif chunked:
+            self._state = _CHUNK_SIZE
+        elif length is None:
+            self._state, self._keep_alive = _UNTIL_CLOSE, False
+        elif length > self.max_body:
+            # The caller reports the declared size; the body is never read.
+            self._keep_alive = False
+            self._finish()
+        elif length == 0:
+            self._finish()
+        else:
+            self._state, self._remaining = _LENGTH, length
+
+    def _take(self, piece: bytes) -> bool:
+        """Keep a piece of the body; False once past the cap (the caller reports it)."""
+        self._pieces.append(piece)
+        self._size += len(piece)
+        if self._size > self.max_body:
+            self._keep_alive = False
+            self._finish()
+            return False
+        return True
+
+    def _body(self, data: bytes) -> None:
+        state = self._state
+        if state == _LENGTH:
+            if len(data) >= self._remaining:
+                if len(data) > self._remaining:
+                    raise httpx.RemoteProtocolError("more bytes than the Content-Length")
+                self._pieces.append(data)
+                self._finish()
+            elif data:
+                self._pieces.append(data)
+                self._remaining -= len(data)
+        elif state == _UNTIL_CLOSE:
+            if data:
+                self._take(data)
+        elif state in (_CHUNK_SIZE, _CHUNK_DATA, _TRAILER):
+            self._buf += data
+            self._chunks()
+        elif data:
+            raise httpx.RemoteProtocolError("bytes after the end of the response")
+
+    def _chunks(self) -> None:
+        buf = self._buf
+        pos = 0
+        while self._state != _IDLE:
+            if self._state == _CHUNK_SIZE:
+                step = self._chunk_size(buf, pos)
+            elif self._state == _CHUNK_DATA:
+                step = self._chunk_data(buf, pos)
+            else:
+                step = self._trailer(buf, pos)
+            if step < 0:
+                break
+            pos = step
+        if self._state != _IDLE:  # a finished response cleared the buffer already
+            del buf[:pos]
+
+    def _chunk_size(self, buf: bytearray, pos: int) -> int:
+        """The position after a chunk-size line, or -1 until it is all here."""
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            if len(buf) - pos > 1024:
+                raise httpx.RemoteProtocolError("chunk size line too long")
+            return -1
+        size_text = bytes(buf[pos:eol]).split(b";", 1)[0].strip()
+        if not size_text or not all(c in b"0123456789abcdefABCDEF" for c in size_text):
+            raise httpx.RemoteProtocolError("invalid chunk size")
+        size = int(size_text, 16)
+        self._state, self._remaining = (_CHUNK_DATA, size) if size else (_TRAILER, 0)
+        return eol + 2
+
+    def _chunk_data(self, buf: bytearray, pos: int) -> int:
+        end = pos + self._remaining
+        if len(buf) < end + 2:
+            return -1
+        if buf[end : end + 2] != b"\r\n":
+            raise httpx.RemoteProtocolError("chunk not followed by CRLF")
+        self._state = _CHUNK_SIZE
+        return end + 2 if self._take(bytes(buf[pos:end])) else -1
+
+    def _trailer(self, buf: bytearray, pos: int) -> int:
+        """Trailer fields (ignored), then the empty line that ends the response."""
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            if len(buf) - pos > MAX_HEAD_BYTES:
+                raise httpx.RemoteProtocolError("trailers over 64 KiB")
+            return -1
+        if eol > pos:
+            return eol + 2
+        if eol + 2 != len(buf):
+            raise httpx.RemoteProtocolError("bytes after the end of the response")
+        self._finish()
+        return -1
+
+
+def _header_fields(
+    lines: list[bytes],
+) -> tuple[list[tuple[bytes, bytes]], int | None, bytes, bytes]:
+    """(headers, Content-Length, Transfer-Encoding, Connection) of a response head."""
+    headers: list[tuple[bytes, bytes]] = []
+    length: int | None = None
+    encodings = connection = b""
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or not name or name != name.strip() or b"\x00" in line:
+            raise httpx.RemoteProtocolError("malformed response header line")
+        value = value.strip(b" \t")
+        key = name.lower()
+        if key == b"content-length":
+            if not value.isdigit() or (length is not None and int(value) != length):
+                raise httpx.RemoteProtocolError("invalid or conflicting Content-Length")
+            length = int(value)
+        elif key == b"transfer-encoding":
+            encodings = value.lower()
+        elif key == b"connection":
+            connection = value.lower()
+        headers.append((name, value))
+    return headers, length, encodings, connection
+
+
+def _status_line(line: bytes) -> tuple[int, bytes, bool]:
+    """(status, reason, HTTP/1.0) of ``HTTP/1.x SSS reason``; anything else is an error."""
+    version, _, rest = line.partition(b" ")
+    code, _, reason = rest.partition(b" ")
+    if version not in (b"HTTP/1.1", b"HTTP/1.0") or len(code) != 3 or not code.isdigit():
+        raise httpx.RemoteProtocolError("not an HTTP/1.x status line")
+    return int(code), reason, version == b"HTTP/1.0"
