@@ -168,6 +168,10 @@ class ScrapeSettings(BaseModel):
     timeout_s: float = Field(default=1.0, gt=0, le=600)
     #: Each run is moved by up to +-jitter_s around its slot (no drift; see worker).
     jitter_s: float = Field(default=0.05, ge=0, le=60)
+    #: Runs start on multiples of this many ms of the epoch (0: anywhere), so the jobs
+    #: due within one tick share the scheduler's and the event loop's wake-ups; at most
+    #: a tenth of an endpoint's interval is used.
+    tick_ms: int = Field(default=50, ge=0, le=1000)
     #: At most this many samples of the mapped metrics are read from one page; more is a
     #: ``too_large`` failure. Bounds the CPU (and GIL) one runaway page can take.
     max_samples: int = Field(default=10_000, ge=10, le=10_000_000)

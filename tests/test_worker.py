@@ -279,3 +279,28 @@ def test_grid_jitter_does_not_drift() -> None:
     assert all(-0.1 <= o <= 0.1 for o in offsets)
     assert (times[-1] - times[0]).total_seconds() == pytest.approx(1000, abs=0.2)
     assert len({round(o, 6) for o in offsets}) > 900  # jitter really applied
+
+
+def test_grid_jitter_on_a_tick_shares_fire_times_and_still_does_not_drift() -> None:
+    """Runs land on multiples of the tick (of the epoch), so jobs started at different
+    moments share their fire times, and the mean period stays the interval."""
+    tick = 0.05
+    starts = [datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=i * 0.0137) for i in range(50)]
+    fires: set[datetime] = set()
+    for start in starts:
+        trigger = GridJitterTrigger(seconds=1.0, start_date=start, jitter_s=0.1, tick_s=tick)
+        fire = trigger.get_next_fire_time(None, start - timedelta(seconds=1))
+        times = [fire]
+        for _ in range(200):
+            fire = trigger.get_next_fire_time(fire, fire)
+            times.append(fire)
+        for t in times:
+            ticks = t.timestamp() / tick
+            assert abs(ticks - round(ticks)) < 1e-3, t  # on the tick
+        offsets = [(t - start).total_seconds() - k for k, t in enumerate(times)]
+        assert all(-0.1 <= o <= 0.1 + tick for o in offsets)  # jitter, then up to a tick
+        assert all(b > a for a, b in zip(times, times[1:], strict=False))
+        assert (times[-1] - times[0]).total_seconds() == pytest.approx(200, abs=0.2)
+        fires.update(times[50:60])
+    # 50 jobs x 10 runs over ~10 s fall on at most ~10 / tick distinct moments.
+    assert len(fires) <= 10 / tick + 10

@@ -38,18 +38,25 @@ log = logging.getLogger(__name__)
 
 
 class GridJitterTrigger(IntervalTrigger):  # type: ignore[misc]
-    """An interval trigger whose jitter does not drift.
+    """An interval trigger whose jitter does not drift, on a shared tick.
 
     APScheduler 3.x computes the next run from the previous *jittered* run and adds a
     positive jitter again, so the period stretches by the mean jitter every run
     (1,000 jobs at 1 s with 0.1 s jitter ran 954 times a second). Here every run is
-    placed on the unjittered grid ``start + k * interval`` and then moved by up to
-    +-jitter, so the mean period stays exactly the interval.
+    placed on the unjittered grid ``start + k * interval``, moved by up to +-jitter, and
+    then rounded up to the next multiple of ``tick_s`` of the epoch: the mean period
+    stays exactly the interval, and jobs whose runs fall in one tick start in one
+    scheduler wake-up, so their requests, responses and Redis writes share the event
+    loop's wake-ups too (each wake-up from idle costs more CPU than the work it does at a
+    few hundred scrapes a second: docs/performance.md).
     """
 
-    def __init__(self, *, seconds: float, start_date: datetime, jitter_s: float) -> None:
+    def __init__(
+        self, *, seconds: float, start_date: datetime, jitter_s: float, tick_s: float = 0.0
+    ) -> None:
         super().__init__(seconds=seconds, start_date=start_date, timezone=UTC)
         self.jitter_s = jitter_s
+        self.tick_s = tick_s
 
     def get_next_fire_time(
         self, previous_fire_time: datetime | None, now: datetime
@@ -58,7 +65,7 @@ class GridJitterTrigger(IntervalTrigger):  # type: ignore[misc]
         start: datetime = self.start_date
         if previous_fire_time is None:
             if start > now:
-                return start
+                return self._on_tick(start)
             k = math.ceil((now - start).total_seconds() / interval)
         else:
             # Snap the jittered previous run back to its grid slot (|jitter| < interval/2).
@@ -66,9 +73,16 @@ class GridJitterTrigger(IntervalTrigger):  # type: ignore[misc]
         slot: datetime = start + timedelta(seconds=k * interval)
         if self.jitter_s:
             slot += timedelta(seconds=random.uniform(-self.jitter_s, self.jitter_s))
+        slot = self._on_tick(slot)
         if previous_fire_time is not None and slot <= previous_fire_time:
-            slot = previous_fire_time + timedelta(seconds=interval / 2)
+            slot = self._on_tick(previous_fire_time + timedelta(seconds=interval / 2))
         return slot
+
+    def _on_tick(self, when: datetime) -> datetime:
+        if not self.tick_s:
+            return when
+        ticks = math.ceil(round(when.timestamp() / self.tick_s, 6))
+        return datetime.fromtimestamp(ticks * self.tick_s, UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +231,7 @@ class JobRunner:
             seconds=spec.interval_s,
             start_date=first_run,
             jitter_s=min(self.settings.scrape.jitter_s, spec.interval_s / 4),
+            tick_s=min(self.settings.scrape.tick_ms / 1000, spec.interval_s / 10),
         )
         self._scheduler.add_job(
             self.run,
