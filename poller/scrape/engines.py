@@ -48,6 +48,8 @@ _MAX_VALUE = float(2**53)
 
 
 Overrides = tuple[tuple[str, tuple[str, ...]], ...]
+#: A page's samples by name, in page order within each name.
+ByName = Mapping[str, Sequence[Sample]]
 
 
 def _dedupe(samples: Sequence[Sample]) -> list[Sample]:
@@ -117,12 +119,15 @@ class EngineMapping:
     def extract(self, samples: Sequence[Sample]) -> Signals:
         """Fold parsed samples into Signals; ContractError lists every missing signal."""
         samples = _dedupe(samples)
+        by_name: dict[str, list[Sample]] = {}
+        for sample in samples:
+            by_name.setdefault(sample.name, []).append(sample)
         sources: dict[str, str] = {}
         missing: list[str] = []
 
         def pick(signal: str, candidates: Iterable[Source], fold: str) -> float | None:
             for source in candidates:
-                value = self._fold(samples, source, fold)
+                value = self._fold(by_name, source, fold)
                 if value is not None:
                     sources[signal] = str(source)
                     return value
@@ -139,10 +144,10 @@ class EngineMapping:
         if api_waiting is not None:
             sources["waiting"] += "+" + sources["api_waiting"]
         gauge = pick("prefix_cache_hit_rate", self.prefix_cache_hit_rate, "mean")
-        hits, queries = self._counters(samples, sources, gauge_present=gauge is not None)
+        hits, queries = self._counters(by_name, sources, gauge_present=gauge is not None)
         if hits is not None:
             gauge = None  # counters give a windowed rate; the gauge is then not used
-        lora_running, lora_waiting, lora_max = self._lora(samples, sources)
+        lora_running, lora_waiting, lora_max = self._lora(by_name, sources)
         assert running is not None and waiting is not None
         return Signals(
             engine=self.engine,
@@ -158,17 +163,17 @@ class EngineMapping:
             lora_max=lora_max,
             models=self._models(samples),
             api_waiting=None if api_waiting is None else round(api_waiting),
-            sleeping=self._sleeping(samples, sources),
+            sleeping=self._sleeping(by_name, sources),
             sources=sources,
         )
 
-    def _series(self, samples: Sequence[Sample], metric: Metric) -> list[Sample]:
+    def _series(self, by_name: ByName, metric: Metric) -> list[Sample]:
         """Usable series of one source: NaN, infinities, negative sentinels and absurdly
         large numbers dropped; of a broken-down total, the total only."""
         found = [
             s
-            for s in samples
-            if s.name == metric.name and metric.matches(s) and 0 <= s.value < _MAX_VALUE
+            for s in by_name.get(metric.name, ())
+            if 0 <= s.value < _MAX_VALUE and (not metric.where or metric.matches(s))
         ]
         for label, total in self.spec.totals:
             # A breakdown without its total (no series at the total's value) is summed:
@@ -189,13 +194,13 @@ class EngineMapping:
             groups[key] = max(groups.get(key, s.value), s.value)
         return sum(groups.values())
 
-    def _fold(self, samples: Sequence[Sample], source: Source, fold: str) -> float | None:
+    def _fold(self, by_name: ByName, source: Source, fold: str) -> float | None:
         if isinstance(source, Ratio):
-            used, total = self._series(samples, source.used), self._series(samples, source.total)
+            used, total = self._series(by_name, source.used), self._series(by_name, source.total)
             if not used or not total or self._sum(total) <= 0:
                 return None
             return self._sum(used) / self._sum(total)
-        series = self._series(samples, source)
+        series = self._series(by_name, source)
         if not series:
             return None
         if fold == "sum":
@@ -205,15 +210,15 @@ class EngineMapping:
         return sum(s.value for s in series) / len(series)
 
     def _counters(
-        self, samples: Sequence[Sample], sources: dict[str, str], gauge_present: bool
+        self, by_name: ByName, sources: dict[str, str], gauge_present: bool
     ) -> tuple[float | None, float | None]:
         # SGLang creates its hits counter at the first hit, but versions without the
         # counter at all (0.4) publish only the gauge: absent hits mean zero only when
         # there is no gauge to fall back on.
         absent_is_zero = self.spec.hits_absent_is_zero and not gauge_present
         for hits_m, queries_m in self.prefix_cache_counters:
-            queries = self._series(samples, queries_m)
-            hits = self._series(samples, hits_m)
+            queries = self._series(by_name, queries_m)
+            hits = self._series(by_name, hits_m)
             if queries and (hits or absent_is_zero):
                 hits_total, queries_total = self._sum(hits), self._sum(queries)
                 if self.spec.queries_exclude_hits:
@@ -224,22 +229,22 @@ class EngineMapping:
                 return hits_total, queries_total
         return None, None
 
-    def _sleeping(self, samples: Sequence[Sample], sources: dict[str, str]) -> bool | None:
+    def _sleeping(self, by_name: ByName, sources: dict[str, str]) -> bool | None:
         """vLLM: sleeping when none of the endpoint's engines is awake; None if unsaid."""
         if self.spec.awake is None:
             return None
-        series = self._series(samples, self.spec.awake)
+        series = self._series(by_name, self.spec.awake)
         if not series:
             return None
         sources["sleeping"] = str(self.spec.awake)
         return not any(s.value > 0 for s in series)
 
     def _lora(
-        self, samples: Sequence[Sample], sources: dict[str, str]
+        self, by_name: ByName, sources: dict[str, str]
     ) -> tuple[tuple[str, ...], tuple[str, ...], int | None]:
         if self.lora is None:
             return (), (), None
-        series = [s for s in samples if s.name == self.lora.name and not math.isnan(s.value)]
+        series = [s for s in by_name.get(self.lora.name, ()) if not math.isnan(s.value)]
         if not series:
             return (), (), None
         # Every adapter combination ever seen lingers as a series; the newest is the max.
