@@ -317,3 +317,26 @@ def test_any_split_of_an_answer_reads_the_same(answer: bytes, cuts: list[int]) -
     status, body, reusable = asyncio.run(exchange())
     expected = BODY[:55] if answer is _CHUNKED else BODY
     assert (status, body, reusable) == (200, expected, True)
+
+
+async def test_idle_connections_past_the_keepalive_are_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An endpoint whose lease moved away leaves no socket open on its engine: idle
+    connections older than KEEPALIVE_S are closed, those of other origins too."""
+    import poller.scrape.wire as wire
+
+    monkeypatch.setattr(wire, "KEEPALIVE_S", 0.2)
+    async with Scripted(lambda n, h: OK) as a, Scripted(lambda n, h: OK) as b, client() as c:
+        transport = c._transport
+        assert isinstance(transport, WireTransport)
+        await c.get(a.url)
+        await c.get(b.url)
+        await asyncio.sleep(0.3)
+        await c.get(a.url)  # a's old connection is past the keepalive; b's is swept
+        for _ in range(100):
+            if a.closed_by_client and b.closed_by_client:
+                break
+            await asyncio.sleep(0.01)
+        assert (a.connections, a.closed_by_client, b.closed_by_client) == (2, 1, 1)
+        assert list(transport._idle) == [("http", "127.0.0.1", int(a.url.rsplit(":", 1)[1]))]

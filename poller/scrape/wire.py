@@ -38,6 +38,9 @@ __all__ = ["WireTransport"]
 
 #: Status line plus headers; more is not an engine's answer.
 MAX_HEAD_BYTES = 64 * 1024
+#: An idle connection older than this is closed (aiohttp's default too): an endpoint
+#: whose lease moved away must not keep a socket open on an engine that never hangs up.
+KEEPALIVE_S = 15.0
 _WIRE = "llmgw.wire"  # the request's bytes, cached in its extensions
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _BAD_VALUE_CHARS = frozenset("\r\n\x00")
@@ -53,6 +56,7 @@ class WireTransport(httpx.AsyncBaseTransport):
         self.ssl_context = ssl_context
         self._idle: dict[Origin, list[_Connection]] = {}
         self._closed = False
+        self._next_sweep = 0.0
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if request.method != "GET":
@@ -65,8 +69,11 @@ class WireTransport(httpx.AsyncBaseTransport):
             wire = request.extensions[_WIRE] = _request_bytes(request)
         origin = (url.scheme, url.host, url.port or _DEFAULT_PORTS[url.scheme])
         timeouts = request.extensions.get("timeout") or {}
+        now = asyncio.get_running_loop().time()
+        if now >= self._next_sweep:
+            self._sweep(now)
         for _ in range(2):
-            conn, reused = self._idle_connection(origin), True
+            conn, reused = self._idle_connection(origin, now), True
             if conn is None:
                 conn, reused = await self._connect(origin, timeouts.get("connect")), False
             try:
@@ -78,6 +85,7 @@ class WireTransport(httpx.AsyncBaseTransport):
                     "server disconnected without sending a response"
                 ) from None
             if conn.reusable and not self._closed:
+                conn.idle_since = now
                 self._idle.setdefault(origin, []).append(conn)
             else:
                 conn.close()
@@ -91,13 +99,27 @@ class WireTransport(httpx.AsyncBaseTransport):
             )
         raise httpx.RemoteProtocolError("server disconnected without sending a response")
 
-    def _idle_connection(self, origin: Origin) -> _Connection | None:
+    def _idle_connection(self, origin: Origin, now: float) -> _Connection | None:
         idle = self._idle.get(origin)
         while idle:
             conn = idle.pop()
-            if conn.reusable:
+            if conn.reusable and now - conn.idle_since <= KEEPALIVE_S:
                 return conn
+            conn.abort()
         return None
+
+    def _sweep(self, now: float) -> None:
+        """Close idle connections past KEEPALIVE_S, forget origins left with none."""
+        self._next_sweep = now + KEEPALIVE_S
+        for origin, conns in list(self._idle.items()):
+            keep = [c for c in conns if c.reusable and now - c.idle_since <= KEEPALIVE_S]
+            for conn in conns:
+                if conn not in keep:
+                    conn.abort()
+            if keep:
+                self._idle[origin] = keep
+            else:
+                del self._idle[origin]
 
     async def _connect(self, origin: Origin, timeout_s: float | None) -> _Connection:
         scheme, host, port = origin
@@ -168,6 +190,7 @@ class _Connection(asyncio.Protocol):
         self.max_body = max_body_bytes
         self.transport: asyncio.Transport | None = None
         self.reusable = False
+        self.idle_since = 0.0  # loop time it went back to the pool
         self._waiter: asyncio.Future[Any] | None = None
         self._state = _IDLE
         self._buf = bytearray()
