@@ -322,7 +322,15 @@ async def test_cached_mode_survives_a_redis_restart(own_redis: RedisProcess) -> 
     store = RedisStore(client, NS)
     t = await setup(store, "a")
     await write(store, "a", t["a"])
-    reader = StatsReader(client, NS, resync_s=0.3)
+    # The reader has a client of its own, as a gateway has; the writer plays the poller,
+    # which reconnects after the restart (its idle pooled connection died with Redis).
+    reader = StatsReader(
+        aioredis.Redis.from_url(
+            own_redis.url, decode_responses=True, socket_timeout=0.5, socket_connect_timeout=0.5
+        ),
+        NS,
+        resync_s=0.3,
+    )
     async with reader.cached() as cache:
         assert cache.get("a") is not None and cache.get("a").state == "fresh"  # type: ignore[union-attr]
         own_redis.stop()
@@ -331,6 +339,7 @@ async def test_cached_mode_survives_a_redis_restart(own_redis: RedisProcess) -> 
         assert stale is not None and stale.state == "stale"  # never "fresh" while blind
         assert cache.view().counts()["fresh"] == 0
         own_redis.start()
+        await client.connection_pool.disconnect()  # the poller's reconnect
         t = await setup(store, "a")
         await write(store, "a", t["a"], running=9)
         await wait_for(
@@ -344,6 +353,7 @@ async def test_cached_mode_survives_a_redis_restart(own_redis: RedisProcess) -> 
             timeout_s=8,
         )
     await client.aclose()
+    await reader.aclose()
 
 
 def test_sync_reader(redis_server: RedisProcess) -> None:
@@ -709,3 +719,35 @@ def test_protocol_control_messages_and_timers() -> None:
     assert proto.probed(3) is None and proto.probed(4) == Action("snapshot")
     assert proto.due(105.0) == Action("snapshot")  # resync_s
     assert 0 < proto.lost(OSError("gone")) <= 2.0 / 3 and not proto.cache.healthy
+
+
+async def test_cached_reader_follows_updates_through_pubsub_when_it_has_no_feed(
+    rstore: RedisStore, reader: StatsReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client whose connections feed.py cannot copy (open_feed gives None) is followed
+    through redis-py's PubSub, with the same protocol."""
+
+    async def no_feed(*args: object) -> None:
+        return None
+
+    import poller.reader.reader as module
+
+    subscribed: list[object] = []
+    original = module.subscribe
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        subscribed.append(kwargs.get("shard_channels"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, "open_feed", no_feed)
+    monkeypatch.setattr(module, "subscribe", counting)
+    t = await setup(rstore, "a")
+    await write(rstore, "a", t["a"], running=1)
+    async with reader.cached() as cache:
+        for running in (2, 3, 4):
+            await write(rstore, "a", t["a"], running=running)
+        await wait_for(
+            lambda: (
+                (e := cache.get("a")) is not None and e.stats is not None and e.stats.running == 4
+            )
+        )

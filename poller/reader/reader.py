@@ -22,7 +22,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -34,6 +34,7 @@ from redis.asyncio.cluster import RedisCluster
 from poller.config import RedisSettings
 from poller.errors import StoreError
 from poller.reader.cache import ViewCache
+from poller.reader.feed import open_feed
 from poller.reader.protocol import Action, Protocol
 from poller.reader.replies import (
     Held,
@@ -44,7 +45,14 @@ from poller.reader.replies import (
     snapshot_call,
 )
 from poller.reader.view import EndpointView, View
-from poller.redis.connection import close_client, connect, redis_call, subscribe, tls_options
+from poller.redis.connection import (
+    close_client,
+    connect,
+    pubsub_client,
+    redis_call,
+    subscribe,
+    tls_options,
+)
 from poller.redis.keys import Keys
 from poller.redis.lua import lua
 
@@ -55,6 +63,8 @@ log = logging.getLogger(__name__)
 
 #: How long leaving ``cached()`` may take at most (the follower normally ends at once).
 STOP_BOUND_S = 5.0
+#: How long subscribing to the update channel may take.
+FEED_TIMEOUT_S = 2.0
 
 
 class _Reader:
@@ -165,15 +175,12 @@ class StatsReader(_Reader):
         # swallowed by the asyncio.wait_for inside redis-py, and must not keep us running.
         while not stop.is_set():
             try:
-                async with subscribe(self.client, shard_channels=(self.keys.updates,)) as pubsub:
+                async with self._updates() as updates:
                     # Subscribed first, then snapshot: no update can fall between them.
                     proto.loaded(await self.snapshot(), time.monotonic())
                     first.set()
                     while not stop.is_set():
-                        timeout = proto.wait_s(time.monotonic())
-                        message = await pubsub.get_message(timeout=timeout)
-                        if message is not None:
-                            data = str(message["data"])
+                        for data in await updates(proto.wait_s(time.monotonic())):
                             await self._perform(proto, proto.message(data, time.monotonic()))
                         await self._perform(proto, proto.due(time.monotonic()))
             except asyncio.CancelledError:
@@ -183,6 +190,31 @@ class StatsReader(_Reader):
                 first.set()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), wait_s)
+
+    @asynccontextmanager
+    async def _updates(self) -> AsyncIterator[Callable[[float], Awaitable[list[str]]]]:
+        """``P:updates`` as ``next(timeout_s) -> the messages that arrived``: our own feed
+        (feed.py), or redis-py's PubSub for a client whose connections it cannot copy."""
+        channel = self.keys.updates
+        async with pubsub_client(self.client, (channel,)) as own:
+            feed = await open_feed(own, channel, FEED_TIMEOUT_S)
+            if feed is not None:
+                try:
+                    yield feed.next
+                finally:
+                    feed.close()
+                return
+        async with subscribe(self.client, shard_channels=(channel,)) as pubsub:
+
+            async def next_messages(timeout_s: float) -> list[str]:
+                message = await pubsub.get_message(timeout=timeout_s)
+                out = []
+                while message is not None:
+                    out.append(str(message["data"]))
+                    message = await pubsub.get_message(timeout=0.0)
+                return out
+
+            yield next_messages
 
     async def _perform(self, proto: Protocol, action: Action | None) -> None:
         if action is None:

@@ -20,7 +20,7 @@ from redis.backoff import NoBackoff
 from poller.config import RedisSettings
 from poller.errors import StoreError
 
-__all__ = ["close_client", "connect", "redis_call", "subscribe", "tls_options"]
+__all__ = ["close_client", "connect", "pubsub_client", "redis_call", "subscribe", "tls_options"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -158,27 +158,37 @@ async def subscribe(
 ) -> AsyncIterator[aioredis.client.PubSub]:
     """A pub/sub connection on ``channels`` and the shard channels ``shard_channels``
     (``SSUBSCRIBE``, Redis 7); callers read with get_message."""
-    own = client
-    if isinstance(client, RedisCluster):
-        # Cluster PUBLISH reaches every node, SPUBLISH only the shard owning the channel's
-        # slot: listen on that node (every key of a namespace shares one slot).
-        owner = client.get_node_from_key(shard_channels[0]) if shard_channels else None
-        node = owner or client.get_random_node()
-        own = aioredis.Redis(host=node.host, port=int(node.port), **_pubsub_options(client))
-    pubsub = own.pubsub(ignore_subscribe_messages=True)
-    try:
-        if channels:
-            await redis_call(pubsub.subscribe(*channels), "SUBSCRIBE")
-        if shard_channels:
-            await redis_call(pubsub.ssubscribe(*shard_channels), "SSUBSCRIBE")
-        yield pubsub
-    finally:
+    async with pubsub_client(client, shard_channels) as own:
+        pubsub = own.pubsub(ignore_subscribe_messages=True)
         try:
-            await pubsub.aclose()
-        except Exception:
-            log.debug("pubsub close failed", exc_info=True)
-        if own is not client:
-            await own.aclose()
+            if channels:
+                await redis_call(pubsub.subscribe(*channels), "SUBSCRIBE")
+            if shard_channels:
+                await redis_call(pubsub.ssubscribe(*shard_channels), "SSUBSCRIBE")
+            yield pubsub
+        finally:
+            try:
+                await pubsub.aclose()
+            except Exception:
+                log.debug("pubsub close failed", exc_info=True)
+
+
+@asynccontextmanager
+async def pubsub_client(client: Any, shard_channels: tuple[str, ...] = ()) -> AsyncIterator[Any]:
+    """The client to subscribe with: ``client`` itself, or on Cluster one of the node
+    that carries the shard channels (closed on exit)."""
+    if not isinstance(client, RedisCluster):
+        yield client
+        return
+    # Cluster PUBLISH reaches every node, SPUBLISH only the shard owning the channel's
+    # slot: listen on that node (every key of a namespace shares one slot).
+    owner = client.get_node_from_key(shard_channels[0]) if shard_channels else None
+    node = owner or client.get_random_node()
+    own = aioredis.Redis(host=node.host, port=int(node.port), **_pubsub_options(client))
+    try:
+        yield own
+    finally:
+        await own.aclose()
 
 
 def _pubsub_options(client: Any) -> dict[str, Any]:
