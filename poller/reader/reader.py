@@ -85,7 +85,7 @@ class _Reader:
         self.resync_s = resync_s
         self._snapshot = client.register_script(lua("snapshot"))
         # The registry of the last snapshot: the next one skips it while it is unchanged
-        # (a quarter of a snapshot's bytes). Replaced whole, so concurrent calls are safe.
+        # (a fifth of a snapshot's bytes). Replaced whole, so concurrent calls are safe.
         self._held: Held | None = None
         self._get_one = client.register_script(lua("get_one"))
         self._get_records = client.register_script(lua("get_records"))
