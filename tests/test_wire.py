@@ -300,10 +300,10 @@ _CHUNKED = (
 )
 def test_any_split_of_an_answer_reads_the_same(answer: bytes, cuts: list[int]) -> None:
     """Headers, chunk sizes and CRLFs split anywhere between data_received calls."""
-    from poller.scrape.wire import _Connection
+    from poller.scrape.h1 import Connection
 
     async def exchange() -> tuple[int, bytes, bool]:
-        conn = _Connection(1 << 20)
+        conn = Connection(1 << 20)
         transport = _Transport()
         conn.connection_made(transport)
         pending = asyncio.ensure_future(conn.exchange(b"GET / HTTP/1.1\r\n\r\n", None))
