@@ -7,14 +7,16 @@ this transport does the same exchange with one ``asyncio.Protocol`` per connecti
 
 - the request's bytes are built once per prepared ``httpx.Request`` (kept in its
   extensions) and written in one call;
-- the response is parsed as it arrives, in ``data_received``, without a task switch per
-  piece: the status line and headers once, then the body by ``Content-Length``,
-  ``chunked`` framing, or until the server closes (HTTP/1.0, ``Connection: close``);
+- the response is parsed as it arrives, in ``data_received`` (``h1.py``), without a task
+  switch per piece: the status line and headers once, then the body by
+  ``Content-Length``, ``chunked`` framing, or until the server closes (HTTP/1.0,
+  ``Connection: close``);
 - the awaiting request is woken once, with the whole body (at most ``max_body_bytes`` + 1
   bytes of it: past the cap the connection is dropped, and the caller sees a body over
   its cap, or a ``Content-Length`` over it, and reports ``too_large``);
-- connections are kept alive per origin (scheme, host, port) and reused; one found closed
-  by the server before any byte of the answer came is replaced, once, by a new one.
+- connections are kept alive per origin (scheme, host, port) and reused, and closed
+  after ``KEEPALIVE_S`` idle; one found closed by the server before any byte of the
+  answer came is replaced, once, by a new one.
 
 Errors are httpx's: ``ConnectError`` (refused, unresolvable, TLS verification, with the
 ``OSError``/``ssl`` error as its cause), ``ConnectTimeout`` and ``ReadTimeout`` (from the
