@@ -51,6 +51,7 @@ def test_unpublished_fields_are_absent_not_zero() -> None:
 def test_reason_names_that_cannot_be_written_are_left_out() -> None:
     assert format_counts({"a,b": 1, "c:d": 2, "ok": 3}) == "ok:3"
     assert format_counts({"a,b": 1}) == ""
+    assert format_counts({"deferred": 1, "capacity": 2}) == "capacity:2,deferred:1"
     assert "waiting_by_reason" not in hash_of(Signals("vllm", 0, 1, waiting_by_reason={"a,b": 1}))
 
 
