@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from poller.cli.common import NAMESPACE, REDIS_URL, run_store_command, store_session
+from poller.cli.oneline import BadInput
 from poller.config import ScrapeSettings, effective_timeout_s, load_settings
 from poller.errors import ConfigError
 from poller.redis.store import sync_diff
@@ -101,7 +102,7 @@ def endpoints_add(
     try:
         endpoint = endpoint_from_dict(endpoint_id, data)
     except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise BadInput(str(exc)) from None
 
     async def go() -> int:
         async with store_session(redis_url, namespace) as store:
@@ -126,7 +127,7 @@ def endpoints_rm(endpoint_id: str, redis_url: str | None, namespace: str | None)
     try:
         rev = run_store_command(go())
     except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise BadInput(str(exc)) from None
     if rev is None:
         click.echo(f"Error: no endpoint {endpoint_id!r}", err=True)
         sys.exit(1)
@@ -179,7 +180,7 @@ def endpoints_sync(file: str, dry_run: bool, redis_url: str | None, namespace: s
     try:
         wanted = endpoints_from_file(file)
     except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise BadInput(str(exc)) from None
 
     async def go() -> tuple[int, list[str], list[str], list[str]]:
         async with store_session(redis_url, namespace) as store:

@@ -8,6 +8,7 @@ import sys
 import click
 
 from poller.cli.common import NAMESPACE, REDIS_URL, load
+from poller.cli.oneline import BadInput
 from poller.errors import ConfigError
 from poller.logs import setup_logging
 from poller.registry import endpoints_from_file
@@ -140,6 +141,6 @@ def run(
         try:
             endpoints_from_file(settings.endpoints_file)
         except ConfigError as exc:
-            raise click.UsageError(str(exc)) from None
+            raise BadInput(str(exc)) from None
     setup_logging(settings.log_level, settings.log_format)
     sys.exit(asyncio.run(serve(settings)))
