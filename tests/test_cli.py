@@ -403,3 +403,19 @@ def test_check_applies_the_settings_engine_defaults(engine_server: str, tmp_path
     bad.write_text('[scrape.engines.nope]\nmetrics_path = "/m"\n')
     result = CliRunner().invoke(cli, ["check", "http://x", "--config", str(bad)])
     assert result.exit_code == 2 and "unknown engine 'nope'" in result.output
+
+
+def test_check_with_the_wrong_engine_names_the_one_the_page_looks_like(
+    engine_server: str,
+) -> None:
+    url = f"{engine_server}/sglang-0.5.23-priority-tp-dp-handwritten.txt"
+    code, report = check_json(url, "--engine", "vllm")
+    assert code == 1 and report["reason"] == "contract" and report["looks_like"] == ["sglang"]
+    text = CliRunner().invoke(cli, ["check", url, "--engine", "vllm"]).output
+    assert "the page looks like sglang's: try --engine sglang" in text
+    # a page no engine's contract accepts says so
+    code, report = check_json(
+        f"{engine_server}/trtllm-unprefixed-handwritten.txt", "--engine", "trtllm",
+        "--metrics-path", "/metrics",
+    )  # fmt: skip
+    assert code == 1 and report["looks_like"] == []

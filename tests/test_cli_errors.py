@@ -138,3 +138,81 @@ def test_endpoints_file_errors_come_all_at_once(tmp_path: Path) -> None:
 def test_click_usage_errors_are_one_line_too(args: list[str], words: str) -> None:
     line = one_error_line(poller(*args))
     assert words in line and "--help" in line
+
+
+# --- at registration: what the pollers would fail on at every scrape ------------------------
+
+UNREACHABLE = "redis://127.0.0.1:1/0"  # the checks come before Redis
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["x", "http://h:8000/metrics"],
+            "url http://h:8000/metrics ends in the metrics path /metrics, which the pollers "
+            "append: register the base URL http://h:8000",
+        ),
+        (
+            ["x", "http://h:8000/v1/prometheus/metrics/", "--engine", "trtllm"],
+            "ends in the metrics path /prometheus/metrics, which the pollers append: register "
+            "the base URL http://h:8000/v1",
+        ),
+        (
+            ["x", "http://h:8000", "--api-key-env", "HOME"],
+            "api_key_env HOME does not start with LLMGW_KEY_: the pollers read keys only from "
+            "such variables (scrape.key_env_prefix), e.g. LLMGW_KEY_HOME",
+        ),
+        (
+            ["x", "http://h:8000", "--api-key-file", "/etc/passwd"],
+            "api_key_file /etc/passwd is not inside the key directory /etc/llmgw-poller/keys",
+        ),
+        (
+            ["x", "http://h:8000", "--api-key-file", "../../passwd"],
+            "api_key_file ../../passwd is not inside the key directory",
+        ),
+    ],
+)
+def test_endpoints_add_refuses_what_the_pollers_would_fail_on(
+    args: list[str], expected: str
+) -> None:
+    line = one_error_line(poller("endpoints", "add", *args, "--redis-url", UNREACHABLE))
+    assert line.startswith("Error: endpoint 'x': ") and expected in line, line
+
+
+def test_the_key_rules_are_the_pollers_settings(tmp_path: Path) -> None:
+    config = tmp_path / "poller.toml"
+    config.write_text('[scrape]\nkey_env_prefix = "MY_"\nkey_dir = "/srv/keys"\n')
+    passes = [
+        ("--api-key-env", "MY_KEY", {"POLLER_CONFIG": str(config)}),
+        ("--api-key-file", "/srv/keys/a", {"POLLER_SCRAPE__KEY_DIR": "/srv/keys"}),
+        ("--api-key-file", "a", {"CREDENTIALS_DIRECTORY": "/run/credentials/x"}),
+    ]
+    for option, value, env in passes:
+        result = poller(
+            "endpoints", "add", "x", "http://h:8000", option, value, "--redis-url", UNREACHABLE,
+            env=env,
+        )  # fmt: skip
+        # past the checks: it fails only at Redis (exit 1)
+        assert result.returncode == 1 and "unreachable" in result.stderr, result.stderr
+    line = one_error_line(
+        poller("endpoints", "add", "x", "http://h:8000", "--api-key-env", "LLMGW_KEY_A",
+               "--config", str(config), "--redis-url", UNREACHABLE)
+    )  # fmt: skip
+    assert "does not start with MY_" in line
+
+
+def test_endpoints_sync_reports_every_registration_problem(tmp_path: Path) -> None:
+    path = tmp_path / "endpoints.yaml"
+    path.write_text(
+        "endpoints:\n"
+        "  - {id: a, url: 'http://10.0.0.1:8000/metrics'}\n"
+        "  - {id: ok, url: 'http://10.0.0.2:8000', api_key_env: LLMGW_KEY_OK}\n"
+        "  - {id: b, url: 'http://10.0.0.3:8000', api_key_env: AWS_SECRET_ACCESS_KEY}\n"
+    )
+    result = poller("endpoints", "sync", str(path), "--redis-url", UNREACHABLE)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith(f"Error: {path}: endpoint 'a': url http://10.0.0.1:8000/metrics")
+    assert lines[1].startswith(f"Error: {path}: endpoint 'b': api_key_env AWS_SECRET_ACCESS_KEY")

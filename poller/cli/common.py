@@ -57,8 +57,10 @@ NAMESPACE = click.option(
 
 
 @asynccontextmanager
-async def store_session(redis_url: str | None, namespace: str | None) -> AsyncIterator[RedisStore]:
-    settings = load(None, {"redis.url": redis_url, "redis.namespace": namespace})
+async def store_session(
+    redis_url: str | None, namespace: str | None, config: str | None = None
+) -> AsyncIterator[RedisStore]:
+    settings = load(config, {"redis.url": redis_url, "redis.namespace": namespace})
     store = RedisStore.from_settings(settings.redis)
     try:
         await store.ensure_schema()
