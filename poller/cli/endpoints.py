@@ -1,4 +1,4 @@
-"""``poller endpoints add|rm|ls|sync``: read and change the registry in Redis."""
+"""``poller endpoints add|rm|ls|sync|export``: read and change the registry in Redis."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from poller.cli.common import NAMESPACE, REDIS_URL, load, run_store_command, store_session
+from poller.cli.export import endpoints_export
 from poller.cli.oneline import BadInput
 from poller.cli.register import registration_problems
 from poller.config import ScrapeSettings, effective_timeout_s
@@ -155,7 +156,13 @@ def endpoints_rm(endpoint_id: str, redis_url: str | None, namespace: str | None)
 
 
 @endpoints.command("ls")
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the registry as JSON with its revision and invalid entries (a report: "
+    "`endpoints export` writes a file `sync` reads).",
+)
 @REDIS_URL
 @NAMESPACE
 def endpoints_ls(as_json: bool, redis_url: str | None, namespace: str | None) -> None:
@@ -225,3 +232,6 @@ def endpoints_sync(
         + ("" if dry_run else f" (registry rev {rev})")
     )
     _timeout_notes([wanted[endpoint_id] for endpoint_id in sorted(wanted)], scrape)
+
+
+endpoints.add_command(endpoints_export)
