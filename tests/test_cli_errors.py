@@ -64,6 +64,12 @@ def test_a_malformed_redis_url_from_the_environment_is_one_line() -> None:
     assert line == "Error: redis.url: 'redis//h:1' is not a URL: did you mean 'redis://h:1'?"
 
 
+@pytest.mark.parametrize("command", [["demo"], ["bench", "--quick"]])
+def test_the_lab_commands_check_their_redis_url_too(command: list[str]) -> None:
+    line = one_error_line(poller(*command, "--redis-url", "redis//127.0.0.1:6379"))
+    assert "did you mean 'redis://127.0.0.1:6379'?" in line and "--redis-url" in line
+
+
 def test_a_password_in_a_bad_redis_url_is_not_printed() -> None:
     line = one_error_line(poller("status", "--redis-url", "redis://u:s3cret@h:x/0"))
     assert "s3cret" not in line and "u:***@h" in line
