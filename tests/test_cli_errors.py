@@ -156,13 +156,18 @@ UNREACHABLE = "redis://127.0.0.1:1/0"  # the checks come before Redis
     [
         (
             ["x", "http://h:8000/metrics"],
-            "url http://h:8000/metrics ends in the metrics path /metrics, which the pollers "
-            "append: register the base URL http://h:8000",
+            "url http://h:8000/metrics ends in the metrics path /metrics, while the pollers "
+            "append /metrics: register the base URL http://h:8000",
         ),
         (
             ["x", "http://h:8000/v1/prometheus/metrics/", "--engine", "trtllm"],
-            "ends in the metrics path /prometheus/metrics, which the pollers append: register "
-            "the base URL http://h:8000/v1",
+            "ends in the metrics path /prometheus/metrics, while the pollers append "
+            "/prometheus/metrics: register the base URL http://h:8000/v1",
+        ),
+        (
+            ["x", "http://h:8000/metrics", "--engine", "trtllm"],
+            "ends in the metrics path /metrics, while the pollers append /prometheus/metrics: "
+            "register the base URL http://h:8000",
         ),
         (
             ["x", "http://h:8000", "--api-key-env", "HOME"],
