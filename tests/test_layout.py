@@ -20,7 +20,7 @@ ALLOWED = {
     "root": {"reader"},  # poller/__init__.py re-exports the reader API
     "scrape": {"scrape"},
     "redis": {"redis"},
-    "reader": {"reader", "redis.keys", "redis.lua", "redis.connection"},
+    "reader": {"reader", "redis.keys", "redis.lua", "redis.connection", "redis.errors"},
     "service": {"scrape", "redis", "reader", "service"},
     "cli": {"scrape", "redis", "reader", "service", "cli", "lab"},
     "lab": {"scrape", "redis", "reader", "service", "cli", "lab"},

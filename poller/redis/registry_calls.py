@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from poller.errors import StoreError
-from poller.redis.connection import redis_call
+from poller.redis.errors import redis_call
 from poller.redis.keys import Keys
 from poller.registry import Endpoint, endpoint_from_json, validate_endpoint_id
 
