@@ -279,6 +279,7 @@ async def test_cached_mode_follows_events_and_resyncs(
                 "{r}:lost-events",
                 k.view_stats,
                 k.view_failures,
+                "{r}:lost-updates",
             ],
             args=[
                 f"p1 {t['a']}",
@@ -568,9 +569,10 @@ def lost_keys(store: RedisStore, endpoint_id: str) -> list[str]:
         k.lease(endpoint_id),
         k.stats(endpoint_id),
         k.failure(endpoint_id),
-        "{r}:lost-events",  # the script publishes on {r}:lost-events and {r}:lost-updates
+        "{r}:lost-events",  # events and updates go to channels nobody follows
         k.view_stats,
         k.view_failures,
+        "{r}:lost-updates",
     ]
 
 
