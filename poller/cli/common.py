@@ -10,36 +10,61 @@ from typing import Any, NoReturn
 
 import click
 
-from poller.config import Settings, load_settings
+from poller.cli.oneline import BadInput
+from poller.config import FLAT_ENV, Settings, load_settings
 from poller.errors import ConfigError, StoreAuthError, StoreError
 from poller.redis.store import RedisStore
 
 
+def _option_env_names() -> frozenset[str]:
+    """Every variable an option of the running ``poller`` reads: known, not a typo."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return FLAT_ENV
+    names = set(FLAT_ENV)
+    pending: list[click.Command] = [ctx.find_root().command]
+    while pending:
+        command = pending.pop()
+        if isinstance(command, click.Group):
+            pending += command.commands.values()
+        for param in command.params:
+            envvar = getattr(param, "envvar", None)
+            names.update([envvar] if isinstance(envvar, str) else envvar or ())
+    return frozenset(names)
+
+
 def load(config: str | None, overrides: dict[str, Any]) -> Settings:
+    """The settings, or exit 2 with one line per problem (every problem at once)."""
     try:
-        return load_settings(config, overrides)
+        return load_settings(config, overrides, flat_env=_option_env_names())
     except ConfigError as exc:
-        raise click.UsageError(f"invalid setting: {exc}") from None
+        raise BadInput(str(exc)) from None
 
 
 REDIS_URL = click.option(
     "--redis-url",
     envvar="POLLER_REDIS_URL",
+    show_envvar=True,
+    show_default="redis://127.0.0.1:6379/0",
     metavar="URL",
-    help="redis://, rediss://, unix:// or redis+sentinel://HOST:PORT[,...]/MASTER URL "
-    "[env POLLER_REDIS_URL]",
+    help="redis://HOST:PORT/DB, rediss://, unix:///PATH or "
+    "redis+sentinel://HOST:PORT[,...]/MASTER[/DB]; user and password may be in it.",
 )
 NAMESPACE = click.option(
     "--namespace",
     envvar="POLLER_NAMESPACE",
+    show_envvar=True,
+    show_default="llmgw",
     metavar="NS",
-    help="Key namespace (prefix {NS}) [env POLLER_NAMESPACE; default llmgw]",
+    help="Key namespace: every key starts with {NS}.",
 )
 
 
 @asynccontextmanager
-async def store_session(redis_url: str | None, namespace: str | None) -> AsyncIterator[RedisStore]:
-    settings = load(None, {"redis.url": redis_url, "redis.namespace": namespace})
+async def store_session(
+    redis_url: str | None, namespace: str | None, config: str | None = None
+) -> AsyncIterator[RedisStore]:
+    settings = load(config, {"redis.url": redis_url, "redis.namespace": namespace})
     store = RedisStore.from_settings(settings.redis)
     try:
         await store.ensure_schema()

@@ -16,18 +16,24 @@ from poller.errors import StoreError
 @REDIS_URL
 @NAMESPACE
 @click.option("--json", "as_json", is_flag=True, help="Print the snapshot as JSON.")
-@click.option("--watch", is_flag=True, help="Refresh every second until Ctrl-C.")
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Refresh every second until Ctrl-C; piped, print a plain frame every second.",
+)
 @click.option(
     "--sort",
     type=click.Choice(["id", "engine", "state", "owner", "running", "waiting", "kv", "hit", "age"]),
     default="id",
     show_default=True,
+    help="Order the rows by this column.",
 )
 @click.option(
     "--stale-after-ms",
     type=click.IntRange(1),
     metavar="MS",
-    help="Freshness bound (default: 2 intervals of each endpoint).",
+    show_default="2 intervals of each endpoint",
+    help="Stats older than this are stale.",
 )
 def status(
     redis_url: str | None,
@@ -43,7 +49,7 @@ def status(
 
     from poller.cli.render import render
     from poller.reader.reader import StatsReader
-    from poller.redis.discovery import read_sources
+    from poller.service.page_format import with_entries
 
     settings = load(None, {"redis.url": redis_url, "redis.namespace": namespace})
     console = Console()
@@ -54,28 +60,36 @@ def status(
         # from_settings, not from_url: POLLER_REDIS__TLS_* and cluster settings apply too
         reader = StatsReader.from_settings(settings.redis, stale_after_ms=stale_after_ms)
 
-        async def sources() -> list[dict[str, Any]]:
-            return await read_sources(reader.client, reader.keys)
+        async def frame() -> Any:
+            """The next frame: the table, or the error of this read (the watch goes on)."""
+            try:
+                return render(await reader.snapshot(), sort, await sources(reader))
+            except StoreError as exc:
+                return f"[red]Error: {exc}[/red]"
 
         try:
             view = await reader.snapshot()
-            found = await sources()
+            found = await sources(reader)
             if as_json:
-                click.echo(json.dumps({**view.to_dict(), "sources": found}, indent=2))
+                click.echo(json.dumps({**with_entries(view), "sources": found}, indent=2))
                 return
+            shown = render(view, sort, found)
             if not watch:
-                console.print(render(view, sort, found))
-                return
-            with Live(render(view, sort, found), console=console, auto_refresh=False) as live:
+                console.print(shown)
+            elif not console.is_terminal:
+                # Piped: plain text, no cursor movement: a whole frame every second, with
+                # a blank line between frames.
                 while True:
+                    console.print(shown)
+                    console.file.flush()
                     await asyncio.sleep(1.0)
-                    try:
-                        view = await reader.snapshot()
-                        found = await sources()
-                    except StoreError as exc:
-                        live.update(f"[red]{exc}[/red]", refresh=True)
-                        continue
-                    live.update(render(view, sort, found), refresh=True)
+                    console.print()
+                    shown = await frame()
+            else:
+                with Live(shown, console=console, auto_refresh=False) as live:
+                    while True:
+                        await asyncio.sleep(1.0)
+                        live.update(await frame(), refresh=True)
         finally:
             await reader.aclose()
 
@@ -85,3 +99,11 @@ def status(
         pass
     except StoreError as exc:
         store_failure(exc)
+
+
+async def sources(reader: Any) -> list[dict[str, Any]]:
+    """The DNS discovery sources, for the table under the endpoints."""
+    from poller.redis.discovery import read_sources
+
+    found: list[dict[str, Any]] = await read_sources(reader.client, reader.keys)
+    return found
