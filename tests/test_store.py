@@ -10,7 +10,8 @@ from redisproc import RedisProcess
 from poller._version import __version__
 from poller.config import RedisSettings
 from poller.errors import SchemaMismatch, StoreError
-from poller.redis.store import Keys, RedisStore
+from poller.redis.keys import Keys
+from poller.redis.store import RedisStore
 from poller.registry import Endpoint
 
 FIELDS = {
@@ -149,7 +150,6 @@ async def test_failure_keeps_since_and_counts(store: RedisStore) -> None:
         first = await store.write_failure("e1", "p1", token, reason="timeout", detail="t1", **kw)
         assert await next_event(pubsub) == "failure e1 timeout"
     f1 = await store.read_failure("e1")
-    await asyncio.sleep(0.01)
     second = await store.write_failure("e1", "p1", token, reason="timeout", detail="t2", **kw)
     f2 = await store.read_failure("e1")
     assert first.value == 1 and second.value == 2
@@ -166,12 +166,12 @@ async def test_failure_keeps_since_and_counts(store: RedisStore) -> None:
 
 
 async def test_heartbeat_prunes_expired_members(store: RedisStore) -> None:
-    now, live = await store.heartbeat("p1", 5000)
-    assert live == ["p1"] and now > 1_600_000_000_000
-    await store.client.zadd("{test}:members", {"dead": now - 10})
+    beat = await store.heartbeat("p1", 5000)
+    assert beat.members == ["p1"] and beat.now_ms > 1_600_000_000_000 and beat.epoch
+    await store.client.zadd("{test}:members", {"dead": beat.now_ms - 10})
     await store.client.hset("{test}:members:info", "dead", "{}")
-    _, live = await store.heartbeat("p2", 5000)
-    assert live == ["p1", "p2"]
+    again = await store.heartbeat("p2", 5000)
+    assert again.members == ["p1", "p2"] and again.epoch == beat.epoch
     assert await store.client.zscore("{test}:members", "dead") is None
     # Each member's own word beside its score; pruned with it.
     info = await store.client.hgetall("{test}:members:info")
@@ -258,7 +258,9 @@ async def test_paused_writer_is_fenced_after_its_lease_lapses(real_client: aiore
     store = RedisStore(real_client, "test")
     [a] = await store.acquire_leases("p1", ["e1"], 150)
     assert a.token is not None
-    await asyncio.sleep(0.3)  # p1 "paused" past its 150 ms lease (real TTL expiry)
+    assert 0 < await real_client.pttl("{test}:lease:e1") <= 150
+    # p1 "paused" past its 150 ms lease: Redis drops the key, as its TTL would
+    await real_client.delete("{test}:lease:e1")
     [b] = await store.acquire_leases("p2", ["e1"], 2000)
     assert b.token is not None
     assert (
@@ -272,11 +274,16 @@ async def test_paused_writer_is_fenced_after_its_lease_lapses(real_client: aiore
 
 
 async def test_stats_expire_by_themselves(real_client: aioredis.Redis) -> None:
+    """The stats hash and the lease carry the TTLs given (renewed by the write), and the
+    view record its expiry on the Redis clock: nothing outlives them."""
     store = RedisStore(real_client, "test")
     [a] = await store.acquire_leases("p1", ["e1"], 100)
+    await real_client.pexpire("{test}:lease:e1", 10)  # nearly lapsed: the write renews it
     await store.write_stats("e1", "p1", a.token or 0, FIELDS, lease_ttl_ms=100, stats_ttl_ms=150)
-    await asyncio.sleep(0.3)
-    assert await real_client.exists("{test}:stats:e1", "{test}:lease:e1") == 0
+    assert 10 < await real_client.pttl("{test}:lease:e1") <= 100
+    assert 100 < await real_client.pttl("{test}:stats:e1") <= 150
+    scraped_ms, _, expires_ms, *_ = (await real_client.hget("{test}:view:stats", "e1")).split(" ")
+    assert int(expires_ms) - int(scraped_ms) == 150
 
 
 async def test_scripts_reload_after_flush_and_restart(own_redis: RedisProcess) -> None:

@@ -14,7 +14,7 @@ from poller.cli.oneline import BadInput
 from poller.cli.register import registration_problems
 from poller.config import ScrapeSettings, effective_timeout_s
 from poller.errors import ConfigError
-from poller.redis.store import sync_diff
+from poller.redis.registry_calls import sync_diff
 from poller.registry import ENGINES, Endpoint, endpoint_from_dict, endpoints_from_file
 
 

@@ -28,21 +28,13 @@ from poller.config import RedisSettings
 from poller.errors import SchemaMismatch
 from poller.redis.batch import WriteBatcher
 from poller.redis.connection import close_client, connect, subscribe
+from poller.redis.errors import redis_call
 from poller.redis.keys import SCHEMA_VERSION, Keys
 from poller.redis.lua import lua
-from poller.redis.registry_calls import Registry, RegistryCalls, diff_registry, sync_diff
+from poller.redis.registry_calls import Registry, RegistryCalls
+from poller.registry import Endpoint
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "Acquired",
-    "Keys",
-    "RedisStore",
-    "Registry",
-    "WriteResult",
-    "connect",
-    "diff_registry",
-    "sync_diff",
-]
+__all__ = ["Acquired", "Heartbeat", "RedisStore", "WriteResult"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +56,17 @@ class Acquired:
 
 
 @dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """What a heartbeat learned: Redis's clock, the live members, the data epoch."""
+
+    now_ms: int
+    #: Live member ids, sorted.
+    members: list[str]
+    #: Changes only when Redis lost everything (an empty restart).
+    epoch: str
+
+
+@dataclass(frozen=True, slots=True)
 class WriteResult:
     accepted: bool
     #: seq of the stats hash, or count of the failure, when accepted.
@@ -76,7 +79,7 @@ def _fenced_value(poller_id: str, token: int) -> str:
     return f"{poller_id} {token}"
 
 
-class RedisStore(RegistryCalls):
+class RedisStore:
     """Schema v1 on one Redis (or Cluster): registry, membership, leases, fenced writes."""
 
     def __init__(
@@ -88,7 +91,6 @@ class RedisStore(RegistryCalls):
     ) -> None:
         self.client = client
         self.keys = Keys(namespace)
-        self.epoch = ""
         #: Batch fenced writes over this window (0: one EVALSHA per write). redis-py does
         #: not pipeline EVALSHA on Cluster, so Cluster clients write one by one.
         batching = write_batch_window_s > 0 and not isinstance(client, RedisCluster)
@@ -100,8 +102,8 @@ class RedisStore(RegistryCalls):
         self._write_stats = register(lua("write_stats"))
         self._write_failure = register(lua("write_failure"))
         self._heartbeat = register(lua("heartbeat"))
-        self._registry = register(lua("registry"))
-        self._read_registry = register(lua("read_registry"))
+        #: The registry's reads and writes, made through this store's ``_call``.
+        self.registry = RegistryCalls(client, self.keys, self._call)
 
     @classmethod
     def from_settings(cls, settings: RedisSettings) -> RedisStore:
@@ -114,11 +116,39 @@ class RedisStore(RegistryCalls):
     async def close(self) -> None:
         await close_client(self.client)
 
+    async def _call(self, awaitable: Awaitable[T], what: str) -> T:
+        """Every Redis call of the store goes through here (tests inject faults in it)."""
+        return await redis_call(awaitable, what)
+
     def _run(self, script: Any, keys: list[str], args: list[Any]) -> Awaitable[Any]:
         if self._batcher is not None:
             return self._batcher.call(script, keys, args)
         result: Awaitable[Any] = script(keys=keys, args=args)
         return result
+
+    # --- registry (registry_calls.py) ----------------------------------------------------
+
+    async def registry_rev(self) -> int:
+        return await self.registry.registry_rev()
+
+    async def read_registry(self) -> Registry:
+        return await self.registry.read_registry()
+
+    async def update_registry(
+        self, expected_rev: int, remove: Sequence[str], put: Mapping[str, str]
+    ) -> int:
+        return await self.registry.update_registry(expected_rev, remove, put)
+
+    async def put_endpoint(self, endpoint: Endpoint, *, replace: bool = True) -> int:
+        return await self.registry.put_endpoint(endpoint, replace=replace)
+
+    async def remove_endpoint(self, endpoint_id: str) -> int | None:
+        return await self.registry.remove_endpoint(endpoint_id)
+
+    async def replace_registry(
+        self, endpoints: Mapping[str, Endpoint], *, attempts: int = 20
+    ) -> tuple[int, list[str], list[str], list[str]]:
+        return await self.registry.replace_registry(endpoints, attempts=attempts)
 
     # --- schema ------------------------------------------------------------------------
 
@@ -134,8 +164,8 @@ class RedisStore(RegistryCalls):
 
     # --- membership ----------------------------------------------------------------------
 
-    async def heartbeat(self, poller_id: str, member_ttl_ms: int) -> tuple[int, list[str]]:
-        """Refresh our membership; returns (Redis now ms, live members, sorted).
+    async def heartbeat(self, poller_id: str, member_ttl_ms: int) -> Heartbeat:
+        """Refresh our membership (with an empty ``poller_id``: only read it).
 
         Raises SchemaMismatch if Redis holds data of another schema version."""
         keys = [self.keys.members, self.keys.schema, self.keys.epoch]
@@ -147,9 +177,7 @@ class RedisStore(RegistryCalls):
         reply = await self._call(self._heartbeat(keys=keys, args=args), "heartbeat")
         if poller_id and reply[1] != SCHEMA_VERSION:
             raise self._mismatch(reply[1])
-        #: The data epoch Redis reported: it changes only when Redis lost everything.
-        self.epoch = str(reply[2])
-        return int(reply[0]), sorted(reply[3:])
+        return Heartbeat(int(reply[0]), sorted(reply[3:]), str(reply[2]))
 
     def _mismatch(self, found: str | None) -> SchemaMismatch:
         return SchemaMismatch(
@@ -158,7 +186,7 @@ class RedisStore(RegistryCalls):
         )
 
     async def live_members(self) -> list[str]:
-        return (await self.heartbeat("", 0))[1]
+        return (await self.heartbeat("", 0)).members
 
     async def leave(self, poller_id: str) -> None:
         await self._call(self.client.zrem(self.keys.members, poller_id), "ZREM members")
@@ -207,7 +235,10 @@ class RedisStore(RegistryCalls):
         for e in ids:
             args += [_fenced_value(poller_id, held[e]), e]
         reply = await self._call(
-            self._release(keys=[self.keys.events, *(self.keys.lease(e) for e in ids)], args=args),
+            self._release(
+                keys=[self.keys.events, self.keys.updates, *(self.keys.lease(e) for e in ids)],
+                args=args,
+            ),
             "release leases",
         )
         return int(reply)
@@ -261,6 +292,7 @@ class RedisStore(RegistryCalls):
             self.keys.events,
             self.keys.view_stats,
             self.keys.view_failures,
+            self.keys.updates,
         ]
         ok, value = await self._call(self._run(self._write_stats, keys, args), "write stats")
         if int(ok):
@@ -284,6 +316,7 @@ class RedisStore(RegistryCalls):
             self.keys.failure(endpoint_id),
             self.keys.events,
             self.keys.view_failures,
+            self.keys.updates,
         ]
         args: list[str | int] = [
             _fenced_value(poller_id, token),

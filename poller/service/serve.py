@@ -53,6 +53,7 @@ async def serve(settings: Settings) -> int:
             settings.health.host,
             settings.health.port,
             ready=lambda: worker.ready,
+            unready_reason=worker.unready_reason,
             registry=worker.metrics.registry,
             routes={"/v1/view": view, "/v1/jobs": jobs},
             raw_routes=_page_routes(worker, settings),
@@ -84,10 +85,7 @@ async def serve(settings: Settings) -> int:
         await worker.stop()
         if health is not None:
             await health.stop()
-    if worker.fatal is not None:
-        log.error("%s", worker.fatal)
-        return 1
-    return 0
+    return worker.exit_status  # a fatal error was logged by the worker when it happened
 
 
 def _page_routes(worker: Worker, settings: Settings) -> dict[str, Any]:

@@ -19,18 +19,18 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 
-from redis.exceptions import RedisError
-
 from poller.backoff import backoff_s, member_ttl_cap_s
 from poller.config import Settings, effective_timeout_s
-from poller.errors import ConfigError, PollerError, SchemaMismatch, StoreError
+from poller.errors import ConfigError, PollerError, SchemaMismatch, StoreAuthError, StoreError
+from poller.redis.errors import redis_call
 from poller.redis.store import RedisStore
 from poller.scrape.engines import mapping_for_endpoint
 from poller.scrape.http import KeyPolicy, Scraper, TransportFactory
 from poller.service.coordinator import Coordinator
 from poller.service.follow import RegistryFollower
-from poller.service.jobs import JobRunner, JobSpec
+from poller.service.jobs import JobRunner
 from poller.service.metrics import PollerMetrics, Surprises
+from poller.service.owned import Holdings, JobSpec, Owned
 
 __all__ = ["Worker"]
 
@@ -51,7 +51,9 @@ class Worker:
         self.settings = settings
         self.id = settings.id
         self.store = store or RedisStore.from_settings(settings.redis)
-        self.coordinator = Coordinator(self.store, self.id, settings.coordination)
+        #: One record per held lease, shared by the coordinator (leases) and the jobs.
+        self.holdings = Holdings()
+        self.coordinator = Coordinator(self.store, self.id, settings.coordination, self.holdings)
         self.registry = RegistryFollower(settings, self.store)
         self.scraper = Scraper(
             max_body_bytes=settings.scrape.max_body_bytes,
@@ -69,16 +71,18 @@ class Worker:
             self.metrics,
             self.surprises,
             ready=lambda: self.ready,
-            on_lease_lost=self._lease_lost,
+            holdings=self.holdings,
+            wake=lambda: self._wake.set(),
         )
         self.redis_ok = False
         self._redis_known = False  # no Redis call made yet: the first outcome is logged
+        self._redis_problem = "Redis not reached yet"  # why not redis_ok, for /readyz
+        self._refused = False  # the last Redis error was a refusal of our credentials
         self.last_heartbeat = 0.0  # monotonic time of the last successful heartbeat
         self.clock_offset_ms = 0.0  # Redis clock minus local clock
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._background: set[asyncio.Task[None]] = set()
         self._started = False  # leftovers of an earlier run of this id released
         self._epoch = ""  # the Redis data epoch seen at the last heartbeat
         self._retry_cap_s = member_ttl_cap_s(settings.coordination.member_ttl_ms)
@@ -104,13 +108,13 @@ class Worker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.jobs.stop(timeout_s)
-        await asyncio.gather(*self._background, return_exceptions=True)
-        try:
-            async with asyncio.timeout(timeout_s):
-                released = await self.coordinator.leave()
-            log.info("left: released=%d leases", released)
-        except (StoreError, TimeoutError) as exc:
-            log.warning("could not leave cleanly (leases will lapse by TTL): %s", exc)
+        if self.last_heartbeat or self.holdings:  # never joined: nothing to leave
+            try:
+                async with asyncio.timeout(timeout_s):
+                    released = await self.coordinator.leave()
+                log.info("left: released=%d leases", released)
+            except (StoreError, TimeoutError) as exc:
+                log.warning("could not leave cleanly (leases will lapse by TTL): %s", exc)
         self.metrics.leases_held.set(0)
         await self.scraper.aclose()
         await self.store.close()
@@ -120,6 +124,18 @@ class Worker:
         """Redis reachable and our membership fresh."""
         fresh_s = self.settings.coordination.member_ttl_ms / 1000
         return self.redis_ok and time.monotonic() - self.last_heartbeat < fresh_s
+
+    def unready_reason(self) -> str:
+        """Why the poller is not ready ("" when it is), for ``/readyz``'s body."""
+        if self.fatal is not None:
+            return f"stopped: {self.fatal}"
+        if not self.redis_ok:
+            return self._redis_problem
+        age_s = time.monotonic() - self.last_heartbeat
+        fresh_s = self.settings.coordination.member_ttl_ms / 1000
+        if age_s >= fresh_s:
+            return f"heartbeat stale: last written {age_s:.1f}s ago (member TTL {fresh_s:g}s)"
+        return ""
 
     @property
     def owned(self) -> dict[str, JobSpec]:
@@ -168,28 +184,24 @@ class Worker:
 
     async def _converge(self) -> None:
         """Make the jobs match the leases Redis confirmed in this pass."""
-        held = self.coordinator.held
-        desired = {e: self._spec(e, token) for e, token in held.items()}
-        running = self.jobs.specs
-        for endpoint_id in [e for e in running if e not in desired]:
-            self._drop(endpoint_id, "lease released or lost")
-        fresh: list[str] = []
-        for endpoint_id, spec in desired.items():
-            current = running.get(endpoint_id)
-            if current is None or current.token != spec.token:
-                if current is not None:
-                    self._drop(endpoint_id, "lease re-acquired under a new token")
-                fresh.append(endpoint_id)
-            elif current != spec:
-                self.jobs.replace(spec)
+        self.jobs.sweep("lease released or lost")
+        fresh: list[tuple[Owned, JobSpec]] = []
+        for record in self.holdings.records():
+            spec = self._spec(record.endpoint_id, record.token)
+            if record.spec is None:
+                fresh.append((record, spec))
+            elif record.spec != spec:
+                self.jobs.replace(record, spec)
         if fresh:
             self.metrics.leases_gained.inc(len(fresh))
-            previous = await self._previous_stats(fresh)
-            for endpoint_id in fresh:
-                stats = previous.get(endpoint_id)
-                spec = desired[endpoint_id]
-                self.jobs.add(spec, self._first_run(spec, stats), stats)
-            log.info("acquired %d endpoints: %s", len(fresh), _few(fresh))
+            ids = [record.endpoint_id for record, _ in fresh]
+            previous = await self._previous_stats(ids)
+            for record, spec in fresh:
+                if self.holdings.get(record.endpoint_id) is not record:
+                    continue  # discarded while the stats were read
+                stats = previous.get(record.endpoint_id)
+                self.jobs.add(record, spec, self._first_run(spec, stats), stats)
+            log.info("acquired %d endpoints: %s", len(fresh), _few(ids))
         self.metrics.leases_held.set(len(self.jobs.specs))
 
     async def _previous_stats(self, endpoint_ids: list[str]) -> Mapping[str, dict[str, str]]:
@@ -232,53 +244,45 @@ class Worker:
             return now + timedelta(seconds=random.uniform(0, min(0.1, interval / 10)))
         return now + timedelta(seconds=random.uniform(0, interval))
 
-    def _drop(self, endpoint_id: str, why: str) -> None:
-        if self.jobs.remove(endpoint_id) is not None:
-            log.debug("dropped endpoint=%s why=%s", endpoint_id, why)
-            # Per-endpoint HTTP clients (httpcore stack) are closed in the background.
-            task = asyncio.get_running_loop().create_task(self.scraper.discard(endpoint_id))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-
     def _expire_unconfirmed(self) -> None:
         for endpoint_id in self.coordinator.expire(time.monotonic()):
             log.warning("lease unconfirmed for a TTL, stopping its job: endpoint=%s", endpoint_id)
-        for endpoint_id in [e for e in self.jobs.specs if e not in self.coordinator.held]:
-            self._drop(endpoint_id, "lease not confirmed")
+        self.jobs.sweep("lease not confirmed")
         self.metrics.leases_held.set(len(self.jobs.specs))
-
-    def _lease_lost(self, spec: JobSpec, holder: str) -> None:
-        """A fenced write was rejected: the lease is someone else's (or gone)."""
-        self.metrics.lease_losses.inc()
-        log.warning("lease lost endpoint=%s holder=%s", spec.endpoint_id, holder or "(none)")
-        self.coordinator.forget(spec.endpoint_id, spec.token)
-        self._drop(spec.endpoint_id, "lease lost")
-        self._wake.set()
 
     async def _heartbeat(self) -> bool:
         before = time.time()
         changed = await self.coordinator.heartbeat()
-        if self.store.epoch != self._epoch:
+        if self.coordinator.epoch != self._epoch:
             if self._epoch:
                 log.warning("redis lost its data (new epoch): re-reading the registry")
                 self.registry.forget()
                 changed = True
-            self._epoch = self.store.epoch
+            self._epoch = self.coordinator.epoch
         now_ms = self.coordinator.redis_now_ms
         self.clock_offset_ms = now_ms - (before + time.time()) * 500
         self.last_heartbeat = time.monotonic()
-        self._redis_state(True)
+        self._redis_state()
         self.metrics.members.set(len(self.coordinator.members))
         return changed
 
-    def _redis_state(self, ok: bool, detail: str = "") -> None:
-        """Log once per change of Redis reachability, not once per retry."""
-        if ok != self.redis_ok or not self._redis_known:
+    def _redis_state(self, error: StoreError | None = None) -> None:
+        """Log once per change of Redis's state (reachable, unreachable, refusing our
+        credentials), not once per retry."""
+        ok = error is None
+        refused = isinstance(error, StoreAuthError)
+        if ok != self.redis_ok or not self._redis_known or refused != self._refused:
             self._redis_known = True
             if ok:
                 log.info("redis reachable")
+            elif refused:
+                # Retrying cannot fix this: say so loudly, not as a passing blip.
+                log.error("%s; retrying until the settings or the ACL change", error)
             else:
-                log.warning("redis unreachable: %s", detail)
+                log.warning("redis unreachable: %s", error)
+        self._refused = refused
+        if error is not None:
+            self._redis_problem = str(error)  # names it: unreachable, refused, rejected
         self.redis_ok = ok
         self.metrics.redis_up.set(1 if ok else 0)
 
@@ -299,14 +303,21 @@ class Worker:
                     last_full = time.monotonic()
                 failures = 0
             except SchemaMismatch as exc:
-                self.fatal = exc
-                log.error("%s", exc)
-                if self.on_fatal is not None:
-                    self.on_fatal()
+                self._fail(exc)
                 return
+            except StoreAuthError as exc:
+                if not self._redis_known:
+                    # Refused at the first contact: a wrong password or user in the
+                    # settings; stop with that one line rather than retry forever.
+                    self._fail(exc)
+                    return
+                failures += 1
+                self._redis_state(exc)
+                self.metrics.redis_errors.labels("coordination").inc()
+                delay = backoff_s(failures, cap_s=self._retry_cap_s)
             except StoreError as exc:
                 failures += 1
-                self._redis_state(False, str(exc))
+                self._redis_state(exc)
                 self.metrics.redis_errors.labels("coordination").inc()
                 delay = backoff_s(failures, cap_s=self._retry_cap_s)
             except Exception as exc:
@@ -320,6 +331,22 @@ class Worker:
             except TimeoutError:
                 pass
 
+    def _fail(self, exc: PollerError) -> None:
+        """Stop the poller for good (``serve`` exits with ``exit_status``)."""
+        self.fatal = exc
+        self._redis_problem = str(exc)
+        log.error("%s", exc)
+        if self.on_fatal is not None:
+            self.on_fatal()
+
+    @property
+    def exit_status(self) -> int:
+        """0, or why the poller stopped: 2 for a mistake in its settings (credentials
+        Redis refused), 1 otherwise."""
+        if self.fatal is None:
+            return 0
+        return 2 if isinstance(self.fatal, StoreAuthError) else 1
+
     async def _events_loop(self) -> None:
         """Wake the coordination loop on registry changes and released leases."""
         failures = 0
@@ -329,23 +356,20 @@ class Worker:
                     failures = 0
                     self._wake.set()  # we may have missed events while disconnected
                     while not self._stopping.is_set():
-                        message = await pubsub.get_message(timeout=1.0)
+                        message = await redis_call(pubsub.get_message(timeout=1.0), "events")
                         if message is None:
                             continue
                         kind, _, _ = str(message["data"]).partition(" ")
                         if kind in ("endpoints", "released"):
                             self._wake.set()
-            except (StoreError, OSError, ConnectionError) as exc:
+            except StoreError as exc:
+                # The coordination loop reports Redis's state; this loop only retries.
                 failures += 1
                 self.metrics.redis_errors.labels("events").inc()
                 log.debug("event subscription lost: %s", exc)
-            except Exception as exc:  # redis-py raises its own errors from get_message
+            except Exception as exc:
                 failures += 1
-                if isinstance(exc, RedisError):
-                    self.metrics.redis_errors.labels("events").inc()
-                    log.debug("event subscription lost: %r", exc)
-                else:
-                    self.surprises.report("events", exc)
+                self.surprises.report("events", exc)
             await asyncio.sleep(backoff_s(failures, cap_s=self._retry_cap_s))
 
 
