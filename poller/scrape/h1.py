@@ -36,6 +36,9 @@ MAX_HEAD_BYTES = 64 * 1024
 #: Header fields in one answer (interim ones included).
 MAX_HEADERS = 256
 
+#: Body pieces kept as they came before they are gathered in one buffer.
+_FEW = 32
+
 #: (status, reason, headers, body) of one answer.
 Reply = tuple[int, bytes, list[tuple[bytes, bytes]], bytes]
 
@@ -64,6 +67,7 @@ class Connection(asyncio.Protocol):
         self._reason = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._pieces: list[bytes] = []
+        self._many: bytearray | None = None  # the body, once it came in many pieces
         self._size = 0
         self._length: int | None = None
         self._chunked = False
@@ -101,7 +105,7 @@ class Connection(asyncio.Protocol):
             self._fail(errors.parser_error(exc))
         else:
             if not self._head_done and self._head_bytes > MAX_HEAD_BYTES:
-                self._fail(errors.protocol(f"response head over {MAX_HEAD_BYTES} bytes"))
+                self._fail(errors.protocol(f"response head over {MAX_HEAD_BYTES // 1024} KiB"))
 
     def eof_received(self) -> bool:
         return False  # close the transport; connection_lost finishes the exchange
@@ -130,7 +134,7 @@ class Connection(asyncio.Protocol):
         self._fields += 1
         self._field_bytes += len(name) + len(value)
         if self._fields > MAX_HEADERS or self._field_bytes > MAX_HEAD_BYTES:
-            self._halt(errors.protocol(f"more than {MAX_HEADERS} header fields or 64 KiB"))
+            self._halt(errors.protocol(f"head over {MAX_HEADERS} header fields or 64 KiB"))
         if self._head_done:
             return  # a chunked body's trailer fields: counted, not kept
         key = name.lower()
@@ -157,7 +161,16 @@ class Connection(asyncio.Protocol):
             raise _Halt
 
     def on_body(self, piece: bytes) -> None:
-        self._pieces.append(piece)
+        # A page comes in a few pieces (one per read, or per chunk): kept as they are and
+        # joined once. Past _FEW pieces (tiny chunks) they go into one buffer instead, so
+        # a body of 1-byte chunks costs its bytes, not an object per byte.
+        if self._many is not None:
+            self._many += piece
+        elif len(self._pieces) < _FEW:
+            self._pieces.append(piece)
+        else:
+            self._many = bytearray().join([*self._pieces, piece])
+            self._pieces = []
         self._size += len(piece)
         if self._size > self.max_body:  # the caller sees a body over its cap
             self._finish(keep_alive=False)
@@ -219,7 +232,10 @@ class Connection(asyncio.Protocol):
         waiter, self._waiter = self._waiter, None
         self._done = True
         pieces, self._pieces = self._pieces, []
-        body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        if self._many is not None:
+            body, self._many = bytes(self._many), None
+        else:
+            body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         transport = self.transport
         self.reusable = keep_alive and transport is not None and not transport.is_closing()
         if not keep_alive and transport is not None:
