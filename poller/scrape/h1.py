@@ -23,6 +23,7 @@ Every parser error is an ``httpx.RemoteProtocolError`` (``transport_errors``).
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import httptools
@@ -35,6 +36,8 @@ __all__ = ["MAX_HEADERS", "MAX_HEAD_BYTES", "Connection", "Reply", "Stale"]
 MAX_HEAD_BYTES = 64 * 1024
 #: Header fields in one answer (interim ones included).
 MAX_HEADERS = 256
+
+_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 #: Body pieces kept as they came before they are gathered in one buffer.
 _FEW = 32
@@ -128,6 +131,8 @@ class Connection(asyncio.Protocol):
             raise _Halt  # a second answer to one request: the stream is not ours to read
 
     def on_status(self, reason: bytes) -> None:
+        if _CONTROL.search(reason):  # llhttp lets them through; nothing sane sends one
+            self._halt(errors.protocol("a control character in the status line"))
         self._reason = reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
