@@ -13,8 +13,8 @@ import pytest
 from httpserver import HANG, HTTPServer, Pause, Request, answer, echo_headers, routes
 from redisproc import free_port
 
-from poller.config import ScrapeSettings
-from poller.errors import FetchError
+from poller.config import ScrapeSettings, load_settings
+from poller.errors import ConfigError, FetchError
 from poller.registry import Endpoint
 from poller.scrape.http import KeyPolicy, Scraper, resolve_api_key
 
@@ -292,3 +292,18 @@ def test_check_is_not_bound_by_the_key_rules(
     unrestricted = KeyPolicy.unrestricted()
     assert resolve_api_key(keyed(api_key_env="MY_KEY"), unrestricted) == "mine"
     assert resolve_api_key(keyed(api_key_file=str(tmp_path / "k")), unrestricted) == "from-file"
+
+
+@pytest.mark.parametrize("value", ["aiohttp", "httpcore", "uvloop"])
+def test_a_config_naming_another_http_stack_is_refused(tmp_path: Path, value: str) -> None:
+    # There is one HTTP stack: a file that still names another fails to load, saying so.
+    config = tmp_path / "poller.toml"
+    config.write_text(f'[scrape]\nhttp_client = "{value}"\n')
+    with pytest.raises(ConfigError) as err:
+        load_settings(config)
+    assert str(err.value) == (
+        f"scrape.http_client: {value!r} is not available: the poller has one HTTP stack, "
+        "'asyncio' (remove scrape.http_client or set it to 'asyncio')"
+    )
+    config.write_text('[scrape]\nhttp_client = "asyncio"\n')
+    assert load_settings(config).scrape.http_client == "asyncio"
