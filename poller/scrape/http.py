@@ -178,7 +178,9 @@ class Scraper:
             )
 
         def rebuild(target: httpx.URL) -> httpx.Request:
-            return client.build_request("GET", target, headers=headers, timeout=timeout_s)
+            return client.build_request(
+                "GET", target, headers=headers, timeout=_timeouts(timeout_s)
+            )
 
         response = await redirects.follow(
             endpoint.id, request, lambda r: self._exchange(client, r), rebuild
@@ -240,7 +242,7 @@ class Scraper:
             and cached.headers == headers
         ):
             return cached.request
-        request = client.build_request("GET", url, headers=headers, timeout=timeout_s)
+        request = client.build_request("GET", url, headers=headers, timeout=_timeouts(timeout_s))
         self._check_host(endpoint, request)
         self._requests[endpoint.id] = _Prepared(client, url, dict(headers), timeout_s, request)
         return request
@@ -254,6 +256,12 @@ class Scraper:
 
     def _too_large(self, size: int) -> str:
         return f"body of {size}+ bytes exceeds the {self.max_body_bytes}-byte cap"
+
+
+def _timeouts(timeout_s: float) -> httpx.Timeout:
+    """Connect within the fetch's time; no read timer of its own: ``fetch``'s overall
+    deadline already bounds the answer (one timer per scrape instead of two)."""
+    return httpx.Timeout(None, connect=timeout_s)
 
 
 @dataclass(frozen=True, slots=True)
