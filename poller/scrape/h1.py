@@ -98,7 +98,8 @@ class Connection(asyncio.Protocol):
             self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
+        except httptools.HttpParserUpgrade:  # on_headers_complete refuses a 101 first;
+            # kept so that no parser outcome can escape into asyncio's "Fatal error" path
             self._fail(errors.protocol("an upgrade answer to a request that asked for none"))
         except httptools.HttpParserError as exc:
             if isinstance(exc.__context__, _Halt):
