@@ -73,10 +73,10 @@ class ScrapeSettings(BaseModel):
     thread_map_bytes: int = Field(default=256 * 1024, ge=0, le=1024**3)
     #: Bodies larger than this are a ``too_large`` failure (a vLLM page is ~60 KB).
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1024**3)
-    #: HTTP stack under httpx: the poller's own HTTP/1.1 transport on asyncio protocols
-    #: ("asyncio", measured fastest: scrape/wire.py), one shared aiohttp session
-    #: ("aiohttp") or one httpcore pool per endpoint ("httpcore").
-    http_client: Literal["asyncio", "aiohttp", "httpcore"] = "asyncio"
+    #: The HTTP stack: there is one, the poller's own HTTP/1.1 transport under httpx
+    #: (asyncio protocols, llhttp; scrape/wire.py). "asyncio" is the only value accepted,
+    #: so a config naming another stack fails to load instead of silently changing it.
+    http_client: str = "asyncio"
     #: Engine mapping for entries that name none.
     default_engine: str = "vllm"
     #: Stats and failure hashes expire after this many intervals without a write.
@@ -87,6 +87,16 @@ class ScrapeSettings(BaseModel):
     allowed_hosts: tuple[str, ...] = ()
     #: Per-engine default metrics path and metric-name overrides, below an entry's own.
     engines: dict[str, EngineSettings] = Field(default_factory=dict)
+
+    @field_validator("http_client")
+    @classmethod
+    def _check_http_client(cls, value: str) -> str:
+        if value != "asyncio":
+            raise ValueError(
+                f"{value!r} is not available: the poller has one HTTP stack, 'asyncio' "
+                "(remove scrape.http_client or set it to 'asyncio')"
+            )
+        return value
 
     @field_validator("engines")
     @classmethod

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from httpserver import Request, answer, threaded
 from redisproc import RedisProcess
 
 from poller.cli import cli
@@ -249,51 +251,27 @@ LLAMA_501 = (
 
 
 @pytest.fixture
-def engine_server():  # type: ignore[no-untyped-def]
+def engine_server() -> Iterator[str]:
     """A loopback HTTP server in its own thread: /<page>/metrics serves tests/data/<page>,
     /nometrics/metrics answers as llama-server without --metrics, and /router/metrics
     as llama-server in router mode (400 unless ?model=qwen3-8b)."""
-    import asyncio
-    import threading
 
-    from aiohttp import web
-
-    async def page(request: web.Request) -> web.Response:
-        name = request.match_info["page"]
+    def page(request: Request) -> bytes:
+        name = request.path.removeprefix("/").removesuffix("/metrics")
         if name == "nometrics":
-            return web.Response(status=501, text=LLAMA_501, content_type="application/json")
+            return answer(501, LLAMA_501, content_type="application/json")
         if name == "router":
-            if request.query.get("model") != "qwen3-8b":
+            if "model=qwen3-8b" not in request.query.split("&"):
                 body = '{"error":{"code":400,"message":"model name is missing from the request"}}'
-                return web.Response(status=400, text=body, content_type="application/json")
+                return answer(400, body, content_type="application/json")
             name = "llamacpp-b11434-busy-handwritten.txt"
         if name == "plain500":
-            return web.Response(status=500, text="\n  upstream exploded\nsecond line\n")
-        return web.Response(body=(DATA / name).read_bytes(), content_type="text/plain")
+            return answer(500, "\n  upstream exploded\nsecond line\n")
+        path = DATA / name
+        return answer(200, path.read_bytes()) if path.is_file() else answer(404)
 
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    holder: dict[str, object] = {}
-
-    async def start() -> None:
-        app = web.Application()
-        app.router.add_get("/{page}/metrics", page)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        holder["runner"] = runner
-        holder["port"] = runner.addresses[0][1]
-        ready.set()
-
-    thread = threading.Thread(target=lambda: (loop.run_until_complete(start()), loop.run_forever()))
-    thread.start()
-    assert ready.wait(30)
-    yield f"http://127.0.0.1:{holder['port']}"
-    asyncio.run_coroutine_threadsafe(holder["runner"].cleanup(), loop).result(30)  # type: ignore[attr-defined]
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(30)
-    loop.close()
+    with threaded(page) as url:
+        yield url
 
 
 def check_json(*args: str) -> tuple[int, dict]:  # type: ignore[type-arg]

@@ -1,4 +1,4 @@
-"""Scraping against a real local HTTP server, with both HTTP stacks under httpx."""
+"""Scraping against a real local HTTP server (the shared scripted test server)."""
 
 from __future__ import annotations
 
@@ -10,85 +10,60 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
+from httpserver import HANG, HTTPServer, Pause, Request, answer, echo_headers, routes
 from redisproc import free_port
 
-from poller.config import ScrapeSettings
-from poller.errors import FetchError
+from poller.config import ScrapeSettings, load_settings
+from poller.errors import ConfigError, FetchError
 from poller.registry import Endpoint
 from poller.scrape.http import KeyPolicy, Scraper, resolve_api_key
 
 PAGE = (Path(__file__).parent / "data" / "vllm-v1-synthetic-61k.txt").read_bytes()
 
 
-async def streamed(request: web.Request, mode: str) -> web.StreamResponse:
-    response = web.StreamResponse()
-    if mode == "cut":
-        response.content_length = len(PAGE)
-    await response.prepare(request)
-    if mode == "drip":
-        for _ in range(100):
-            await response.write(b"# drip\n")
-            await asyncio.sleep(0.05)
-    elif mode == "big-chunked":
-        for _ in range(64):
-            await response.write(b"x" * 65536)
-    else:  # cut: half a page, then the connection drops
-        await response.write(PAGE[:1000])
-        assert request.transport is not None
-        request.transport.close()
-    return response
+def gzip_page(request: Request) -> bytes:
+    if request.header("Accept-Encoding") == "gzip":
+        return answer(200, gzip.compress(PAGE), {"Content-Encoding": "gzip"})
+    return answer(200, PAGE)
 
 
-async def gzip_page(request: web.Request) -> web.Response:
-    if request.headers.get("Accept-Encoding") == "gzip":
-        return web.Response(body=gzip.compress(PAGE), headers={"Content-Encoding": "gzip"})
-    return web.Response(body=PAGE)
+def _chunk(piece: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(piece), piece)
 
 
-async def delayed(seconds: float) -> web.Response:
-    await asyncio.sleep(seconds)
-    return web.Response(body=PAGE)
-
-
-async def handler(request: web.Request) -> web.StreamResponse:
-    mode = request.match_info["mode"]
-    simple = {
-        "ok": lambda: web.Response(body=PAGE, content_type="text/plain"),
-        "headers": lambda: web.json_response(dict(request.headers)),
-        "status500": lambda: web.Response(status=500, text="boom"),
-        "status401": lambda: web.Response(status=401),
-        "redirect": lambda: web.Response(status=302, headers={"Location": "/ok/metrics"}),
-        "big-declared": lambda: web.Response(body=b"x" * 300_000),
-        "brotli": lambda: web.Response(body=b"\x0b\x02", headers={"Content-Encoding": "br"}),
+CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+SCRIPT = routes(
+    {
+        "/ok/metrics": answer(200, PAGE),
+        "/headers/metrics": echo_headers,
+        "/status500/metrics": answer(500, "boom"),
+        "/status401/metrics": answer(401),
+        "/redirect/metrics": answer(302, headers={"Location": "/ok/metrics"}),
+        "/big-declared/metrics": answer(200, b"x" * 300_000),
+        "/brotli/metrics": answer(200, b"\x0b\x02", {"Content-Encoding": "br"}),
+        "/gzip/metrics": gzip_page,
+        # Answers only the client's own timeout can end: whatever the machine's speed.
+        "/hang/metrics": [HANG],
+        "/head-then-hang/metrics": [b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n#", HANG],
+        "/drip/metrics": [
+            CHUNKED_HEAD,
+            *[p for _ in range(100) for p in (_chunk(b"# drip\n"), Pause(0.05))],
+        ],
+        "/big-chunked/metrics": [CHUNKED_HEAD, *[_chunk(b"x" * 65536)] * 64, b"0\r\n\r\n"],
+        "/cut/metrics": [answer(200, PAGE)[: -len(PAGE) + 1000], None],
     }
-    if mode in simple:
-        return simple[mode]()
-    if mode == "gzip":
-        return await gzip_page(request)
-    if mode in ("slow", "hang"):
-        return await delayed(0.5 if mode == "slow" else 30)
-    if mode in ("drip", "big-chunked", "cut"):
-        return await streamed(request, mode)
-    return web.Response(status=404)
+)
 
 
 @pytest.fixture
 async def server() -> AsyncIterator[str]:
-    app = web.Application()
-    app.router.add_get("/{mode}/metrics", handler)
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    yield f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    async with HTTPServer(SCRIPT) as running:
+        yield running.url
 
 
-@pytest.fixture(params=["asyncio", "aiohttp", "httpcore"])
-async def scraper(request: pytest.FixtureRequest) -> AsyncIterator[Scraper]:
-    s = Scraper(max_body_bytes=200_000, http_client=request.param)
+@pytest.fixture
+async def scraper() -> AsyncIterator[Scraper]:
+    s = Scraper(max_body_bytes=200_000)
     yield s
     await s.aclose()
 
@@ -130,24 +105,26 @@ async def test_gzip_only_when_asked(scraper: Scraper, server: str) -> None:
 @pytest.mark.parametrize(
     ("mode", "reason", "words"),
     [
-        ("status500", "http_status", "HTTP 500"),
+        ("status500", "http_status", "HTTP 500: boom"),
         ("status401", "auth", "HTTP 401"),
-        ("slow", "timeout", "0.2s"),
         ("hang", "timeout", "0.2s"),
+        ("head-then-hang", "timeout", "0.2s"),
         ("drip", "timeout", "0.2s"),
         ("big-chunked", "too_large", "200000-byte cap"),
         ("big-declared", "too_large", "300000+ bytes"),
-        ("cut", "unreachable", ""),
+        ("cut", "unreachable", "in the middle of the body"),
         ("brotli", "parse", "unsupported Content-Encoding 'br'"),
     ],
 )
 async def test_failures_map_to_reasons(
     scraper: Scraper, server: str, mode: str, reason: str, words: str
 ) -> None:
+    # Only the timeouts rely on the deadline; every other answer has time to spare.
+    timeout_s = 0.2 if reason == "timeout" else 30.0
     with pytest.raises(FetchError) as err:
-        await scraper.fetch(ep(server, mode), "/metrics", 0.2)
+        await scraper.fetch(ep(server, mode), "/metrics", timeout_s)
     assert err.value.reason == reason, err.value
-    assert words in err.value.detail
+    assert words in err.value.detail, err.value.detail
 
 
 async def test_refused_is_unreachable(scraper: Scraper) -> None:
@@ -315,3 +292,18 @@ def test_check_is_not_bound_by_the_key_rules(
     unrestricted = KeyPolicy.unrestricted()
     assert resolve_api_key(keyed(api_key_env="MY_KEY"), unrestricted) == "mine"
     assert resolve_api_key(keyed(api_key_file=str(tmp_path / "k")), unrestricted) == "from-file"
+
+
+@pytest.mark.parametrize("value", ["aiohttp", "httpcore", "uvloop"])
+def test_a_config_naming_another_http_stack_is_refused(tmp_path: Path, value: str) -> None:
+    # There is one HTTP stack: a file that still names another fails to load, saying so.
+    config = tmp_path / "poller.toml"
+    config.write_text(f'[scrape]\nhttp_client = "{value}"\n')
+    with pytest.raises(ConfigError) as err:
+        load_settings(config)
+    assert str(err.value) == (
+        f"scrape.http_client: {value!r} is not available: the poller has one HTTP stack, "
+        "'asyncio' (remove scrape.http_client or set it to 'asyncio')"
+    )
+    config.write_text('[scrape]\nhttp_client = "asyncio"\n')
+    assert load_settings(config).scrape.http_client == "asyncio"

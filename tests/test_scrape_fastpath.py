@@ -1,4 +1,4 @@
-"""The scrape request path's shortcuts (issue 13): a request prepared once per endpoint and
+"""The scrape request path's shortcuts: a request prepared once per endpoint and
 sent straight to the transport, and the body read in few pieces. Each shortcut must give
 the same result as building everything afresh."""
 
@@ -8,46 +8,41 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest
-from aiohttp import web
+from httpserver import HTTPServer, answer, echo_headers, routes
 
 from poller.errors import FetchError
 from poller.registry import Endpoint
 from poller.scrape.http import Scraper
 
-# Bigger than aiohttp's 16 KB slices and than one socket read: arrives in several pieces.
+# Bigger than one socket read: arrives in several pieces.
 BIG = b"".join(b'vllm:x{i="%d"} %d\n' % (i, i) for i in range(20_000))
 
 
-async def handler(request: web.Request) -> web.StreamResponse:
-    mode = request.match_info["mode"]
-    if mode == "headers":
-        return web.json_response(dict(request.headers))
-    if mode == "big":
-        return web.Response(body=BIG)
-    if mode == "big-chunked":  # no Content-Length, written in odd-sized pieces
-        response = web.StreamResponse()
-        await response.prepare(request)
-        for start in range(0, len(BIG), 7_001):
-            await response.write(BIG[start : start + 7_001])
-        return response
-    return web.Response(status=404)
+def big_chunked() -> list[bytes]:
+    """No Content-Length: odd-sized chunks, each written on its own."""
+    pieces = [BIG[start : start + 7_001] for start in range(0, len(BIG), 7_001)]
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    return [head, *(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces), b"0\r\n\r\n"]
+
+
+SCRIPT = routes(
+    {
+        "/headers/metrics": echo_headers,
+        "/big/metrics": answer(200, BIG),
+        "/big-chunked/metrics": big_chunked(),
+    }
+)
 
 
 @pytest.fixture
 async def server() -> AsyncIterator[str]:
-    app = web.Application()
-    app.router.add_get("/{mode}/metrics", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    await runner.cleanup()
+    async with HTTPServer(SCRIPT) as running:
+        yield running.url
 
 
-@pytest.fixture(params=["asyncio", "aiohttp", "httpcore"])
-async def scraper(request: pytest.FixtureRequest) -> AsyncIterator[Scraper]:
-    s = Scraper(max_body_bytes=1_000_000, http_client=request.param)
+@pytest.fixture
+async def scraper() -> AsyncIterator[Scraper]:
+    s = Scraper(max_body_bytes=1_000_000)
     yield s
     await s.aclose()
 

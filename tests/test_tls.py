@@ -1,7 +1,8 @@
 """TLS to Redis (rediss://, rediss+sentinel://) and to HTTPS engines, with trustme certs.
 
 Every server is local: redis-server processes with a TLS port (the plain port stays open
-only so RedisProcess can see the server is up) and aiohttp HTTPS servers on 127.0.0.1.
+only so RedisProcess can see the server is up) and the shared test HTTP server, over TLS,
+on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import trustme
-from aiohttp import web
 from click.testing import CliRunner
+from httpserver import HTTPServer, Request, answer
 from redisproc import RedisProcess, redis_server_binary
 
 import poller.cli.run as run_module
@@ -372,25 +373,17 @@ def test_run_flags_reach_the_settings(
 # --- HTTPS engines ------------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def https_server(cert: trustme.LeafCert) -> AsyncIterator[str]:
-    """An aiohttp HTTPS server on 127.0.0.1 serving a vLLM page at /metrics."""
-
-    async def page(_: web.Request) -> web.Response:
-        return web.Response(body=PAGE, content_type="text/plain")
-
+def server_context(cert: trustme.LeafCert) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     cert.configure_cert(context)
-    app = web.Application()
-    app.router.add_get("/metrics", page)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
-    await site.start()
-    try:
-        yield f"https://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    return context
+
+
+@asynccontextmanager
+async def https_server(cert: trustme.LeafCert) -> AsyncIterator[str]:
+    """An HTTPS server on 127.0.0.1 serving a vLLM page on every path."""
+    async with HTTPServer(lambda r: answer(200, PAGE), tls=server_context(cert)) as server:
+        yield server.url
 
 
 @pytest.fixture
@@ -399,9 +392,9 @@ async def engine(pki: Pki) -> AsyncIterator[str]:
         yield url
 
 
-@pytest.fixture(params=["asyncio", "aiohttp", "httpcore"])
-async def scraper(request: pytest.FixtureRequest) -> AsyncIterator[Scraper]:
-    s = Scraper(max_body_bytes=200_000, http_client=request.param)
+@pytest.fixture
+async def scraper() -> AsyncIterator[Scraper]:
+    s = Scraper(max_body_bytes=200_000)
     yield s
     await s.aclose()
 
@@ -551,31 +544,22 @@ async def test_https_redirects_stay_on_https_and_never_downgrade(
     monkeypatch.setenv("LLMGW_KEY_TLS_TEST", "tls-key")
     seen: list[tuple[str, str | None]] = []
 
-    async def handle(request: web.Request) -> web.Response:
-        seen.append((request.path, request.headers.get("Authorization")))
+    def handle(request: Request) -> bytes:
+        seen.append((request.path, request.header("Authorization")))
         if request.path == "/moved/metrics":
-            return web.Response(status=301, headers={"Location": "/metrics"})
+            return answer(301, headers={"Location": "/metrics"})
         if request.path == "/plain/metrics":
-            port = request.url.port
-            return web.Response(status=302, headers={"Location": f"http://127.0.0.1:{port}/"})
-        return web.Response(body=PAGE, content_type="text/plain")
+            host = request.header("Host")
+            return answer(302, headers={"Location": f"http://{host}/"})
+        return answer(200, PAGE)
 
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    pki.server.configure_cert(context)
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context).start()
-    base = f"https://127.0.0.1:{runner.addresses[0][1]}"
     extra = {"tls_ca_file": str(pki.ca), "api_key_env": "LLMGW_KEY_TLS_TEST"}
-    try:
+    async with HTTPServer(handle, tls=server_context(pki.server)) as server:
+        base = server.url
         fetched = await scraper.fetch(ep(f"{base}/moved", **extra), "/metrics", 2.0)
         assert fetched.body == PAGE
         with pytest.raises(FetchError) as err:
             await scraper.fetch(ep(f"{base}/plain", **extra), "/metrics", 2.0)
-    finally:
-        await runner.cleanup()
     assert err.value.reason == "http_status"
     assert err.value.detail.startswith(f"HTTP 302 redirect to {base.replace('https', 'http')},")
     assert seen == [

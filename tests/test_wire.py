@@ -1,18 +1,19 @@
-"""The poller's own HTTP/1.1 transport (poller/scrape/wire.py): framing, keep-alive,
-caps, timeouts and cancellation, against a scripted TCP server that counts connections.
+"""The poller's own HTTP/1.1 transport (poller/scrape/wire.py, h1.py): framing,
+keep-alive, caps, timeouts and cancellation, against the scripted test server.
 
-Malformed answers (bad status lines, Content-Length, chunk sizes, 1 MB headers, NULs, cut
-bodies) are covered for every client by test_hostile.py; TLS by test_tls.py.
+Malformed and hostile answers, through ``Scraper.fetch``, are test_http_faults.py's; TLS
+is test_tls.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
 import pytest
+from httpserver import HTTPServer, Request
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,63 +21,6 @@ from poller.scrape.wire import WireTransport
 
 BODY = b"vllm:num_requests_running 3\nvllm:num_requests_waiting 1\n"
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
-
-#: What a scripted server answers: the request count on this connection and the request
-#: head -> the bytes to send, None to close without answering, or a list of pieces (a
-#: None in it: close the connection there).
-Script = Callable[[int, bytes], bytes | list[bytes | None] | None]
-
-
-class Scripted:
-    """A TCP server answering each request with what ``script`` says; counts connections."""
-
-    def __init__(self, script: Script) -> None:
-        self.script = script
-        self.connections = 0
-        self.closed_by_client = 0
-        self.url = ""
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._writers: set[asyncio.StreamWriter] = set()
-
-    async def __aenter__(self) -> Scripted:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for writer in list(self._writers):
-            writer.close()  # each handler then sees its connection end
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._server.wait_closed()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        self._writers.add(writer)
-        self.connections += 1
-        try:
-            for n in range(1, 1000):
-                head = await reader.readuntil(b"\r\n\r\n")
-                answer = self.script(n, head)
-                if answer is None:
-                    return
-                for piece in answer if isinstance(answer, list) else [answer]:
-                    if piece is None:
-                        return
-                    writer.write(piece)
-                    await writer.drain()
-        except asyncio.IncompleteReadError:
-            self.closed_by_client += 1
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
-            self._tasks.discard(task)
-            self._writers.discard(writer)
 
 
 @asynccontextmanager
@@ -90,11 +34,11 @@ async def client(max_body_bytes: int = 1 << 20) -> AsyncIterator[httpx.AsyncClie
 async def test_keeps_one_connection_alive_for_many_requests() -> None:
     seen: list[bytes] = []
 
-    def script(n: int, head: bytes) -> bytes:
-        seen.append(head)
+    def script(r: Request) -> bytes:
+        seen.append(r.head)
         return OK
 
-    async with Scripted(script) as server, client() as c:
+    async with HTTPServer(script) as server, client() as c:
         for _ in range(3):
             response = await c.get(server.url + "/a/metrics?model=x", headers={"X-K": "v"})
             assert response.status_code == 200 and response.content == BODY
@@ -108,7 +52,7 @@ async def test_chunked_body_with_extensions_and_trailers() -> None:
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/plain\r\n\r\n"
         b"5;ext=1\r\nhello\r\n1A\r\n" + b"z" * 26 + b"\r\n0\r\nX-Trailer: t\r\n\r\n"
     )
-    async with Scripted(lambda n, h: answer) as server, client() as c:
+    async with HTTPServer(lambda r: answer) as server, client() as c:
         for _ in range(2):
             response = await c.get(server.url)
             assert response.content == b"hello" + b"z" * 26
@@ -121,12 +65,12 @@ async def test_chunked_body_with_extensions_and_trailers() -> None:
     [
         b"HTTP/1.0 200 OK\r\n\r\n" + BODY,  # HTTP/1.0: the body ends when the server closes
         b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY),
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n" + BODY,  # not chunked: to close
+        b"HTTP/1.1 200 OK\r\n\r\n" + BODY,  # no length: the body ends when the server closes
     ],
-    ids=["http10-until-close", "connection-close", "te-not-chunked"],
+    ids=["http10-until-close", "connection-close", "http11-until-close"],
 )
 async def test_answers_that_end_the_connection_are_not_reused(answer: bytes) -> None:
-    async with Scripted(lambda n, h: [answer, None]) as server, client() as c:
+    async with HTTPServer(lambda r: [answer, None]) as server, client() as c:
         for _ in range(2):
             response = await c.get(server.url)
             assert response.content == BODY
@@ -138,7 +82,7 @@ async def test_http10_keep_alive_is_reused() -> None:
         len(BODY),
         BODY,
     )
-    async with Scripted(lambda n, h: answer) as server, client() as c:
+    async with HTTPServer(lambda r: answer) as server, client() as c:
         for _ in range(2):
             assert (await c.get(server.url)).content == BODY
     assert server.connections == 1
@@ -146,7 +90,7 @@ async def test_http10_keep_alive_is_reused() -> None:
 
 async def test_a_connection_the_server_closed_while_idle_is_replaced() -> None:
     # First request answered, then the server hangs up; the next one opens a new one.
-    async with Scripted(lambda n, h: OK if n == 1 else None) as server, client() as c:
+    async with HTTPServer(lambda r: OK if r.n == 1 else None) as server, client() as c:
         assert (await c.get(server.url)).content == BODY
         await asyncio.sleep(0.05)  # the close arrives while the connection is idle
         assert (await c.get(server.url)).content == BODY
@@ -156,14 +100,14 @@ async def test_a_connection_the_server_closed_while_idle_is_replaced() -> None:
 async def test_a_reused_connection_closed_as_the_request_went_out_is_retried_once() -> None:
     # The server reads the second request, then closes without a byte: the race between
     # its keep-alive timeout and our request. The transport retries on a new connection.
-    async with Scripted(lambda n, h: OK if n == 1 else None) as server, client() as c:
+    async with HTTPServer(lambda r: OK if r.n == 1 else None) as server, client() as c:
         assert (await c.get(server.url)).content == BODY
         assert (await c.get(server.url)).content == BODY  # no sleep: sent on the old one
     assert server.connections == 2
 
 
 async def test_a_new_connection_closed_without_an_answer_is_an_error() -> None:
-    async with Scripted(lambda n, h: None) as server, client() as c:
+    async with HTTPServer(lambda r: None) as server, client() as c:
         with pytest.raises(httpx.RemoteProtocolError, match="without sending a response"):
             await c.get(server.url)
     assert server.connections == 1  # not retried: nothing says a new one would fare better
@@ -172,7 +116,7 @@ async def test_a_new_connection_closed_without_an_answer_is_an_error() -> None:
 async def test_interim_answers_are_skipped_and_204_has_no_body() -> None:
     early = b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"
     answers = {1: early + OK, 2: b"HTTP/1.1 204 No Content\r\n\r\n", 3: OK}
-    async with Scripted(lambda n, h: answers[n]) as server, client() as c:
+    async with HTTPServer(lambda r: answers[r.n]) as server, client() as c:
         assert (await c.get(server.url)).content == BODY
         empty = await c.get(server.url)
         assert empty.status_code == 204 and empty.content == b""
@@ -182,7 +126,7 @@ async def test_interim_answers_are_skipped_and_204_has_no_body() -> None:
 
 async def test_a_declared_length_over_the_cap_is_not_read() -> None:
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n" + b"x" * 5000
-    async with Scripted(lambda n, h: answer) as server, client(max_body_bytes=1000) as c:
+    async with HTTPServer(lambda r: answer) as server, client(max_body_bytes=1000) as c:
         response = await c.get(server.url)
         assert response.headers["content-length"] == "5000" and response.content == b""
         await c.get(server.url)
@@ -193,27 +137,28 @@ async def test_a_chunked_body_over_the_cap_stops_past_it() -> None:
     chunk = b"400\r\n" + b"x" * 1024 + b"\r\n"
     answer: list[bytes | None] = [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"]
     answer += [chunk] * 50
-    async with Scripted(lambda n, h: answer) as server, client(max_body_bytes=3000) as c:
+    async with HTTPServer(lambda r: answer) as server, client(max_body_bytes=3000) as c:
         response = await c.get(server.url)
         assert 3000 < len(response.content) <= 3000 + 1024
         await c.get(server.url)
     assert server.connections == 2
 
 
-async def test_more_bytes_than_the_content_length_is_an_error() -> None:
+async def test_bytes_past_the_content_length_end_the_connection_not_the_answer() -> None:
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcdef"
-    async with Scripted(lambda n, h: answer) as server, client() as c:
-        with pytest.raises(httpx.RemoteProtocolError, match="more bytes"):
-            await c.get(server.url)
+    async with HTTPServer(lambda r: answer) as server, client() as c:
+        for _ in range(2):
+            assert (await c.get(server.url)).content == b"abc"
+    assert server.connections == 2  # never reused: its next answer would be "def..."
 
 
 async def test_a_read_timeout_drops_the_connection() -> None:
     release = asyncio.Event()
 
-    def script(n: int, head: bytes) -> bytes | None:
-        return OK if n > 1 or release.is_set() else b"HTTP/1.1 200 OK\r\n"  # headers unfinished
+    def script(r: Request) -> bytes | None:
+        return OK if r.n > 1 or release.is_set() else b"HTTP/1.1 200 OK\r\n"  # headers unfinished
 
-    async with Scripted(script) as server, client() as c:
+    async with HTTPServer(script) as server, client() as c:
         with pytest.raises(httpx.ReadTimeout):
             await c.get(server.url, timeout=httpx.Timeout(5.0, read=0.2))
         release.set()
@@ -224,11 +169,11 @@ async def test_a_read_timeout_drops_the_connection() -> None:
 async def test_cancelling_a_request_drops_its_connection() -> None:
     stalled = asyncio.Event()
 
-    def script(n: int, head: bytes) -> list[bytes | None]:
+    def script(r: Request) -> list[bytes | None]:
         stalled.set()
         return [b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc"]  # then nothing
 
-    async with Scripted(script) as server, client() as c:
+    async with HTTPServer(script) as server, client() as c:
         task = asyncio.create_task(c.get(server.url))
         await stalled.wait()
         await asyncio.sleep(0.05)
@@ -327,7 +272,7 @@ async def test_idle_connections_past_the_keepalive_are_closed(
     import poller.scrape.wire as wire
 
     monkeypatch.setattr(wire, "KEEPALIVE_S", 0.2)
-    async with Scripted(lambda n, h: OK) as a, Scripted(lambda n, h: OK) as b, client() as c:
+    async with HTTPServer(lambda r: OK) as a, HTTPServer(lambda r: OK) as b, client() as c:
         transport = c._transport
         assert isinstance(transport, WireTransport)
         await c.get(a.url)

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 import httpx
-from httpx_aiohttp.transport import AiohttpResponseStream
 
 from poller.errors import FetchError
 
@@ -22,15 +21,10 @@ async def once(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-def raw_chunks(response: httpx.Response, max_body_bytes: int) -> AsyncIterable[bytes]:
-    """The response's undecoded body as the transport yields it (perf, issue 13).
-
-    Iterated directly rather than through ``aiter_raw`` (one generator layer less per
-    chunk), and for the aiohttp transport in pieces of whatever the socket buffered, up
-    to the cap, rather than 16 KB slices (a 61 KB page: 1-2 reads instead of 4-5)."""
+def raw_chunks(response: httpx.Response) -> AsyncIterable[bytes]:
+    """The response's undecoded body as the transport yields it: iterated directly
+    rather than through ``aiter_raw`` (one generator layer less per chunk)."""
     stream = response.stream
-    if isinstance(stream, AiohttpResponseStream):
-        stream.CHUNK_SIZE = max_body_bytes + 1  # an instance override of the class default
     if isinstance(stream, httpx.AsyncByteStream):
         return stream
     return response.aiter_raw()

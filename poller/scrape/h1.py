@@ -1,55 +1,85 @@
-"""One HTTP/1.1 client connection as an ``asyncio.Protocol`` (the transport is wire.py).
+"""One HTTP/1.1 client connection as an ``asyncio.Protocol``; llhttp parses the answer.
 
-``Connection.exchange`` writes a request's bytes and returns the parsed answer; the answer
-is parsed as it arrives, in ``data_received``: the status line and headers once, then the
-body by ``Content-Length``, ``chunked`` framing, or until the server closes. Interim 1xx
-answers are skipped; 204, 304 and 101 have no body. Past ``max_body_bytes`` (or with a
-``Content-Length`` over it) the body stops there and the connection is not reused: the
-caller sees a body or a declared size over its cap. Anything that is not HTTP/1.x framing
-we can trust is ``httpx.RemoteProtocolError``.
+``Connection.exchange`` writes a request's bytes and returns the answer. The bytes go to
+llhttp (``httptools.HttpResponseParser``, the parser of Node.js and uvicorn) as they
+arrive, in ``data_received``; its callbacks below keep the status, the headers and the
+body's pieces, and hold the limits llhttp does not have:
+
+- the body stops past ``max_body_bytes``, counted as each piece arrives (inside a chunk
+  too), and a declared ``Content-Length`` over it is never read: the connection is
+  dropped and the caller sees a body or a declared size over its cap;
+- the head (interim 1xx heads included) is capped at ``MAX_HEAD_BYTES`` and
+  ``MAX_HEADERS`` fields;
+- ``Transfer-Encoding`` is one ``chunked`` or nothing (llhttp would read other codings
+  until the server closes, or apply ``chunked`` twice);
+- a 101 is refused: a scrape asks for no upgrade.
+
+Interim 1xx answers are skipped by llhttp's own loop (no recursion); 204 and 304 have
+no body; an answer without a length ends when the server closes. Bytes after a complete
+answer (other than the empty lines llhttp skips) end the connection, not the answer.
+Every parser error is an ``httpx.RemoteProtocolError`` (``transport_errors``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
-import httpx
+import httptools
 
-__all__ = ["MAX_HEAD_BYTES", "Connection", "Reply", "Stale"]
+from poller.scrape import transport_errors as errors
+
+__all__ = ["MAX_HEADERS", "MAX_HEAD_BYTES", "Connection", "Reply", "Stale"]
 
 #: Status line plus headers; more is not an engine's answer.
 MAX_HEAD_BYTES = 64 * 1024
+#: Header fields in one answer (interim ones included).
+MAX_HEADERS = 256
+
+_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+#: Body pieces kept as they came before they are gathered in one buffer.
+_FEW = 32
 
 #: (status, reason, headers, body) of one answer.
 Reply = tuple[int, bytes, list[tuple[bytes, bytes]], bytes]
 
-
-class Stale(Exception):
-    """The connection closed before any byte of the response."""
+Stale = errors.Stale
 
 
-# Parser states.
-_IDLE, _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _TRAILER, _UNTIL_CLOSE = range(7)
+class _Halt(Exception):
+    """Raised in a parser callback to stop llhttp; the outcome is already decided."""
 
 
 class Connection(asyncio.Protocol):
-    """One connection: writes a request, parses its response as it arrives."""
+    """One connection: writes a request, parses its answer as it arrives."""
 
     def __init__(self, max_body_bytes: int) -> None:
         self.max_body = max_body_bytes
         self.transport: asyncio.Transport | None = None
         self.reusable = False
         self.idle_since = 0.0  # loop time it went back to the pool
+        self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[Any] | None = None
-        self._state = _IDLE
-        self._buf = bytearray()
-        self._scanned = 0  # how far the head was searched for its end
+        self._start()
+
+    def _start(self) -> None:
+        """The state of one exchange."""
+        self._status = 0
+        self._reason = b""
+        self._headers: list[tuple[bytes, bytes]] = []
         self._pieces: list[bytes] = []
+        self._many: bytearray | None = None  # the body, once it came in many pieces
         self._size = 0
-        self._remaining = 0
-        self._head: tuple[int, bytes, list[tuple[bytes, bytes]]] | None = None
-        self._keep_alive = True
+        self._length: int | None = None
+        self._chunked = False
+        self._fields = 0
+        self._field_bytes = 0
+        self._head_bytes = 0
+        self._head_done = False
+        self._interim = False
+        self._done = False
         self._got_bytes = False
 
     # --- asyncio.Protocol ---------------------------------------------------------------
@@ -64,43 +94,108 @@ class Connection(asyncio.Protocol):
             self._drop()  # bytes nobody asked for: the connection cannot be trusted
             return
         self._got_bytes = True
+        if not self._head_done:
+            self._head_bytes += len(data)
         try:
-            self._feed(data)
-        except httpx.RemoteProtocolError as exc:
-            self._fail(exc)
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:  # on_headers_complete refuses a 101 first;
+            # kept so that no parser outcome can escape into asyncio's "Fatal error" path
+            self._fail(errors.protocol("an upgrade answer to a request that asked for none"))
+        except httptools.HttpParserError as exc:
+            if isinstance(exc.__context__, _Halt):
+                if self._done:  # bytes past a complete answer: the answer stands
+                    self._drop()
+                return
+            self._fail(errors.parser_error(exc))
+        else:
+            if not self._head_done and self._head_bytes > MAX_HEAD_BYTES:
+                self._fail(errors.protocol(f"response head over {MAX_HEAD_BYTES // 1024} KiB"))
 
     def eof_received(self) -> bool:
         return False  # close the transport; connection_lost finishes the exchange
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.reusable = False
-        waiter, self._waiter = self._waiter, None
+        waiter = self._waiter
         if waiter is None or waiter.done():
             return
-        if self._state == _UNTIL_CLOSE:
-            self._waiter = waiter
-            self._finish()
-        elif not self._got_bytes:
-            waiter.set_exception(Stale())
-        elif exc is not None:
-            waiter.set_exception(httpx.ReadError(f"connection lost: {exc}"))
+        if self._head_done and self._length is None and not self._chunked:
+            self._finish(keep_alive=False)  # a body that ends when the server closes
         else:
-            what = "headers" if self._state == _HEAD else "body"
-            waiter.set_exception(
-                httpx.RemoteProtocolError(
-                    f"server closed the connection in the middle of the {what}"
-                )
-            )
+            self._waiter = None
+            waiter.set_exception(errors.lost(exc, self._got_bytes, self._head_done))
+
+    # --- llhttp callbacks (httptools calls them by name) -------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._done:
+            raise _Halt  # a second answer to one request: the stream is not ours to read
+
+    def on_status(self, reason: bytes) -> None:
+        if _CONTROL.search(reason):  # llhttp lets them through; nothing sane sends one
+            self._halt(errors.protocol("a control character in the status line"))
+        self._reason = reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._fields += 1
+        self._field_bytes += len(name) + len(value)
+        if self._fields > MAX_HEADERS or self._field_bytes > MAX_HEAD_BYTES:
+            self._halt(errors.protocol(f"head over {MAX_HEADERS} header fields or 64 KiB"))
+        if self._head_done:
+            return  # a chunked body's trailer fields: counted, not kept
+        key = name.lower()
+        if key == b"content-length":
+            self._length = int(value)  # llhttp checked it: digits, once, no overflow
+        elif key == b"transfer-encoding":
+            if self._chunked or value.strip().lower() != b"chunked":
+                self._halt(errors.protocol("Transfer-Encoding other than one 'chunked'"))
+            self._chunked = True
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if status == 101:
+            self._halt(errors.protocol("101 Switching Protocols to a request without Upgrade"))
+        if status < 200:
+            self._interim = True  # its real answer follows
+            return
+        self._status, self._head_done = status, True
+        length = self._length
+        if length is not None and length > self.max_body and status not in (204, 304):
+            # The caller reports the declared size; the body is never read.
+            self._finish(keep_alive=False)
+            raise _Halt
+
+    def on_body(self, piece: bytes) -> None:
+        # A page comes in a few pieces (one per read, or per chunk): kept as they are and
+        # joined once. Past _FEW pieces (tiny chunks) they go into one buffer instead, so
+        # a body of 1-byte chunks costs its bytes, not an object per byte.
+        if self._many is not None:
+            self._many += piece
+        elif len(self._pieces) < _FEW:
+            self._pieces.append(piece)
+        else:
+            self._many = bytearray().join([*self._pieces, piece])
+            self._pieces = []
+        self._size += len(piece)
+        if self._size > self.max_body:  # the caller sees a body over its cap
+            self._finish(keep_alive=False)
+            raise _Halt
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            self._reason, self._headers = b"", []
+            self._length, self._chunked = None, False
+            return
+        self._finish(keep_alive=self._parser.should_keep_alive())
 
     # --- one exchange -------------------------------------------------------------------
 
     async def exchange(self, wire: bytes, timeout_s: float | None) -> Reply:
         assert self.transport is not None
         self.reusable = False  # until this exchange ends well
-        self._state, self._scanned, self._size = _HEAD, 0, 0
-        self._buf.clear()
-        self._pieces = []
-        self._head, self._keep_alive, self._got_bytes = None, True, False
+        self._start()
         waiter = self._waiter = asyncio.get_running_loop().create_future()
         self.transport.write(wire)
         try:
@@ -110,7 +205,7 @@ class Connection(asyncio.Protocol):
                 return await waiter  # type: ignore[no-any-return]
         except TimeoutError:
             self._drop()
-            raise httpx.ReadTimeout(f"no complete response within {timeout_s:g}s") from None
+            raise errors.read_timeout(timeout_s or 0.0) from None
         except BaseException:  # cancelled (the caller's deadline), or a failure above
             self._drop()
             raise
@@ -129,196 +224,27 @@ class Connection(asyncio.Protocol):
         self._waiter = None
         self.abort()
 
+    def _halt(self, exc: Exception) -> None:
+        self._fail(exc)
+        raise _Halt
+
     def _fail(self, exc: Exception) -> None:
         waiter = self._waiter
         self._drop()
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
 
-    def _finish(self) -> None:
+    def _finish(self, *, keep_alive: bool) -> None:
         waiter, self._waiter = self._waiter, None
-        assert self._head is not None
-        status, reason, headers = self._head
+        self._done = True
         pieces, self._pieces = self._pieces, []
-        body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        self._state = _IDLE
-        self._buf.clear()  # a connection holds nothing between exchanges
-        self.reusable = self._keep_alive and self.transport is not None
-        if not self._keep_alive and self.transport is not None:
-            self.transport.close()
-        if waiter is not None and not waiter.done():
-            waiter.set_result((status, reason, headers, body))
-
-    # --- parsing ------------------------------------------------------------------------
-
-    def _feed(self, data: bytes) -> None:
-        if self._state == _HEAD:
-            buf = self._buf
-            seen: bytes | bytearray = data
-            if buf:
-                buf += data
-                seen = buf
-            end = seen.find(b"\r\n\r\n", max(0, self._scanned - 3))
-            if end < 0 or end > MAX_HEAD_BYTES:
-                if len(seen) > MAX_HEAD_BYTES:
-                    raise httpx.RemoteProtocolError("response headers over 64 KiB")
-                if not buf:
-                    buf += data
-                self._scanned = len(buf)
-                return
-            head, rest = bytes(seen[:end]), bytes(seen[end + 4 :])
-            buf.clear()
-            self._scanned = 0
-            self._start_body(head)
-            if self._state == _HEAD:  # an interim 1xx answer: its real one follows
-                if rest:
-                    self._feed(rest)
-                return
-            data = rest
-        self._body(data)
-
-    def _start_body(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
-        status, reason, http10 = _status_line(lines[0])
-        if 100 <= status < 200 and status != 101:
-            return  # stay in _HEAD
-        headers, length, encodings, connection = _header_fields(lines)
-        self._head = (status, reason, headers)
-        tokens = {t.strip() for t in connection.split(b",")}
-        self._keep_alive = b"keep-alive" in tokens if http10 else b"close" not in tokens
-        chunked = False
-        if encodings:
-            chunked = encodings.rsplit(b",", 1)[-1].strip() == b"chunked"
-            length = None  # Transfer-Encoding wins over Content-Length (RFC 9112 6.3)
-            self._keep_alive = self._keep_alive and chunked
-        if status in (101, 204, 304):
-            self._finish()
-        elif chunked:
-            self._state = _CHUNK_SIZE
-        elif length is None:
-            self._state, self._keep_alive = _UNTIL_CLOSE, False
-        elif length > self.max_body:
-            # The caller reports the declared size; the body is never read.
-            self._keep_alive = False
-            self._finish()
-        elif length == 0:
-            self._finish()
+        if self._many is not None:
+            body, self._many = bytes(self._many), None
         else:
-            self._state, self._remaining = _LENGTH, length
-
-    def _take(self, piece: bytes) -> bool:
-        """Keep a piece of the body; False once past the cap (the caller reports it)."""
-        self._pieces.append(piece)
-        self._size += len(piece)
-        if self._size > self.max_body:
-            self._keep_alive = False
-            self._finish()
-            return False
-        return True
-
-    def _body(self, data: bytes) -> None:
-        state = self._state
-        if state == _LENGTH:
-            if len(data) >= self._remaining:
-                if len(data) > self._remaining:
-                    raise httpx.RemoteProtocolError("more bytes than the Content-Length")
-                self._pieces.append(data)
-                self._finish()
-            elif data:
-                self._pieces.append(data)
-                self._remaining -= len(data)
-        elif state == _UNTIL_CLOSE:
-            if data:
-                self._take(data)
-        elif state in (_CHUNK_SIZE, _CHUNK_DATA, _TRAILER):
-            self._buf += data
-            self._chunks()
-        elif data:
-            raise httpx.RemoteProtocolError("bytes after the end of the response")
-
-    def _chunks(self) -> None:
-        buf = self._buf
-        pos = 0
-        while self._state != _IDLE:
-            if self._state == _CHUNK_SIZE:
-                step = self._chunk_size(buf, pos)
-            elif self._state == _CHUNK_DATA:
-                step = self._chunk_data(buf, pos)
-            else:
-                step = self._trailer(buf, pos)
-            if step < 0:
-                break
-            pos = step
-        if self._state != _IDLE:  # a finished response cleared the buffer already
-            del buf[:pos]
-
-    def _chunk_size(self, buf: bytearray, pos: int) -> int:
-        """The position after a chunk-size line, or -1 until it is all here."""
-        eol = buf.find(b"\r\n", pos)
-        if eol < 0:
-            if len(buf) - pos > 1024:
-                raise httpx.RemoteProtocolError("chunk size line too long")
-            return -1
-        size_text = bytes(buf[pos:eol]).split(b";", 1)[0].strip()
-        if not size_text or not all(c in b"0123456789abcdefABCDEF" for c in size_text):
-            raise httpx.RemoteProtocolError("invalid chunk size")
-        size = int(size_text, 16)
-        self._state, self._remaining = (_CHUNK_DATA, size) if size else (_TRAILER, 0)
-        return eol + 2
-
-    def _chunk_data(self, buf: bytearray, pos: int) -> int:
-        end = pos + self._remaining
-        if len(buf) < end + 2:
-            return -1
-        if buf[end : end + 2] != b"\r\n":
-            raise httpx.RemoteProtocolError("chunk not followed by CRLF")
-        self._state = _CHUNK_SIZE
-        return end + 2 if self._take(bytes(buf[pos:end])) else -1
-
-    def _trailer(self, buf: bytearray, pos: int) -> int:
-        """Trailer fields (ignored), then the empty line that ends the response."""
-        eol = buf.find(b"\r\n", pos)
-        if eol < 0:
-            if len(buf) - pos > MAX_HEAD_BYTES:
-                raise httpx.RemoteProtocolError("trailers over 64 KiB")
-            return -1
-        if eol > pos:
-            return eol + 2
-        if eol + 2 != len(buf):
-            raise httpx.RemoteProtocolError("bytes after the end of the response")
-        self._finish()
-        return -1
-
-
-def _header_fields(
-    lines: list[bytes],
-) -> tuple[list[tuple[bytes, bytes]], int | None, bytes, bytes]:
-    """(headers, Content-Length, Transfer-Encoding, Connection) of a response head."""
-    headers: list[tuple[bytes, bytes]] = []
-    length: int | None = None
-    encodings = connection = b""
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip() or b"\x00" in line:
-            raise httpx.RemoteProtocolError("malformed response header line")
-        value = value.strip(b" \t")
-        key = name.lower()
-        if key == b"content-length":
-            if not value.isdigit() or (length is not None and int(value) != length):
-                raise httpx.RemoteProtocolError("invalid or conflicting Content-Length")
-            length = int(value)
-        elif key == b"transfer-encoding":
-            encodings = value.lower()
-        elif key == b"connection":
-            connection = value.lower()
-        headers.append((name, value))
-    return headers, length, encodings, connection
-
-
-def _status_line(line: bytes) -> tuple[int, bytes, bool]:
-    """(status, reason, HTTP/1.0) of ``HTTP/1.x SSS reason``; anything else is an error."""
-    version, _, rest = line.partition(b" ")
-    code, _, reason = rest.partition(b" ")
-    if version not in (b"HTTP/1.1", b"HTTP/1.0") or len(code) != 3 or not code.isdigit():
-        raise httpx.RemoteProtocolError("not an HTTP/1.x status line")
-    return int(code), reason, version == b"HTTP/1.0"
+            body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        transport = self.transport
+        self.reusable = keep_alive and transport is not None and not transport.is_closing()
+        if not keep_alive and transport is not None:
+            transport.close()  # a halted parse aborts it instead (data_received)
+        if waiter is not None and not waiter.done():
+            waiter.set_result((self._status, self._reason, self._headers, body))

@@ -1,4 +1,16 @@
-"""The message of a non-2xx answer: its status and the first line of its body.
+"""The one place where httpx's exceptions become failure reasons, and the message of a
+non-2xx answer.
+
+``to_fetch_error`` maps what a fetch can raise (httpx's exceptions, which the transport
+builds in ``transport_errors``; the fetch's own deadline; a request that cannot be built)
+to a ``FetchError`` whose ``reason`` is a DESIGN.md failure reason:
+
+- ``timeout``: the overall deadline, or httpx's connect/read timeouts;
+- ``unreachable``: refused, DNS, TLS (said first in the detail), reset, and every
+  protocol failure (a malformed answer: the engine is not serving HTTP we can trust);
+- ``parse``: a body httpx cannot decode;
+- ``config``: a request that cannot be built (a URL or header the client refuses; the
+  exception text may quote a header, so it is not repeated).
 
 llama-server without ``--metrics`` answers 501 with a JSON error whose message says what
 to do; a proxy answers 502 with a line of text. ``status_error`` reads a bounded head of
@@ -11,12 +23,36 @@ from __future__ import annotations
 import json
 import ssl
 
-import aiohttp
 import httpx
 
 from poller.errors import FetchError
 
-__all__ = ["describe", "disconnected", "status_error", "unreachable_detail"]
+__all__ = ["describe", "status_error", "to_fetch_error", "unreachable_detail"]
+
+#: What ``to_fetch_error`` maps; anything else is a bug and propagates.
+MAPPED = (TimeoutError, httpx.HTTPError, httpx.InvalidURL, UnicodeError, ValueError)
+
+
+def to_fetch_error(exc: BaseException, endpoint_id: str, timeout_s: float) -> FetchError:
+    """The failure a fetch's exception stands for (one of ``MAPPED``)."""
+    if isinstance(exc, httpx.TimeoutException):
+        return FetchError(
+            "timeout", f"{type(exc).__name__} after {timeout_s:g}s", endpoint=endpoint_id
+        )
+    if isinstance(exc, TimeoutError):
+        return FetchError(
+            "timeout", f"no complete response within {timeout_s:g}s", endpoint=endpoint_id
+        )
+    if isinstance(exc, httpx.DecodingError):
+        return FetchError("parse", f"cannot decode body: {exc}", endpoint=endpoint_id)
+    if isinstance(exc, httpx.TransportError):
+        return FetchError("unreachable", unreachable_detail(exc), endpoint=endpoint_id)
+    return FetchError(
+        "config",
+        f"cannot build the request ({type(exc).__name__}): check the URL",
+        endpoint=endpoint_id,
+    )
+
 
 #: How much of a non-2xx body is read for its message (engines answer with a line or a
 #: small JSON object; a proxy's HTML error page is cut here).
@@ -52,7 +88,7 @@ async def _error_line(response: httpx.Response) -> str:
                 head += raw
                 if len(head) >= _ERROR_BODY_BYTES:
                     break
-    except (httpx.HTTPError, aiohttp.ClientError, OSError):
+    except httpx.HTTPError:
         return ""
     text = head[:_ERROR_BODY_BYTES].decode("utf-8", "replace")
     message = _json_message(text) if text.lstrip().startswith("{") else None
@@ -81,26 +117,12 @@ def _json_message(text: str) -> str | None:
     return None
 
 
-def disconnected(exc: httpx.TimeoutException) -> bool:
-    """httpx-aiohttp maps every aiohttp connection error to ConnectTimeout; a refused
-    connect or a server that hung up is 'unreachable', not a timeout."""
-    cause = exc.__cause__
-    if isinstance(cause, aiohttp.ServerTimeoutError | aiohttp.SocketTimeoutError):
-        return False
-    return isinstance(cause, aiohttp.ClientConnectionError | OSError)
-
-
 def unreachable_detail(exc: BaseException) -> str:
     """The detail of an ``unreachable`` failure; TLS problems say so first."""
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
-        # aiohttp wraps the ssl error and keeps it in an attribute, not in __cause__.
-        inner = getattr(cause, "certificate_error", None) or getattr(cause, "os_error", None)
-        if isinstance(inner, BaseException) and inner is not cause:
-            cause = inner
-            continue
         if isinstance(cause, ssl.SSLCertVerificationError):
             why = cause.verify_message or cause.reason or str(cause)
             return (

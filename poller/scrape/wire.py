@@ -1,30 +1,22 @@
-"""An httpx transport of our own: HTTP/1.1 GETs on asyncio protocols (issue 13).
+"""An httpx transport of our own: HTTP/1.1 GETs on asyncio protocols, parsed by llhttp.
 
-A scrape is one small request and one response of tens of kilobytes, to a host the
-poller talks to every second. Under httpx, aiohttp's client machinery and the
-``httpx-aiohttp`` adapter cost about a quarter of a scrape's CPU (docs/performance.md);
-this transport does the same exchange with one ``asyncio.Protocol`` per connection:
+A scrape is one small request and one answer of tens of kilobytes, to a host the poller
+talks to every second. httpx is the client API; under it, this transport does the
+exchange with one ``asyncio.Protocol`` per connection (``h1.py``):
 
 - the request's bytes are built once per prepared ``httpx.Request`` (kept in its
   extensions) and written in one call;
-- the response is parsed as it arrives, in ``data_received`` (``h1.py``), without a task
-  switch per piece: the status line and headers once, then the body by
-  ``Content-Length``, ``chunked`` framing, or until the server closes (HTTP/1.0,
-  ``Connection: close``);
-- the awaiting request is woken once, with the whole body (at most ``max_body_bytes`` + 1
-  bytes of it: past the cap the connection is dropped, and the caller sees a body over
-  its cap, or a ``Content-Length`` over it, and reports ``too_large``);
+- the answer is parsed by llhttp as it arrives, without a task switch per piece, and the
+  awaiting request is woken once, with the whole body (at most ``max_body_bytes`` + one
+  read of it: past the cap the connection is dropped, and the caller sees a body over its
+  cap, or a ``Content-Length`` over it, and reports ``too_large``);
 - connections are kept alive per origin (scheme, host, port) and reused, and closed
   after ``KEEPALIVE_S`` idle; one found closed by the server before any byte of the
   answer came is replaced, once, by a new one.
 
-Errors are httpx's: ``ConnectError`` (refused, unresolvable, TLS verification, with the
-``OSError``/``ssl`` error as its cause), ``ConnectTimeout`` and ``ReadTimeout`` (from the
-request's ``timeout`` extension; the caller's overall deadline still bounds everything),
-``RemoteProtocolError`` for anything that is not HTTP/1.x framing we can trust (a bad status
-line, a header over 64 KiB or with a NUL, conflicting or malformed ``Content-Length``, a bad
-chunk, a body cut short) and ``ReadError`` for a reset. Only ``GET`` without a request body
-is supported: that is all a scrape sends.
+Errors are httpx's, built in ``transport_errors`` (the one place that maps socket, TLS and
+parser errors). Only ``GET`` without a request body is supported: that is all a scrape
+sends.
 """
 
 from __future__ import annotations
@@ -35,11 +27,12 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from poller.scrape.h1 import Connection, Stale
+from poller.scrape import transport_errors as errors
+from poller.scrape.h1 import Connection
 
 __all__ = ["WireTransport"]
 
-#: An idle connection older than this is closed (aiohttp's default too): an endpoint
+#: An idle connection older than this is closed: an endpoint
 #: whose lease moved away must not keep a socket open on an engine that never hangs up.
 KEEPALIVE_S = 15.0
 _WIRE = "llmgw.wire"  # the request's bytes, cached in its extensions
@@ -61,10 +54,10 @@ class WireTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if request.method != "GET":
-            raise httpx.UnsupportedProtocol(f"only GET is supported, not {request.method}")
+            raise errors.unsupported(f"only GET is supported, not {request.method}")
         url = request.url
         if url.scheme not in _DEFAULT_PORTS:
-            raise httpx.UnsupportedProtocol(f"unsupported URL scheme {url.scheme!r}")
+            raise errors.unsupported(f"unsupported URL scheme {url.scheme!r}")
         wire = request.extensions.get(_WIRE)
         if wire is None:
             wire = request.extensions[_WIRE] = _request_bytes(request)
@@ -79,12 +72,10 @@ class WireTransport(httpx.AsyncBaseTransport):
                 conn, reused = await self._connect(origin, timeouts.get("connect")), False
             try:
                 reply = await conn.exchange(wire, timeouts.get("read"))
-            except Stale:
+            except errors.Stale:
                 if reused:
                     continue  # the server closed it while idle: once more, on a new one
-                raise httpx.RemoteProtocolError(
-                    "server disconnected without sending a response"
-                ) from None
+                raise errors.protocol("server disconnected without sending a response") from None
             if conn.reusable and not self._closed:
                 conn.idle_since = now
                 self._idle.setdefault(origin, []).append(conn)
@@ -98,7 +89,7 @@ class WireTransport(httpx.AsyncBaseTransport):
                 request=request,
                 extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason},
             )
-        raise httpx.RemoteProtocolError("server disconnected without sending a response")
+        raise errors.protocol("server disconnected without sending a response")
 
     def _idle_connection(self, origin: Origin, now: float) -> Connection | None:
         idle = self._idle.get(origin)
@@ -138,9 +129,9 @@ class WireTransport(httpx.AsyncBaseTransport):
                     server_hostname=host if tls is not None else None,
                 )
         except TimeoutError:
-            raise httpx.ConnectTimeout(f"no connection within {timeout_s:g}s") from None
+            raise errors.connect_timeout(timeout_s or 0.0) from None
         except OSError as exc:  # refused, unreachable, DNS, ssl.SSLError
-            raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+            raise errors.connect_error(exc) from exc
         return conn
 
     async def aclose(self) -> None:
@@ -165,7 +156,7 @@ class _Body(httpx.AsyncByteStream):
 
 def _request_bytes(request: httpx.Request) -> bytes:
     if request.stream is not None and request.headers.get("content-length", "0") != "0":
-        raise httpx.UnsupportedProtocol("a request body is not supported")
+        raise errors.unsupported("a request body is not supported")
     lines = [b"GET " + request.url.raw_path + b" HTTP/1.1"]
     for name, value in request.headers.raw:
         text = value.decode("latin-1")

@@ -47,7 +47,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "poller/scrape/specs",
         ),
     ),
-    ("our HTTP path (scrape/http*, wire)", ("poller/scrape/",)),
+    ("our HTTP path (scrape/http*, wire, h1)", ("poller/scrape/",)),
     (
         "our job body, reporting, metrics",
         (
@@ -59,9 +59,8 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("our Redis writes and batching", ("poller/redis/",)),
     ("our coordination, follow, health", ("poller/service/", "poller/")),
-    ("httpx-aiohttp", ("httpx_aiohttp",)),
-    ("aiohttp", ("aiohttp/",)),
-    ("httpx / httpcore", ("httpx/", "httpcore/")),
+    ("llhttp (httptools)", ("httptools/",)),
+    ("httpx", ("httpx/", "httpcore/")),
     ("redis-py", ("redis/",)),
     ("APScheduler", ("apscheduler/",)),
     ("prometheus_client", ("prometheus_client/",)),
