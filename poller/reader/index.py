@@ -109,7 +109,7 @@ class Bag:
 class ModelIndex:
     """The eligible endpoints for one model: a (not saturated, saturated) bag per tier."""
 
-    __slots__ = ("adapter", "bags", "model")
+    __slots__ = ("adapter", "bags", "model", "where")
 
     def __init__(self, model: str | None, entries: Iterable[Entry]) -> None:
         self.model = model
@@ -118,6 +118,7 @@ class ModelIndex:
             model in e.lora_running or model in e.lora_waiting for e in listed
         )
         self.bags = [(Bag(), Bag()) for _ in range(TIERS)]
+        self.where: dict[str, Bag] = {}  # endpoint id -> the bag holding it
         for entry in listed:
             self.put(entry)
 
@@ -129,13 +130,14 @@ class ModelIndex:
             return True
         if tier < 2 and not self.adapter:
             return False
-        self.bags[tier][entry.saturated].add(entry)
+        bag = self.where[entry.id] = self.bags[tier][entry.saturated]
+        bag.add(entry)
         return True
 
     def drop(self, endpoint_id: str) -> None:
-        for free, saturated in self.bags:
-            free.remove(endpoint_id)
-            saturated.remove(endpoint_id)
+        bag = self.where.pop(endpoint_id, None)
+        if bag is not None:
+            bag.remove(endpoint_id)
 
 
 class Index:

@@ -241,6 +241,9 @@ class View:
     healthy: bool = True
     #: Redis clock of the reader's last contact with Redis (None: ``now_ms``).
     confirmed_ms: int | None = None
+    #: The ``ViewCache`` that made this view, if one did: a picker given the view picks
+    #: on the cache's index (kept current) instead of indexing the view anew.
+    source: Any = field(default=None, repr=False, compare=False)
 
     def __getitem__(self, endpoint_id: str) -> EndpointView:
         return self.endpoints[endpoint_id]
