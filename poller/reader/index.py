@@ -13,8 +13,6 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterable
-from typing import Any
-
 from poller.reader.view import EndpointView
 from poller.stats import EndpointStats
 
@@ -50,8 +48,8 @@ class Entry:
         self.id = endpoint_id
         self.requests = stats.running + stats.waiting
         self.kv = stats.kv_cache_usage
-        capacity: Any = getattr(stats, "kv_capacity_tokens", None)
-        self.capacity: int | None = capacity if isinstance(capacity, int) and capacity > 0 else None
+        capacity = stats.kv_capacity_tokens
+        self.capacity = capacity if capacity is not None and capacity > 0 else None
         self.weight = 1.0  # set by the index, relative to the fleet's median capacity
         self.scraped_at_ms = stats.scraped_at_ms
         self.fresh_until_ms = fresh_until_ms
