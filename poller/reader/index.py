@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterable
+
 from poller.reader.view import EndpointView
 from poller.stats import EndpointStats
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from poller.errors import PollerError
+from poller.redis.keys import SCHEMA_VERSION
 from poller.registry import Endpoint, endpoint_from_json
 from poller.stats import EndpointStats, Failure
 
@@ -259,7 +260,7 @@ class View:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": 1,
+            "schema": int(SCHEMA_VERSION),
             "now_ms": self.now_ms,
             "rev": self.rev,
             "pollers": self.pollers,
