@@ -372,3 +372,23 @@ def test_sleeping_reaches_the_view_and_the_status_table() -> None:
     rows = {line.split()[0]: line for line in console.export_text().splitlines()[2:]}
     assert "fresh asleep" in rows["asleep"]
     assert "asleep" not in rows["awake"].removeprefix("awake")
+
+
+def test_the_cache_change_log_names_what_changed_and_forgets_in_bounds() -> None:
+    cache = cache_of(timed("a"), timed("b"))
+    start = cache.version
+    assert cache.changes_since(start, start) == []
+    scraped = cache.now_ms()
+    record = f"{scraped} 1000 {scraped + 3000} p 1|" + json.dumps(raw_stats())
+    cache.set_stats("a", record)
+    cache.set_failure("b", f"{scraped} {scraped + 3000} p 1|{{}}")
+    assert cache.changes_since(start, cache.version) == ["a", "b"]
+    assert cache.changes_since(start, start + 1) == ["a"]  # bounded by what was read
+    cache.load(View(NOW_MS, 2, {}))  # a snapshot replaces everything: rebuild
+    assert cache.changes_since(start, cache.version) is None
+    assert cache.changes_since(cache.version, cache.version) == []
+    before = cache.version
+    for _ in range(ViewCache.CHANGE_LOG_MAX + 1):
+        cache.set_stats("a", record)
+    assert cache.changes_since(before, cache.version) is None  # too far behind
+    assert cache.changes_since(cache.version - 1, cache.version) == ["a"]

@@ -190,8 +190,9 @@ class Picker:
             if at is None or confirmed is None or time.monotonic() - at > self.stale_grace_s:
                 return None
             judge_ms = confirmed
+        version = cache.version  # first: changes made meanwhile wait for the next pick
         index = self._caches.get(cache)
-        changes = None if index is None else cache.changes_since(index.version)
+        changes = None if index is None else cache.changes_since(index.version, version)
         if index is None or changes is None:
             bases = (cache.base(endpoint_id) for endpoint_id in cache.ids())
             index = self._index((b for b in bases if b is not None), _timed)
@@ -199,7 +200,7 @@ class Picker:
         else:
             for endpoint_id in dict.fromkeys(changes):
                 index.update(endpoint_id, cache.base(endpoint_id))
-        index.version = cache.version
+        index.version = version
         return index, judge_ms, cache.offset_ms
 
     def _index(self, views: Iterable[EndpointView], fresh_until: object) -> Index:

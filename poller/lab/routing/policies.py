@@ -157,8 +157,8 @@ class _PickerPolicy(_Base):
         super().__init__(ctx)
         from poller import reader
 
-        self.picker = reader.Picker(rng=ctx.rng, **ctx.options)  # type: ignore[attr-defined]
-        self.local = reader.LocalLoad() if local else None  # type: ignore[attr-defined]
+        self.picker = reader.Picker(rng=ctx.rng, **ctx.options)
+        self.local = reader.LocalLoad() if local else None
 
     def choose(self) -> str | None:
         assert self.ctx.view is not None
