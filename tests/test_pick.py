@@ -392,3 +392,28 @@ def test_the_cache_change_log_names_what_changed_and_forgets_in_bounds() -> None
         cache.set_stats("a", record)
     assert cache.changes_since(before, cache.version) is None  # too far behind
     assert cache.changes_since(cache.version - 1, cache.version) == ["a"]
+
+
+def test_threads_share_one_picker_and_one_local_load() -> None:
+    import threading
+
+    v = view_of(*(entry(f"e{i}", running="3") for i in range(4)), offset_ms=NOW_MS - 100_000.0)
+    picker, local = Picker(rng=random.Random(13)), LocalLoad()
+    chosen: list[str] = []
+    lock = threading.Lock()
+
+    def gateway_thread() -> None:
+        for _ in range(500):
+            target = picker.pick(v, local=local)
+            assert target is not None
+            with local.track(target):
+                with lock:
+                    chosen.append(target)
+
+    threads = [threading.Thread(target=gateway_thread) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(chosen) == 2000 and set(chosen) == {"e0", "e1", "e2", "e3"}
+    assert all(local.in_flight(f"e{i}") == 0 for i in range(4))
