@@ -239,7 +239,7 @@ def test_local_load_counts_what_started_after_the_scrape() -> None:
         entry("b", running="5", kv_cache_usage="0.2"),
         offset_ms=NOW_MS - 100_000.0,
     )
-    picker = Picker(rng=random.Random(8))
+    picker = Picker(rng=random.Random(8), scale_local=False)  # counted as they are
     assert picks(picker, v, local=local) == {"a": 200}
     clock.t = 99.0  # before the scrape: the scrape counted it already
     local.started("a")
@@ -256,6 +256,25 @@ def test_local_load_counts_what_started_after_the_scrape() -> None:
         assert picks(picker, v, local=local) == {"a": 200}
     assert local.in_flight("b") == 0
     local.finished("nothing")  # no error: a retry path may report twice
+
+
+def test_recent_requests_count_for_the_replicas_like_this_one() -> None:
+    # The view shows 33 requests in all; this replica has 1 in flight: it sends ~1/17 of
+    # the fleet's requests, so its one request since a's scrape stands for ~17.
+    clock = Clock(100.0)
+    local = LocalLoad(clock)
+    v = view_of(
+        entry("a", running="16", kv_cache_usage="0.1"),
+        entry("b", running="17", kv_cache_usage="0.2"),
+        offset_ms=NOW_MS - 100_000.0,
+    )
+    local.started("a")
+    assert picks(Picker(rng=random.Random(14), scale_local=False), v, local=local) == {"a": 200}
+    assert picks(Picker(rng=random.Random(14)), v, local=local) == {"b": 200}
+    # alone in the fleet (what the view shows is ours), it counts as itself
+    for _ in range(32):
+        local.started("b")
+    assert picks(Picker(rng=random.Random(14)), v, local=local) == {"a": 200}
 
 
 def test_the_herd_eight_replicas_on_one_view_spread() -> None:

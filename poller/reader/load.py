@@ -34,7 +34,7 @@ class LocalLoad:
     see it, which only matters as much as a request that arrived a microsecond later.
     """
 
-    __slots__ = ("_clock", "_lock", "_starts")
+    __slots__ = ("_clock", "_lock", "_starts", "_total")
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -42,6 +42,7 @@ class LocalLoad:
         # endpoint id -> start times of the requests in flight, ascending (the clock is
         # monotonic, so appending keeps the order and bisect answers "since when").
         self._starts: dict[str, list[float]] = {}
+        self._total = 0
 
     def started(self, endpoint_id: str) -> float:
         """A request to ``endpoint_id`` starts now; returns its start time, which
@@ -55,6 +56,7 @@ class LocalLoad:
                 starts.append(now)
             else:  # a clock that went back (a test's): keep the list sorted
                 starts.insert(bisect_right(starts, now), now)
+            self._total += 1
         return now
 
     def finished(self, endpoint_id: str, started_at: float | None = None) -> None:
@@ -71,6 +73,7 @@ class LocalLoad:
             else:
                 at = bisect_right(starts, started_at) - 1
                 del starts[at if at >= 0 and starts[at] == started_at else 0]
+            self._total -= 1
             if not starts:
                 del self._starts[endpoint_id]
 
@@ -87,6 +90,10 @@ class LocalLoad:
         """This replica's requests to ``endpoint_id`` not finished yet."""
         starts = self._starts.get(endpoint_id)
         return 0 if starts is None else len(starts)
+
+    def total(self) -> int:
+        """This replica's requests in flight to all endpoints."""
+        return self._total
 
     def since(self, endpoint_id: str, since: float) -> int:
         """Requests in flight to ``endpoint_id`` that started after ``since`` (``clock``
