@@ -65,11 +65,13 @@ class Picker:
       (``lora_max``), then the rest listing it. A base model is one tier.
     - **Spread**: two candidates drawn at random, each in proportion to its capacity
       (``kv_capacity_tokens`` relative to the fleet's median; unknown counts as the
-      median); the one with the lower load wins. Load = (running + waiting + s x this
-      replica's requests in flight started after the endpoint's ``scraped_at_ms``, from
-      ``local``) / relative capacity. ``s`` is 1 / this replica's share of the fleet's
-      requests (the view's running + waiting over its own in flight, 1..64): the other
-      replicas sent about as many since the scrape, which no view can show yet
+      median); the one with the lower load wins. Load = (running + waiting + 1, the
+      request being placed, + s x this replica's requests in flight started after the
+      endpoint's ``scraped_at_ms``, from ``local``) / relative capacity: what the
+      endpoint would hold per unit of capacity with this request. ``s`` is 1 / this
+      replica's share of the fleet's requests (the view's running + waiting over its
+      own in flight, 1..64): the other replicas sent about as many since the scrape,
+      which no view can show yet
       (``scale_local=False``: s = 1). Ties go to the lower KV usage; an engine that
       publishes none (TGI, llama.cpp) counts as the fleet's median KV, never 0 %.
     - **Redis lost** (a cache or a view with ``healthy`` False): the last numbers, as
@@ -259,7 +261,7 @@ class Picker:
 
         def load(entry: Entry) -> tuple[float, float]:
             recent = since(entry.id, entry.scraped_at_ms / 1000 - offset_s)
-            return (entry.requests + scale * recent) / entry.weight, entry.kv or 0.0
+            return (entry.requests + 1 + scale * recent) / entry.weight, entry.kv or 0.0
 
         return load
 
@@ -294,4 +296,4 @@ class Picker:
 
 
 def _view_load(entry: Entry) -> tuple[float, float]:
-    return entry.requests / entry.weight, entry.kv or 0.0
+    return (entry.requests + 1) / entry.weight, entry.kv or 0.0
