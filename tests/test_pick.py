@@ -436,3 +436,40 @@ def test_threads_share_one_picker_and_one_local_load() -> None:
         t.join()
     assert len(chosen) == 2000 and set(chosen) == {"e0", "e1", "e2", "e3"}
     assert all(local.in_flight(f"e{i}") == 0 for i in range(4))
+
+
+def test_slowness_from_this_replicas_request_times() -> None:
+    clock = Clock(100.0)
+    local = LocalLoad(clock)
+    assert local.slowness("a") == 1.0  # nothing known: neutral
+    for _ in range(5):  # a answers in 2 s, b in 0.5 s
+        a, b = local.started("a"), local.started("b")
+        clock.t += 0.5
+        local.finished("b", b)
+        clock.t += 1.5
+        local.finished("a", a)
+    assert local.slowness("a") > 1.5 > 1.0 > local.slowness("b")
+    v = view_of(
+        entry("a", running="2", kv_cache_usage="0.1"),
+        entry("b", running="3", kv_cache_usage="0.2"),
+        offset_ms=NOW_MS - clock.t * 1000,
+    )
+    assert picks(Picker(rng=random.Random(15)), v, local=local) == {"b": 200}
+    assert picks(Picker(rng=random.Random(15), use_latency=False), v, local=local) == {"a": 200}
+    clock.t += 60.0  # a minute without news: back to neutral
+    assert local.slowness("a") == pytest.approx(1.0, abs=0.01)
+    assert picks(Picker(rng=random.Random(15)), v, local=local) == {"a": 200}
+
+
+def test_a_failed_request_makes_its_endpoint_look_slow() -> None:
+    clock = Clock(100.0)
+    local = LocalLoad(clock)
+    for _ in range(3):
+        with local.track("ok"):
+            clock.t += 1.0
+    with pytest.raises(OSError):
+        with local.track("broken"):  # fails at once: must not look fast
+            raise OSError("connection reset")
+    local.finished("broken", local.started("broken"), ok=False)
+    assert local.slowness("broken") > local.slowness("ok")
+    assert local.in_flight("broken") == 0 and local.total() == 0

@@ -71,9 +71,12 @@ class Picker:
       endpoint would hold per unit of capacity with this request. ``s`` is 1 / this
       replica's share of the fleet's requests (the view's running + waiting over its
       own in flight, 1..64): the other replicas sent about as many since the scrape,
-      which no view can show yet
-      (``scale_local=False``: s = 1). Ties go to the lower KV usage; an engine that
-      publishes none (TGI, llama.cpp) counts as the fleet's median KV, never 0 %.
+      which no view can show yet (``scale_local=False``: s = 1). The load is multiplied
+      by ``local.slowness(id)``: how long this replica's requests there took lately,
+      relative to its requests anywhere (an engine slower than its size says, or a
+      queue grown since the scrape; ``use_latency=False``: 1). Ties go to the lower KV
+      usage; an engine that publishes none (TGI, llama.cpp) counts as the fleet's
+      median KV, never 0 %.
     - **Redis lost** (a cache or a view with ``healthy`` False): the last numbers, as
       fresh as they were when Redis last answered, are used for ``stale_grace_s``
       (default 5 s: a Sentinel failover) after that answer, then None.
@@ -95,6 +98,7 @@ class Picker:
         rng: random.Random | None = None,
         *,
         scale_local: bool = True,
+        use_latency: bool = True,
     ) -> None:
         if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
             raise ConfigError(f"max_waiting must be an integer >= 1, got {max_waiting!r}")
@@ -112,6 +116,7 @@ class Picker:
         self.stale_grace_s = stale_grace_s
         self.rng = rng if rng is not None else random.Random()
         self.scale_local = scale_local
+        self.use_latency = use_latency
         self._caches: weakref.WeakKeyDictionary[ViewCache, Index] = weakref.WeakKeyDictionary()
         self._view: object = None
         self._view_index: Index | None = None
@@ -258,10 +263,12 @@ class Picker:
             # ours in flight: with R equal replicas ours are ~1/R of what was sent.
             scale = min(SCALE_MAX, max(1.0, (index.requests + 1) / (local.total() + 1)))
         since, offset_s = local.since, offset_ms / 1000
+        slowness = local.slowness if self.use_latency else _neutral
 
         def load(entry: Entry) -> tuple[float, float]:
             recent = since(entry.id, entry.scraped_at_ms / 1000 - offset_s)
-            return (entry.requests + 1 + scale * recent) / entry.weight, entry.kv or 0.0
+            requests = entry.requests + 1 + scale * recent
+            return requests / entry.weight * slowness(entry.id), entry.kv or 0.0
 
         return load
 
@@ -293,6 +300,10 @@ class Picker:
             return None
         second = self._draw(bag, judge_ms, None, first)
         return first.id if second is None or score(first) <= score(second) else second.id
+
+
+def _neutral(endpoint_id: str) -> float:
+    return 1.0
 
 
 def _view_load(entry: Entry) -> tuple[float, float]:
