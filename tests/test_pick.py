@@ -473,3 +473,21 @@ def test_a_failed_request_makes_its_endpoint_look_slow() -> None:
     local.finished("broken", local.started("broken"), ok=False)
     assert local.slowness("broken") > local.slowness("ok")
     assert local.in_flight("broken") == 0 and local.total() == 0
+
+
+def test_a_cache_pick_follows_an_adapter_loaded_after_the_index_was_built() -> None:
+    cache = cache_of(
+        timed("a", models="base,sql", lora_max="2"),
+        timed("b", models="base,sql", lora_max="2", lora_running="x,y"),
+    )
+    picker = Picker(rng=random.Random(16))
+    # "sql" runs nowhere yet: a base model to the picker, both endpoints one tier
+    assert set(picks(picker, cache, model="sql")) == {"a", "b"}
+    scraped = cache.now_ms()
+    fields = raw_stats(
+        scraped_at_ms=str(scraped), models="base,sql", lora_max="2", lora_running="x,sql"
+    )
+    cache.set_stats("b", f"{scraped} 1000 {scraped + 3000} p 1|" + json.dumps(fields))
+    # now b runs the adapter: affinity sends it there; a (a free slot) is next in line
+    assert picks(picker, cache, model="sql") == {"b": 200}
+    assert set(picks(picker, cache, model="base")) == {"a", "b"}
