@@ -31,7 +31,7 @@ ENGINES: tuple[tuple[str, int, float, str], ...] = (
 SLEEPER = "medium-3"
 FAILER = "slow-1"
 #: The policies also measured at the other intervals (those present in the registry).
-INTERVAL_POLICIES = ("picker", "picker-nolocal", "pick")
+INTERVAL_POLICIES = ("picker", "picker-nolocal")
 
 
 @dataclass(frozen=True)
@@ -100,9 +100,7 @@ def cells(cfg: RoutingConfig, policies: list[str]) -> list[tuple[str, int, float
     for load in sorted(cfg.loads, reverse=True):
         for replicas in cfg.replicas if load == top else cfg.low_load_replicas:
             out.extend((p, replicas, load, cfg.interval_s) for p in policies)
-    chosen = [p for p in INTERVAL_POLICIES if p in policies and p.startswith("picker")]
-    if not chosen:
-        chosen = [p for p in INTERVAL_POLICIES if p in policies][:1]
+    chosen = [p for p in INTERVAL_POLICIES if p in policies]
     for interval in cfg.other_intervals_s:
         out.extend((p, max(cfg.replicas), top, interval) for p in chosen)
     return out

@@ -10,10 +10,12 @@ Other modules add policies with ``register(name, factory, uses_view=...)``; a fa
 the ``PolicyContext`` of its replica. Built in:
 
 - ``round-robin``, ``random``: over the endpoints configured for the model, blind.
-- ``pick``: ``poller.reader.pick`` on the cached view, with ``model=``.
-- ``picker-nolocal``, ``picker``: ``poller.reader.Picker`` on the cached view, without and
-  with ``LocalLoad`` (this replica's requests since each endpoint's last scrape); only
-  when ``poller.reader`` has them.
+- ``pick-deterministic``: the reference choice ``pick`` made before the ``Picker``: skip
+  stale, asleep and saturated endpoints, prefer those serving the model (else any), then
+  fewest waiting, lowest KV usage, fewest running, lowest id. Every replica reading the
+  same view makes the same choice: the herd the picker exists to avoid.
+- ``picker-nolocal``, ``picker``: ``poller.reader.Picker`` on the cache, without and with
+  ``LocalLoad`` (this replica's requests since each endpoint's last scrape).
 - ``oracle``: the engines' true queues read at each request (the simulator's
   ``/admin/queue``), least expected time to finish: the limit any router could reach.
 """
@@ -26,6 +28,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from poller.reader import LocalLoad, Picker
+from poller.reader.cache import ViewCache
 from poller.reader.view import View
 
 __all__ = ["POLICIES", "Policy", "PolicyContext", "PolicyDef", "register"]
@@ -39,8 +43,8 @@ class PolicyContext:
     #: The endpoints the gateway is configured with for ``model`` (ids).
     candidates: list[str]
     rng: random.Random
-    #: The cached view now (``ViewCache.view``); None for policies that do not read it.
-    view: Callable[[], View] | None = None
+    #: The replica's view cache (``StatsReader.cached``); None unless ``uses_view``.
+    cache: ViewCache | None = None
     #: The true queues now: ``{id: {running, waiting, capacity, speed_tps, serving}}``.
     true_queues: Callable[[], Awaitable[Mapping[str, Mapping[str, Any]]]] | None = None
     #: Mean max_tokens of the requests (the oracle's service-time estimate).
@@ -111,12 +115,35 @@ class Random(_Base):
         return self.ctx.rng.choice(self.ctx.candidates)
 
 
-class Pick(_Base):
-    def choose(self) -> str | None:
-        from poller.reader import pick
+class Deterministic(_Base):
+    def __init__(self, ctx: PolicyContext, max_waiting: int = 5, max_kv: float = 0.8) -> None:
+        super().__init__(ctx)
+        self.max_waiting, self.max_kv = max_waiting, max_kv
 
-        assert self.ctx.view is not None
-        return pick(self.ctx.view(), model=self.ctx.model)
+    def choose(self) -> str | None:
+        assert self.ctx.cache is not None
+        view: View = self.ctx.cache.view()
+        usable = []
+        for e in view.endpoints.values():
+            s = e.stats
+            if e.state != "fresh" or s is None or s.sleeping:
+                continue
+            kv = s.kv_cache_usage
+            if s.waiting >= self.max_waiting or (kv is not None and kv >= self.max_kv):
+                continue
+            usable.append((e.id, s))
+        model = self.ctx.model
+        serving = [
+            (i, s)
+            for i, s in usable
+            if model in s.models or model in s.lora_running or model in s.lora_waiting
+        ]
+        usable = serving or usable
+        if not usable:
+            return None
+        best = min(usable, key=lambda es: (es[1].waiting, es[1].kv_cache_usage or 0.0,
+                                          es[1].running, es[0]))  # fmt: skip
+        return best[0]
 
 
 class Oracle(_Base):
@@ -155,15 +182,12 @@ def _picker(local: bool) -> Callable[[PolicyContext], Policy]:
 class _PickerPolicy(_Base):
     def __init__(self, ctx: PolicyContext, local: bool) -> None:
         super().__init__(ctx)
-        from poller import reader
-
-        self.picker = reader.Picker(rng=ctx.rng, **ctx.options)
-        self.local = reader.LocalLoad() if local else None
+        self.picker = Picker(rng=ctx.rng, **ctx.options)
+        self.local = LocalLoad() if local else None
 
     def choose(self) -> str | None:
-        assert self.ctx.view is not None
-        chosen: str | None = self.picker.pick(self.ctx.view(), self.ctx.model, local=self.local)
-        return chosen
+        assert self.ctx.cache is not None
+        return self.picker.pick(self.ctx.cache, self.ctx.model, local=self.local)
 
     def started(self, endpoint_id: str) -> None:
         if self.local is not None:
@@ -174,16 +198,9 @@ class _PickerPolicy(_Base):
             self.local.finished(endpoint_id)
 
 
-def picker_available() -> bool:
-    from poller import reader
-
-    return hasattr(reader, "Picker") and hasattr(reader, "LocalLoad")
-
-
 register("round-robin", RoundRobin)
 register("random", Random)
-register("pick", Pick, uses_view=True)
-if picker_available():
-    register("picker-nolocal", _picker(local=False), uses_view=True)
-    register("picker", _picker(local=True), uses_view=True)
+register("pick-deterministic", Deterministic, uses_view=True)
+register("picker-nolocal", _picker(local=False), uses_view=True)
+register("picker", _picker(local=True), uses_view=True)
 register("oracle", Oracle, uses_oracle=True)

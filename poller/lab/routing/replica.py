@@ -51,7 +51,7 @@ async def _view(cfg: Mapping[str, Any], ctx: PolicyContext) -> AsyncIterator[Non
     reader = StatsReader.from_url(cfg["redis_url"], cfg["namespace"])
     try:
         async with reader.cached() as cache:
-            ctx.view = cache.view
+            ctx.cache = cache
             yield
     finally:
         await reader.aclose()

@@ -24,13 +24,15 @@ def summarise(
     records: Sequence[Mapping[str, Any]],
     candidates: Sequence[str],
     shown_at: Mapping[str, float | None],
+    events_at: Mapping[str, float],
     peak_waiting: int,
 ) -> dict[str, Any]:
     """One cell's figures.
 
-    ``shown_at``: endpoint -> Unix time the view first showed it asleep or failing (None:
-    never within the cell). A request sent to it later counts in ``after_view``, and
-    ``after_view_max_s`` is how long after that the last one was sent.
+    ``events_at``: endpoint -> Unix time it went to sleep or started failing;
+    ``shown_at``: when the view first showed it so (None: not within the cell). A request
+    sent to it after that counts in ``after_view``; ``after_view_max_s`` is how long after
+    the view showed it the last one was sent.
     """
     ok = [r["latency_s"] for r in records if r["status"] == 200]
     serving = set(candidates)
@@ -40,6 +42,10 @@ def summarise(
         if (shown := shown_at.get(r["endpoint"])) is not None and r["sent_at"] > shown
     ]
     cpu_us = [r["cpu_ns"] / 1000 for r in records]
+    delays = {
+        k: None if (shown := shown_at.get(k)) is None else round(shown - at, 3)
+        for k, at in events_at.items()
+    }
     return {
         "requests": len(records),
         "ok": len(ok),
@@ -53,16 +59,17 @@ def summarise(
         "max_s": _r(max(ok) if ok else None),
         "after_view": len(after),
         "after_view_max_s": _r(max(after) if after else None),
-        "view_showed_s": {k: v for k, v in shown_at.items()},
+        "view_showed_after_s": delays,
         "largest_queue": peak_waiting,
-        "cpu_per_pick_us": _r(sum(cpu_us) / len(cpu_us) if cpu_us else None, 1),
+        "cpu_per_pick_mean_us": _r(sum(cpu_us) / len(cpu_us) if cpu_us else None, 1),
+        "cpu_per_pick_p50_us": _r(_q(cpu_us, 0.5), 1),
         "cpu_per_pick_p99_us": _r(_q(cpu_us, 0.99), 1),
     }
 
 
 #: (column title, width, key)
 _COLUMNS = (
-    ("policy", 15, "policy"),
+    ("policy", 18, "policy"),
     ("R", 2, "replicas"),
     ("load", 4, "load"),
     ("int s", 5, "interval_s"),
@@ -75,7 +82,7 @@ _COLUMNS = (
     ("late s", 6, "after_view_max_s"),
     ("wrong", 5, "wrong_model"),
     ("queue", 5, "largest_queue"),
-    ("cpu us", 6, "cpu_per_pick_us"),
+    ("cpu us", 6, "cpu_per_pick_p50_us"),
 )
 HEADER = "  ".join(f"{title:>{width}}" for title, width, _ in _COLUMNS)
 

@@ -100,13 +100,15 @@ class _Bench:
             procs = [self._start(policy, i, rate, cell_dir) for i in range(replicas)]
             try:
                 shown: dict[str, float | None] = {SLEEPER: None, FAILER: None}
-                await self._go(procs, cell_dir)
-                start = time.time()
+                events: dict[str, float] = {}
+                start = await self._go(procs, cell_dir)
                 await _at(start + 0.4 * cfg.duration_s)
+                events[SLEEPER] = time.time()
                 await self._admin(http, f"/admin/endpoints/{SLEEPER}/sleep", {"level": 1})
                 done = asyncio.Event()
                 watch = asyncio.create_task(self.monitor(shown, done.is_set))
                 await _at(start + 0.6 * cfg.duration_s)
+                events[FAILER] = time.time()
                 await self._admin(http, f"/admin/endpoints/{FAILER}/fault", {"mode": "http500"})
                 await _exited(procs, cfg.duration_s + REQUEST_TIMEOUT_S + 30)
                 done.set()
@@ -119,7 +121,7 @@ class _Bench:
         for i in range(replicas):
             records.extend(json.loads((cell_dir / f"out-{i}.json").read_text()))
         peak = max(q["peak_waiting"] for q in queues["endpoints"].values())
-        return summarise(records, fleet.candidates(), shown, peak)
+        return summarise(records, fleet.candidates(), shown, events, peak)
 
     async def _get(self, http: aiohttp.ClientSession, path: str) -> Any:
         async with http.get(self.admin + path) as r:
@@ -150,8 +152,8 @@ class _Bench:
         args = [sys.executable, "-m", "poller.lab.routing.replica", str(path)]
         return Proc(f"replica-{index}", args, cell_dir / f"replica-{index}.log")
 
-    async def _go(self, procs: list[Proc], cell_dir: Path) -> None:
-        """Wait until every replica is ready, then give them one start time."""
+    async def _go(self, procs: list[Proc], cell_dir: Path) -> float:
+        """Wait until every replica is ready, then give them one start time (returned)."""
         deadline = time.monotonic() + 60 + 10 * len(procs)
         while not all((cell_dir / f"ready-{i}").exists() for i in range(len(procs))):
             dead = [p for p in procs if not p.alive()]
@@ -160,9 +162,11 @@ class _Bench:
             if time.monotonic() > deadline:
                 raise TimeoutError("replicas not ready after their start-up allowance")
             await asyncio.sleep(0.05)
+        start = time.time() + 0.5
         tmp = cell_dir / "go.tmp"
-        tmp.write_text(repr(time.time() + 0.5))
+        tmp.write_text(repr(start))
         tmp.rename(cell_dir / "go")  # atomic: a replica never reads half a number
+        return start
 
 
 async def _at(unix_s: float) -> None:
@@ -221,14 +225,12 @@ def run_routing(cfg: RoutingConfig, redis_url: str | None, out: TextIO) -> dict[
                     poller.stop()
         finally:
             sim.stop()
-    missing = [p for p in ("picker", "picker-nolocal") if p not in POLICIES]
     return {
         "config": cfg.to_dict(),
         "capacity_per_s": round(fleet.capacity_per_s(cfg.mean_tokens), 2),
         "sleeper": SLEEPER,
         "failer": FAILER,
         "policies": policies,
-        "not_available": missing,
         "rows": rows,
         "elapsed_s": round(time.monotonic() - started, 1),
     }
