@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from poller.cli.common import NAMESPACE, REDIS_URL, load, store_failure
-from poller.errors import StoreError
+from poller.errors import SchemaMismatch, StoreError
 
 
 @click.command()
@@ -97,6 +97,12 @@ def status(
         asyncio.run(go())
     except KeyboardInterrupt:
         pass
+    except SchemaMismatch as exc:
+        if as_json:  # a script reading stdout learns why there is no view
+            found = {"schema": exc.found, "reader_schema": exc.expected}
+            click.echo(json.dumps({"error": "schema_mismatch", "message": str(exc), **found}))
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(1)
     except StoreError as exc:
         store_failure(exc)
 

@@ -31,12 +31,14 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from poller.config import RedisSettings
+from poller.errors import SchemaMismatch, StoreError
 from poller.reader.cache import ViewCache
 from poller.reader.feed import open_feed
 from poller.reader.protocol import Action, Protocol
 from poller.reader.replies import (
     Held,
     build_view,
+    check_schema,
     get_one_call,
     held_after,
     one_from_reply,
@@ -89,6 +91,8 @@ class _Reader:
 
     def _view(self, reply: Any, held: Held | None) -> View:
         view = build_view(reply, self.stale_after_intervals, self.stale_after_ms, held)
+        # The clocks side by side, so a picker places this replica's requests on the view.
+        view.offset_ms = view.now_ms - time.monotonic() * 1000
         self._held = held_after(reply, view)
         return view
 
@@ -143,6 +147,7 @@ class StatsReader(_Reader):
         """Live poller ids, sorted (the heartbeat script with no id only reads)."""
         keys = [self.keys.members, self.keys.schema, self.keys.epoch]
         reply = await redis_call(self._members(keys=keys, args=["", 0, "", ""]), "members")
+        check_schema(reply[1])
         return sorted(str(m) for m in reply[3:])
 
     @asynccontextmanager
@@ -157,6 +162,8 @@ class StatsReader(_Reader):
                 await asyncio.wait_for(first.wait(), timeout=2.0)
             except TimeoutError:
                 pass
+            if isinstance(proto.error, SchemaMismatch):
+                raise proto.error  # a reader of another schema version must not start
             yield proto.cache
         finally:
             stop.set()
@@ -306,6 +313,8 @@ class SyncStatsReader(_Reader):
         thread.start()
         try:
             first.wait(2.0)
+            if isinstance(proto.error, SchemaMismatch):
+                raise proto.error  # a reader of another schema version must not start
             yield proto.cache
         finally:
             stop.set()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from poller.errors import PollerError
+from poller.redis.keys import SCHEMA_VERSION
 from poller.registry import Endpoint, endpoint_from_json
 from poller.stats import EndpointStats, Failure
 
@@ -222,6 +223,16 @@ class View:
     endpoints: Mapping[str, EndpointView]
     #: Live pollers (heartbeat not expired at ``now_ms``).
     pollers: list[str] = field(default_factory=list)
+    #: Redis clock minus local ``time.monotonic()`` in ms when the view was read (None:
+    #: unknown, e.g. a view built by hand); lets the picker place local events on it.
+    offset_ms: float | None = None
+    #: False when the reader had lost Redis: the numbers are the last ones it had.
+    healthy: bool = True
+    #: Redis clock of the reader's last contact with Redis (None: ``now_ms``).
+    confirmed_ms: int | None = None
+    #: The ``ViewCache`` that made this view, if one did: a picker given the view picks
+    #: on the cache's index (kept current) instead of indexing the view anew.
+    source: Any = field(default=None, repr=False, compare=False)
 
     def __getitem__(self, endpoint_id: str) -> EndpointView:
         return self.endpoints[endpoint_id]
@@ -237,7 +248,7 @@ class View:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": 1,
+            "schema": int(SCHEMA_VERSION),
             "now_ms": self.now_ms,
             "rev": self.rev,
             "pollers": self.pollers,
