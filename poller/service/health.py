@@ -15,7 +15,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
 
 __all__ = ["HealthServer", "Response"]
 
@@ -50,7 +51,7 @@ class HealthServer:
         port: int,
         *,
         ready: Callable[[], bool],
-        registry: CollectorRegistry,
+        registry: Collector,
         routes: dict[str, JsonRoute] | None = None,
         raw_routes: dict[str, RawRoute] | None = None,
     ) -> None:

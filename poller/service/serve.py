@@ -53,7 +53,7 @@ async def serve(settings: Settings) -> int:
             settings.health.host,
             settings.health.port,
             ready=lambda: worker.ready,
-            registry=worker.metrics.registry,
+            registry=worker.metrics.exposition,
             routes={"/v1/view": view, "/v1/jobs": jobs},
             raw_routes=_page_routes(worker, settings),
         )
