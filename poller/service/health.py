@@ -67,7 +67,7 @@ class HealthServer:
         """Listen; returns the bound port (useful with port 0)."""
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
-        log.info("health server on %s:%d", self.host, self.port)
+        log.info("health server listening", extra={"host": self.host, "port": self.port})
         return self.port
 
     async def stop(self) -> None:
@@ -126,6 +126,6 @@ class HealthServer:
             assert route is not None
             payload = await route()
         except Exception:
-            log.exception("route %s failed", path)
+            log.exception("route failed", extra={"path": path})
             return Response(500, "text/plain", b"internal error\n")
         return Response(200, "application/json", json.dumps(payload).encode())

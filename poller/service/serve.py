@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from poller.config import Settings
+from poller.logs import tag_poller
 from poller.reader.reader import StatsReader
 from poller.redis.discovery import read_sources
 from poller.service.discovery import DiscoveryRunner
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 
 async def serve(settings: Settings) -> int:
     """Run one poller until SIGTERM/SIGINT; returns the exit status."""
+    tag_poller(settings.id)  # several pollers' logs often end up in one stream
     worker = Worker(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -61,18 +63,18 @@ async def serve(settings: Settings) -> int:
             await health.start()
         except OSError as exc:
             log.error(
-                "cannot listen on %s:%d: %s",
-                settings.health.host,
-                settings.health.port,
-                exc.strerror,
+                "cannot listen on the health port",
+                extra={
+                    "host": settings.health.host,
+                    "port": settings.health.port,
+                    "why": exc.strerror,
+                },
             )
             await worker.store.close()
             return 1
     log.info(
-        "poller %s starting: redis=%s namespace=%s",
-        settings.id,
-        _redact(settings.redis.url),
-        settings.redis.namespace,
+        "poller starting",
+        extra={"redis": _redact(settings.redis.url), "namespace": settings.redis.namespace},
     )
     await worker.start()
     await discovery.start()
