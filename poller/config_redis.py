@@ -1,0 +1,92 @@
+"""Redis connection settings (``[redis]``) and the lease/membership timings
+(``[coordination]``) the pollers agree on through it."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["CoordinationSettings", "RedisSettings"]
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class RedisSettings(BaseModel):
+    model_config = _FROZEN
+
+    #: redis://, rediss:// (TLS), unix:// or redis+sentinel://h1:26379,h2:26379/master[/db]
+    #: URL; user and password may be in it (ACL).
+    url: str = "redis://127.0.0.1:6379/0"
+    #: Key prefix is ``{namespace}``: the hash tag keeps every key in one Cluster slot.
+    namespace: str = Field(default="llmgw", pattern=r"^[A-Za-z0-9._:-]{1,64}$")
+    #: Every command gives up after this; a scrape's write must not stall the loop.
+    socket_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    #: Talk to a Redis Cluster (url names any node).
+    cluster: bool = False
+    #: Gather the fenced writes of this many milliseconds into one pipeline (0: off).
+    #: A lone command costs the client ~5x the CPU of a pipelined one.
+    write_batch_ms: float = Field(default=5.0, ge=0, le=100)
+    # TLS (rediss:// and rediss+sentinel:// only). The server certificate and its host
+    # name are always verified, against the system trust store unless a CA file is named.
+    #: PEM bundle of the CA(s) that signed the Redis (and Sentinel) server certificates.
+    tls_ca_file: str | None = None
+    #: Client certificate (PEM; may hold the key too) for servers with tls-auth-clients.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    #: Skip certificate verification (encrypted but unauthenticated). Logged as a WARNING.
+    tls_insecure: bool = False
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> RedisSettings:
+        tls_files = {
+            "tls_ca_file": self.tls_ca_file,
+            "tls_cert_file": self.tls_cert_file,
+            "tls_key_file": self.tls_key_file,
+        }
+        named = [name for name, path in tls_files.items() if path]
+        if (named or self.tls_insecure) and not self.url.startswith("rediss"):
+            which = ", ".join(named or ["tls_insecure"])
+            raise ValueError(f"{which} needs a rediss:// or rediss+sentinel:// URL")
+        if self.tls_key_file and not self.tls_cert_file:
+            raise ValueError("tls_key_file needs tls_cert_file")
+        if self.tls_insecure and self.tls_ca_file:
+            raise ValueError("tls_insecure skips verification: tls_ca_file would be ignored")
+        # Checked here, at start-up, because redis-py reads them only at the first
+        # connection, where a missing file would look like an unreachable Redis forever.
+        for name in named:
+            path = tls_files[name] or ""
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as exc:
+                raise ValueError(f"{name}: cannot read {path!r}: {exc.strerror}") from None
+        return self
+
+
+class CoordinationSettings(BaseModel):
+    model_config = _FROZEN
+
+    # Chosen so a SIGKILLed poller's endpoints are written again within ~3 s at a 1 s
+    # interval: its lease and membership lapse after 2 s, survivors see the membership
+    # change at their next heartbeat (<= 0.5 s) and reconcile at once.
+    #: A lease lapses this long after its last renewal (every write and every reconcile).
+    lease_ttl_ms: int = Field(default=2000, ge=200, le=600_000)
+    #: A member counts as alive this long after its last heartbeat.
+    member_ttl_ms: int = Field(default=2000, ge=200, le=600_000)
+    heartbeat_interval_ms: int = Field(default=500, ge=50, le=200_000)
+    #: Reconcile (and renew every held lease) at least this often.
+    reconcile_interval_ms: int = Field(default=1000, ge=50, le=300_000)
+
+    @model_validator(mode="after")
+    def _check(self) -> CoordinationSettings:
+        if self.heartbeat_interval_ms * 3 > self.member_ttl_ms:
+            raise ValueError(
+                f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be at most a third "
+                f"of member_ttl_ms ({self.member_ttl_ms})"
+            )
+        if self.reconcile_interval_ms * 2 > self.lease_ttl_ms:
+            raise ValueError(
+                f"reconcile_interval_ms ({self.reconcile_interval_ms}) must be at most half "
+                f"of lease_ttl_ms ({self.lease_ttl_ms}): reconcile renews the leases"
+            )
+        return self
