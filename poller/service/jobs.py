@@ -30,6 +30,7 @@ from poller.scrape.engines import EngineMapping
 from poller.scrape.http import Scraper
 from poller.service.metrics import PollerMetrics, Surprises
 from poller.service.reporting import FailureLog
+from poller.service.ttl import stats_ttl_ms
 from poller.stats import prefix_hit_rate, stats_fields
 
 __all__ = ["GridJitterTrigger", "JobRunner", "JobSpec"]
@@ -351,7 +352,13 @@ class JobRunner:
         window.failures.recovered(spec.endpoint_id)
 
     def _ttl_ms(self, spec: JobSpec) -> int:
-        return round(spec.interval_s * self.settings.scrape.stats_ttl_intervals * 1000)
+        # Long enough that the record outlives a takeover (service/ttl.py).
+        return stats_ttl_ms(
+            spec.interval_s,
+            spec.timeout_s,
+            self.settings.coordination,
+            self.settings.scrape.stats_ttl_intervals,
+        )
 
     async def _write_failure(self, spec: JobSpec, window: _Window, exc: ScrapeError) -> None:
         window.failures.failed(spec.endpoint_id, exc)

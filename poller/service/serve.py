@@ -15,6 +15,7 @@ from poller.redis.discovery import read_sources
 from poller.service.discovery import DiscoveryRunner
 from poller.service.health import HealthServer
 from poller.service.page import OperatorPage
+from poller.service.ttl import stats_ttl_ms
 from poller.service.worker import Worker
 
 __all__ = ["serve"]
@@ -72,9 +73,19 @@ async def serve(settings: Settings) -> int:
             )
             await worker.store.close()
             return 1
+    sc = settings.scrape
     log.info(
         "poller starting",
-        extra={"redis": _redact(settings.redis.url), "namespace": settings.redis.namespace},
+        extra={
+            "redis": _redact(settings.redis.url),
+            "namespace": settings.redis.namespace,
+            "interval_s": sc.interval_s,
+            # Raised above stats_ttl_intervals where a takeover would outlast it.
+            "stats_ttl_s": stats_ttl_ms(
+                sc.interval_s, sc.timeout_s, settings.coordination, sc.stats_ttl_intervals
+            )
+            / 1000,
+        },
     )
     await worker.start()
     await discovery.start()
