@@ -23,7 +23,6 @@ def runner() -> tuple[JobRunner, PollerMetrics]:
         metrics,
         Surprises(metrics),
         ready=lambda: True,
-        on_lease_lost=lambda spec, holder: None,
     )
     return jobs, metrics
 

@@ -166,12 +166,12 @@ async def test_failure_keeps_since_and_counts(store: RedisStore) -> None:
 
 
 async def test_heartbeat_prunes_expired_members(store: RedisStore) -> None:
-    now, live = await store.heartbeat("p1", 5000)
-    assert live == ["p1"] and now > 1_600_000_000_000
-    await store.client.zadd("{test}:members", {"dead": now - 10})
+    beat = await store.heartbeat("p1", 5000)
+    assert beat.members == ["p1"] and beat.now_ms > 1_600_000_000_000 and beat.epoch
+    await store.client.zadd("{test}:members", {"dead": beat.now_ms - 10})
     await store.client.hset("{test}:members:info", "dead", "{}")
-    _, live = await store.heartbeat("p2", 5000)
-    assert live == ["p1", "p2"]
+    again = await store.heartbeat("p2", 5000)
+    assert again.members == ["p1", "p2"] and again.epoch == beat.epoch
     assert await store.client.zscore("{test}:members", "dead") is None
     # Each member's own word beside its score; pruned with it.
     info = await store.client.hgetall("{test}:members:info")

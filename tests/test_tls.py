@@ -155,8 +155,7 @@ async def test_store_works_over_tls(tls_redis: TlsRedis, pki: Pki) -> None:
     settings = RedisSettings(url=tls_redis.url, namespace="tls", tls_ca_file=str(pki.ca))
     async with opened(settings) as store:
         await store.ensure_schema()
-        _, members = await store.heartbeat("p1", 2000)
-        assert members == ["p1"]
+        assert (await store.heartbeat("p1", 2000)).members == ["p1"]
         await store.put_endpoint(Endpoint(id="e1", url="https://127.0.0.1:8443"))
         [lease] = await store.acquire_leases("p1", ["e1"], 2000)
         assert lease.token is not None

@@ -35,6 +35,7 @@ from poller.redis.registry_calls import Registry, RegistryCalls, diff_registry, 
 __all__ = [
     "SCHEMA_VERSION",
     "Acquired",
+    "Heartbeat",
     "Keys",
     "RedisStore",
     "Registry",
@@ -64,6 +65,17 @@ class Acquired:
 
 
 @dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """What a heartbeat learned: Redis's clock, the live members, the data epoch."""
+
+    now_ms: int
+    #: Live member ids, sorted.
+    members: list[str]
+    #: Changes only when Redis lost everything (an empty restart).
+    epoch: str
+
+
+@dataclass(frozen=True, slots=True)
 class WriteResult:
     accepted: bool
     #: seq of the stats hash, or count of the failure, when accepted.
@@ -88,7 +100,6 @@ class RedisStore(RegistryCalls):
     ) -> None:
         self.client = client
         self.keys = Keys(namespace)
-        self.epoch = ""
         #: Batch fenced writes over this window (0: one EVALSHA per write). redis-py does
         #: not pipeline EVALSHA on Cluster, so Cluster clients write one by one.
         batching = write_batch_window_s > 0 and not isinstance(client, RedisCluster)
@@ -134,8 +145,8 @@ class RedisStore(RegistryCalls):
 
     # --- membership ----------------------------------------------------------------------
 
-    async def heartbeat(self, poller_id: str, member_ttl_ms: int) -> tuple[int, list[str]]:
-        """Refresh our membership; returns (Redis now ms, live members, sorted).
+    async def heartbeat(self, poller_id: str, member_ttl_ms: int) -> Heartbeat:
+        """Refresh our membership (with an empty ``poller_id``: only read it).
 
         Raises SchemaMismatch if Redis holds data of another schema version."""
         keys = [self.keys.members, self.keys.schema, self.keys.epoch]
@@ -147,9 +158,7 @@ class RedisStore(RegistryCalls):
         reply = await self._call(self._heartbeat(keys=keys, args=args), "heartbeat")
         if poller_id and reply[1] != SCHEMA_VERSION:
             raise self._mismatch(reply[1])
-        #: The data epoch Redis reported: it changes only when Redis lost everything.
-        self.epoch = str(reply[2])
-        return int(reply[0]), sorted(reply[3:])
+        return Heartbeat(int(reply[0]), sorted(reply[3:]), str(reply[2]))
 
     def _mismatch(self, found: str | None) -> SchemaMismatch:
         return SchemaMismatch(
@@ -158,7 +167,7 @@ class RedisStore(RegistryCalls):
         )
 
     async def live_members(self) -> list[str]:
-        return (await self.heartbeat("", 0))[1]
+        return (await self.heartbeat("", 0)).members
 
     async def leave(self, poller_id: str) -> None:
         await self._call(self.client.zrem(self.keys.members, poller_id), "ZREM members")

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from poller.config import CoordinationSettings
 from poller.redis.store import RedisStore
+from poller.service.owned import Holdings
 
 __all__ = ["Coordinator", "ReconcileResult", "assign", "owner_of", "weight"]
 
@@ -69,28 +69,38 @@ class ReconcileResult:
 
 
 class Coordinator:
-    """One poller's membership and leases. Holds ``held``: endpoint id -> fencing token."""
+    """One poller's membership and leases, kept as records in ``holdings``."""
 
-    def __init__(self, store: RedisStore, poller_id: str, settings: CoordinationSettings):
+    def __init__(
+        self,
+        store: RedisStore,
+        poller_id: str,
+        settings: CoordinationSettings,
+        holdings: Holdings | None = None,
+    ):
         self.store = store
         self.poller_id = poller_id
         self.settings = settings
-        self.held: dict[str, int] = {}
-        #: Monotonic time just before the call that last confirmed each held lease (an
-        #: acquire or a renew): the lease lives at least until this plus its TTL.
-        self.confirmed_at: dict[str, float] = {}
+        self.holdings = holdings if holdings is not None else Holdings()
         self.members: list[str] = []
         self.redis_now_ms = 0  # Redis clock at the last heartbeat
+        #: The data epoch Redis reported at the last heartbeat: it changes only when
+        #: Redis lost everything.
+        self.epoch = ""
+
+    @property
+    def held(self) -> dict[str, int]:
+        """endpoint id -> fencing token of every lease we hold (a copy)."""
+        return self.holdings.tokens()
 
     async def heartbeat(self) -> bool:
         """Refresh membership; returns True when the set of live members changed."""
-        self.redis_now_ms, members = await self.store.heartbeat(
-            self.poller_id, self.settings.member_ttl_ms
-        )
-        changed = members != self.members
+        beat = await self.store.heartbeat(self.poller_id, self.settings.member_ttl_ms)
+        self.redis_now_ms, self.epoch = beat.now_ms, beat.epoch
+        changed = beat.members != self.members
         if changed:
-            log.info("members changed: %s", " ".join(members) or "(none)")
-        self.members = members
+            log.info("members changed: %s", " ".join(beat.members) or "(none)")
+        self.members = beat.members
         return changed
 
     def preferred(self, endpoint_ids: Iterable[str]) -> set[str]:
@@ -114,26 +124,28 @@ class Coordinator:
         if give_up:
             # Release (not just forget) so the preferred owner can take them at once.
             await self.store.release_leases(self.poller_id, give_up)
-            for e in give_up:
-                self.forget(e)
+            for e, token in give_up.items():
+                self.holdings.discard(e, token)
             result.lost.extend(sorted(give_up))
 
         sent = time.monotonic()
-        renewed = await self.store.renew_leases(self.poller_id, self.held, ttl)
+        held = self.held
+        renewed = await self.store.renew_leases(self.poller_id, held, ttl)
         for e, ok in renewed.items():
             if ok:
-                self.confirmed_at[e] = sent
+                record = self.holdings.current(e, held[e])
+                if record is not None:  # not discarded while the renewal was in flight
+                    record.confirmed_at = sent
             else:
                 log.warning("lease lost: endpoint=%s", e)
-                self.forget(e)
+                self.holdings.discard(e, held[e])
                 result.lost.append(e)
 
         wanted = sorted(mine - self.held.keys())
         sent = time.monotonic()
         for acquired in await self.store.acquire_leases(self.poller_id, wanted, ttl):
             if acquired.token is not None:
-                self.held[acquired.endpoint_id] = acquired.token
-                self.confirmed_at[acquired.endpoint_id] = sent
+                self.holdings.hold(acquired.endpoint_id, acquired.token, sent)
                 result.gained[acquired.endpoint_id] = acquired.token
             else:
                 result.contested.append(acquired.endpoint_id)
@@ -144,25 +156,24 @@ class Coordinator:
         return result
 
     def forget(self, endpoint_id: str, token: int | None = None) -> None:
-        """A fenced write was rejected: the lease is someone else's now. With ``token``,
-        only if we still hold it under that token (not one re-acquired meanwhile)."""
-        if token is None or self.held.get(endpoint_id) == token:
-            self.held.pop(endpoint_id, None)
-            self.confirmed_at.pop(endpoint_id, None)
+        """The lease is someone else's now. With ``token``, only if we still hold it
+        under that token (not one re-acquired meanwhile)."""
+        self.holdings.discard(endpoint_id, token)
 
     def expire(self, now: float) -> list[str]:
         """Forget the leases not confirmed within a TTL of ``now`` (monotonic): they have
         lapsed in Redis, or will before we could write, so no job may run for them."""
         ttl_s = self.settings.lease_ttl_ms / 1000
-        gone = [e for e in self.held if now - self.confirmed_at.get(e, -math.inf) >= ttl_s]
-        for e in gone:
-            self.forget(e)
-        return gone
+        gone = [r for r in self.holdings.records() if now - r.confirmed_at >= ttl_s]
+        for record in gone:
+            self.holdings.discard(record.endpoint_id, record.token)
+        return [r.endpoint_id for r in gone]
 
     async def leave(self) -> int:
         """Graceful exit: leave membership first, so survivors' next reconcile no longer
         prefers us, then release every lease (publishing ``released``)."""
         await self.store.leave(self.poller_id)
-        held, self.held = self.held, {}
-        self.confirmed_at.clear()
+        held = self.held
+        for e, token in held.items():
+            self.holdings.discard(e, token)
         return await self.store.release_leases(self.poller_id, held)

@@ -1,9 +1,10 @@
-"""APScheduler jobs, one per owned endpoint, and the scrape each job runs.
+"""APScheduler jobs, one per held lease (``Owned`` in owned.py), and the scrape each runs.
 
 A job's record (``JobSpec``: endpoint, mapping, token, interval, timeout) never changes:
 a change replaces the job, a scrape in flight finishes with the record it started with,
-and its fenced write decides whether it still counts. Dropping a job cancels its scrape
-in flight; ``stop()`` cancels every scrape and waits for them before clients close.
+and its fenced write decides whether it still counts. A rejected write discards the
+lease's record here (cancelling its other scrapes), unschedules its job and wakes the
+worker; ``stop()`` cancels every scrape and waits for them before clients close.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,15 +25,13 @@ from apscheduler.triggers.interval import IntervalTrigger
 from poller.config import Settings
 from poller.errors import ScrapeError, StoreError
 from poller.redis.store import RedisStore, WriteResult
-from poller.registry import Endpoint
-from poller.scrape.engines import EngineMapping
 from poller.scrape.http import Scraper
 from poller.service.metrics import PollerMetrics, Surprises
-from poller.service.reporting import FailureLog
+from poller.service.owned import Holdings, JobSpec, Owned, Window
 from poller.service.ttl import stats_ttl_ms
 from poller.stats import prefix_hit_rate, stats_fields
 
-__all__ = ["GridJitterTrigger", "JobRunner", "JobSpec"]
+__all__ = ["GridJitterTrigger", "JobRunner"]
 
 log = logging.getLogger(__name__)
 
@@ -86,44 +84,6 @@ class GridJitterTrigger(IntervalTrigger):  # type: ignore[misc]
         return datetime.fromtimestamp(ticks * self.tick_s, UTC)
 
 
-@dataclass(frozen=True, slots=True)
-class JobSpec:
-    """Everything one scrape needs, fixed for the life of the job."""
-
-    endpoint_id: str
-    token: int
-    endpoint: Endpoint | None  # None: the registry entry is invalid (config failure)
-    mapping: EngineMapping | None
-    config_error: str | None
-    interval_s: float
-    timeout_s: float
-
-    @property
-    def engine(self) -> str:
-        return self.mapping.engine if self.mapping is not None else "unknown"
-
-
-class _Window:
-    """What a job carries from one scrape to the next while we hold the lease: the
-    counters of the prefix-cache hit-rate window and the failure last reported."""
-
-    __slots__ = ("prev_hits", "prev_queries", "prev_rate", "failures")
-
-    def __init__(self, seed: Mapping[str, str] | None = None) -> None:
-        seed = seed or {}
-        self.prev_hits = _num(seed.get("prefix_cache_hits_total"))
-        self.prev_queries = _num(seed.get("prefix_cache_queries_total"))
-        self.prev_rate = _num(seed.get("prefix_cache_hit_rate"))
-        self.failures = FailureLog()
-
-
-def _num(value: str | None) -> float | None:
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
-
-
 class JobRunner:
     """The scheduler and its jobs; ``scrape_once(spec)`` is the job body."""
 
@@ -136,20 +96,20 @@ class JobRunner:
         surprises: Surprises,
         *,
         ready: Callable[[], bool],
-        on_lease_lost: Callable[[JobSpec, str], None],
+        holdings: Holdings | None = None,
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.scraper = scraper
         self.metrics = metrics
         self.surprises = surprises
+        self.holdings = holdings if holdings is not None else Holdings()
         self._ready = ready
-        self._on_lease_lost = on_lease_lost
+        self._wake = wake
         self._scheduler: AsyncIOScheduler | None = None
-        self._specs: dict[str, JobSpec] = {}
-        self._windows: dict[str, _Window] = {}
-        self._inflight: dict[str, set[asyncio.Task[Any]]] = {}
         self._stopping = False
+        self._background: set[asyncio.Task[None]] = set()
         # Label children resolved once, not per scrape: (engine, result) -> counter child.
         self._scrape_counters: dict[tuple[str, str], Any] = {}
         self._missed: dict[str, Any] = {}
@@ -172,26 +132,26 @@ class JobRunner:
         self._scheduler.start(paused=paused)
 
     async def stop(self, timeout_s: float = 3.0) -> None:
-        """No new runs; cancel the scrapes in flight and wait for them to end."""
+        """No new runs; cancel the scrapes in flight and wait for them to end (the
+        records stay: the worker releases their leases next)."""
         self._stopping = True
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
-        tasks = [t for ts in self._inflight.values() for t in ts]
+        tasks = [t for r in self.holdings.records() for t in r.tasks]
         for task in tasks:
             task.cancel()
         if tasks:
             done, pending = await asyncio.wait(tasks, timeout=timeout_s)
             if pending:
                 log.warning("%d scrapes did not stop within %.1f s", len(pending), timeout_s)
-        self._specs.clear()
-        self._windows.clear()
+        await asyncio.gather(*self._background, return_exceptions=True)
 
     # --- what runs ---------------------------------------------------------------------
 
     @property
     def specs(self) -> dict[str, JobSpec]:
         """endpoint id -> the record of its scheduled job."""
-        return self._specs
+        return {r.endpoint_id: r.spec for r in self.holdings.records() if r.spec is not None}
 
     def scheduled_ids(self) -> set[str]:
         """Ids of the jobs in APScheduler's job store (what really runs)."""
@@ -199,31 +159,46 @@ class JobRunner:
             return set()
         return {job.id for job in self._scheduler.get_jobs()}
 
-    def add(self, spec: JobSpec, first_run: datetime, seed: Mapping[str, str] | None) -> None:
-        """Schedule a job for a lease we just got (``seed``: the previous owner's stats)."""
-        self._specs[spec.endpoint_id] = spec
-        self._windows[spec.endpoint_id] = _Window(seed)
+    def add(
+        self, record: Owned, spec: JobSpec, first_run: datetime, seed: Mapping[str, str] | None
+    ) -> None:
+        """Schedule the job of a lease we just got (``seed``: the previous owner's stats)."""
+        record.spec = spec
+        record.window = Window(seed)
         self._schedule(spec, first_run)
 
-    def replace(self, spec: JobSpec) -> None:
+    def replace(self, record: Owned, spec: JobSpec) -> None:
         """A changed entry under the same lease: a new job on the old job's rhythm."""
-        old = self._specs[spec.endpoint_id]
-        self._specs[spec.endpoint_id] = spec
-        if old.engine != spec.engine:
-            self._windows[spec.endpoint_id] = _Window()  # another engine's counters
+        old, record.spec = record.spec, spec
+        if old is None or old.engine != spec.engine:
+            record.window = Window()  # another engine's counters
         job = None if self._scheduler is None else self._scheduler.get_job(spec.endpoint_id)
         first_run = job.next_run_time if job is not None else None
         self._schedule(spec, first_run or datetime.now(UTC))
 
     def remove(self, endpoint_id: str) -> JobSpec | None:
-        """Unschedule and cancel the scrape in flight; the lease is no longer ours."""
-        spec = self._specs.pop(endpoint_id, None)
-        self._windows.pop(endpoint_id, None)
-        if self._scheduler is not None and self._scheduler.get_job(endpoint_id) is not None:
-            self._scheduler.remove_job(endpoint_id)
-        for task in self._inflight.get(endpoint_id, ()):
-            task.cancel()
-        return spec
+        """Give up an endpoint here: discard its record (cancelling its scrapes in
+        flight) and unschedule its job; returns the job's record, if it had one."""
+        record = self.holdings.discard(endpoint_id)
+        self.unschedule(endpoint_id, "removed")
+        return None if record is None else record.spec
+
+    def unschedule(self, endpoint_id: str, why: str) -> None:
+        """Remove the job of a lease that is no longer ours (its record is gone, and
+        with it its scrapes in flight), and close the endpoint's HTTP clients."""
+        if self._scheduler is None or self._scheduler.get_job(endpoint_id) is None:
+            return
+        self._scheduler.remove_job(endpoint_id)
+        log.debug("dropped endpoint=%s why=%s", endpoint_id, why)
+        # Per-endpoint HTTP clients (httpcore stack) are closed in the background.
+        task = asyncio.get_running_loop().create_task(self.scraper.discard(endpoint_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def sweep(self, why: str) -> None:
+        """Unschedule every job without a record that holds it."""
+        for endpoint_id in self.scheduled_ids() - self.specs.keys():
+            self.unschedule(endpoint_id, why)
 
     def _schedule(self, spec: JobSpec, first_run: datetime) -> None:
         if self._scheduler is None or self._stopping:
@@ -272,11 +247,13 @@ class JobRunner:
     # --- one scrape --------------------------------------------------------------------
 
     async def run(self, spec: JobSpec) -> None:
-        """The job body as APScheduler calls it: tracked, so a drop can cancel it."""
+        """The job body as APScheduler calls it: tracked in its lease's record, so that
+        discarding the record cancels it."""
         task = asyncio.current_task()
         assert task is not None
-        inflight = self._inflight.setdefault(spec.endpoint_id, set())
-        inflight.add(task)
+        record = self.holdings.get(spec.endpoint_id)
+        if record is not None:
+            record.tasks.add(task)
         try:
             await self.scrape_once(spec)
         except asyncio.CancelledError:
@@ -285,9 +262,8 @@ class JobRunner:
         except Exception as exc:
             self.surprises.report("scrape", exc)
         finally:
-            inflight.discard(task)
-            if not inflight:
-                self._inflight.pop(spec.endpoint_id, None)
+            if record is not None:
+                record.tasks.discard(task)
 
     async def scrape_once(self, spec: JobSpec) -> None:
         """Fetch, map and write one endpoint with this job's record."""
@@ -295,11 +271,12 @@ class JobRunner:
             # No Redis to write to (or a stuck one): spare the engine, count the skip.
             self._count_missed("redis_unavailable")
             return
-        window = self._windows.get(spec.endpoint_id)
-        if window is None or self._specs.get(spec.endpoint_id) is not spec:
+        record = self.holdings.get(spec.endpoint_id)
+        if record is None or record.spec is not spec:
             # Replaced or dropped since APScheduler submitted this run.
             self._count_missed("replaced")
             return
+        window = record.window
         started = time.perf_counter()
         try:
             if spec.config_error is not None or spec.endpoint is None or spec.mapping is None:
@@ -360,7 +337,7 @@ class JobRunner:
             self.settings.scrape.stats_ttl_intervals,
         )
 
-    async def _write_failure(self, spec: JobSpec, window: _Window, exc: ScrapeError) -> None:
+    async def _write_failure(self, spec: JobSpec, window: Window, exc: ScrapeError) -> None:
         window.failures.failed(spec.endpoint_id, exc)
         written = self.store.write_failure(
             spec.endpoint_id,
@@ -390,10 +367,14 @@ class JobRunner:
         return True
 
     def _lease_lost(self, spec: JobSpec, holder: str) -> None:
+        """A fenced write was rejected: the lease is someone else's (or gone)."""
         self.metrics.write_rejections.inc()
-        current = self._specs.get(spec.endpoint_id)
-        if current is None or current.token != spec.token:
+        if self.holdings.discard(spec.endpoint_id, spec.token) is None:
             # A late write under an old token (the lease was lost and re-acquired, or
             # the job dropped meanwhile): the current ownership stands.
             return
-        self._on_lease_lost(spec, holder)
+        self.metrics.lease_losses.inc()
+        log.warning("lease lost endpoint=%s holder=%s", spec.endpoint_id, holder or "(none)")
+        self.unschedule(spec.endpoint_id, "lease lost")
+        self.metrics.leases_held.set(len(self.specs))
+        self._wake()  # a pass now, to take what rendezvous still gives us

@@ -29,8 +29,9 @@ from poller.scrape.engines import mapping_for_endpoint
 from poller.scrape.http import KeyPolicy, Scraper, TransportFactory
 from poller.service.coordinator import Coordinator
 from poller.service.follow import RegistryFollower
-from poller.service.jobs import JobRunner, JobSpec
+from poller.service.jobs import JobRunner
 from poller.service.metrics import PollerMetrics, Surprises
+from poller.service.owned import Holdings, JobSpec, Owned
 
 __all__ = ["Worker"]
 
@@ -51,7 +52,9 @@ class Worker:
         self.settings = settings
         self.id = settings.id
         self.store = store or RedisStore.from_settings(settings.redis)
-        self.coordinator = Coordinator(self.store, self.id, settings.coordination)
+        #: One record per held lease, shared by the coordinator (leases) and the jobs.
+        self.holdings = Holdings()
+        self.coordinator = Coordinator(self.store, self.id, settings.coordination, self.holdings)
         self.registry = RegistryFollower(settings, self.store)
         self.scraper = Scraper(
             max_body_bytes=settings.scrape.max_body_bytes,
@@ -69,7 +72,8 @@ class Worker:
             self.metrics,
             self.surprises,
             ready=lambda: self.ready,
-            on_lease_lost=self._lease_lost,
+            holdings=self.holdings,
+            wake=lambda: self._wake.set(),
         )
         self.redis_ok = False
         self._redis_known = False  # no Redis call made yet: the first outcome is logged
@@ -78,7 +82,6 @@ class Worker:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._background: set[asyncio.Task[None]] = set()
         self._started = False  # leftovers of an earlier run of this id released
         self._epoch = ""  # the Redis data epoch seen at the last heartbeat
         self._retry_cap_s = member_ttl_cap_s(settings.coordination.member_ttl_ms)
@@ -104,7 +107,6 @@ class Worker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.jobs.stop(timeout_s)
-        await asyncio.gather(*self._background, return_exceptions=True)
         try:
             async with asyncio.timeout(timeout_s):
                 released = await self.coordinator.leave()
@@ -168,28 +170,24 @@ class Worker:
 
     async def _converge(self) -> None:
         """Make the jobs match the leases Redis confirmed in this pass."""
-        held = self.coordinator.held
-        desired = {e: self._spec(e, token) for e, token in held.items()}
-        running = self.jobs.specs
-        for endpoint_id in [e for e in running if e not in desired]:
-            self._drop(endpoint_id, "lease released or lost")
-        fresh: list[str] = []
-        for endpoint_id, spec in desired.items():
-            current = running.get(endpoint_id)
-            if current is None or current.token != spec.token:
-                if current is not None:
-                    self._drop(endpoint_id, "lease re-acquired under a new token")
-                fresh.append(endpoint_id)
-            elif current != spec:
-                self.jobs.replace(spec)
+        self.jobs.sweep("lease released or lost")
+        fresh: list[tuple[Owned, JobSpec]] = []
+        for record in self.holdings.records():
+            spec = self._spec(record.endpoint_id, record.token)
+            if record.spec is None:
+                fresh.append((record, spec))
+            elif record.spec != spec:
+                self.jobs.replace(record, spec)
         if fresh:
             self.metrics.leases_gained.inc(len(fresh))
-            previous = await self._previous_stats(fresh)
-            for endpoint_id in fresh:
-                stats = previous.get(endpoint_id)
-                spec = desired[endpoint_id]
-                self.jobs.add(spec, self._first_run(spec, stats), stats)
-            log.info("acquired %d endpoints: %s", len(fresh), _few(fresh))
+            ids = [record.endpoint_id for record, _ in fresh]
+            previous = await self._previous_stats(ids)
+            for record, spec in fresh:
+                if self.holdings.get(record.endpoint_id) is not record:
+                    continue  # discarded while the stats were read
+                stats = previous.get(record.endpoint_id)
+                self.jobs.add(record, spec, self._first_run(spec, stats), stats)
+            log.info("acquired %d endpoints: %s", len(fresh), _few(ids))
         self.metrics.leases_held.set(len(self.jobs.specs))
 
     async def _previous_stats(self, endpoint_ids: list[str]) -> Mapping[str, dict[str, str]]:
@@ -232,38 +230,21 @@ class Worker:
             return now + timedelta(seconds=random.uniform(0, min(0.1, interval / 10)))
         return now + timedelta(seconds=random.uniform(0, interval))
 
-    def _drop(self, endpoint_id: str, why: str) -> None:
-        if self.jobs.remove(endpoint_id) is not None:
-            log.debug("dropped endpoint=%s why=%s", endpoint_id, why)
-            # Per-endpoint HTTP clients (httpcore stack) are closed in the background.
-            task = asyncio.get_running_loop().create_task(self.scraper.discard(endpoint_id))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-
     def _expire_unconfirmed(self) -> None:
         for endpoint_id in self.coordinator.expire(time.monotonic()):
             log.warning("lease unconfirmed for a TTL, stopping its job: endpoint=%s", endpoint_id)
-        for endpoint_id in [e for e in self.jobs.specs if e not in self.coordinator.held]:
-            self._drop(endpoint_id, "lease not confirmed")
+        self.jobs.sweep("lease not confirmed")
         self.metrics.leases_held.set(len(self.jobs.specs))
-
-    def _lease_lost(self, spec: JobSpec, holder: str) -> None:
-        """A fenced write was rejected: the lease is someone else's (or gone)."""
-        self.metrics.lease_losses.inc()
-        log.warning("lease lost endpoint=%s holder=%s", spec.endpoint_id, holder or "(none)")
-        self.coordinator.forget(spec.endpoint_id, spec.token)
-        self._drop(spec.endpoint_id, "lease lost")
-        self._wake.set()
 
     async def _heartbeat(self) -> bool:
         before = time.time()
         changed = await self.coordinator.heartbeat()
-        if self.store.epoch != self._epoch:
+        if self.coordinator.epoch != self._epoch:
             if self._epoch:
                 log.warning("redis lost its data (new epoch): re-reading the registry")
                 self.registry.forget()
                 changed = True
-            self._epoch = self.store.epoch
+            self._epoch = self.coordinator.epoch
         now_ms = self.coordinator.redis_now_ms
         self.clock_offset_ms = now_ms - (before + time.time()) * 500
         self.last_heartbeat = time.monotonic()

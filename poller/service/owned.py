@@ -1,0 +1,136 @@
+"""One record per endpoint this poller holds a lease on: token, timing, job, scrapes.
+
+The coordinator creates a record when Redis grants a lease and confirms it on each
+renewal; the worker gives it a job (``spec``); the job runner tracks its scrapes in it.
+Whoever learns that a lease is gone (a failed renewal, a release, a rejected fenced
+write, a TTL without confirmation) discards the record here, and with it go the token,
+the hit-rate window and the scrapes in flight: nothing else holds a copy to forget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from poller.registry import Endpoint
+from poller.scrape.engines import EngineMapping
+from poller.service.reporting import FailureLog
+
+__all__ = ["Holdings", "JobSpec", "Owned", "Window"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """Everything one scrape needs, fixed for the life of the job."""
+
+    endpoint_id: str
+    token: int
+    endpoint: Endpoint | None  # None: the registry entry is invalid (config failure)
+    mapping: EngineMapping | None
+    config_error: str | None
+    interval_s: float
+    timeout_s: float
+
+    @property
+    def engine(self) -> str:
+        return self.mapping.engine if self.mapping is not None else "unknown"
+
+
+class Window:
+    """What a job carries from one scrape to the next while we hold the lease: the
+    counters of the prefix-cache hit-rate window and the failure last reported."""
+
+    __slots__ = ("prev_hits", "prev_queries", "prev_rate", "failures")
+
+    def __init__(self, seed: Mapping[str, str] | None = None) -> None:
+        seed = seed or {}
+        self.prev_hits = _num(seed.get("prefix_cache_hits_total"))
+        self.prev_queries = _num(seed.get("prefix_cache_queries_total"))
+        self.prev_rate = _num(seed.get("prefix_cache_hit_rate"))
+        self.failures = FailureLog()
+
+
+def _num(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+@dataclass(eq=False, slots=True)
+class Owned:
+    """One held lease and everything that hangs off it."""
+
+    endpoint_id: str
+    token: int
+    #: Monotonic time just before the call that last confirmed the lease (an acquire or
+    #: a renew): the lease lives at least until this plus its TTL.
+    confirmed_at: float
+    #: The record of its scheduled job; None until the worker schedules one.
+    spec: JobSpec | None = None
+    window: Window = field(default_factory=Window)
+    #: The scrapes in flight for this lease (cancelled when the record is discarded).
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+
+class Holdings:
+    """endpoint id -> ``Owned``: the leases this poller holds, and nothing else does."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, Owned] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, endpoint_id: object) -> bool:
+        return endpoint_id in self._by_id
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._by_id))
+
+    def get(self, endpoint_id: str) -> Owned | None:
+        return self._by_id.get(endpoint_id)
+
+    def records(self) -> list[Owned]:
+        return list(self._by_id.values())
+
+    def tokens(self) -> dict[str, int]:
+        """endpoint id -> fencing token, a copy."""
+        return {e: r.token for e, r in self._by_id.items()}
+
+    def hold(self, endpoint_id: str, token: int, confirmed_at: float) -> Owned:
+        """Record a lease Redis just granted (a record left for the id is discarded)."""
+        self.discard(endpoint_id)
+        record = self._by_id[endpoint_id] = Owned(endpoint_id, token, confirmed_at)
+        return record
+
+    def current(self, endpoint_id: str, token: int) -> Owned | None:
+        """The record of ``endpoint_id`` if we still hold it under ``token``.
+
+        The one place a fencing token is compared: a late answer about an old token
+        (the lease was lost and re-acquired meanwhile) leaves the current record alone.
+        """
+        record = self._by_id.get(endpoint_id)
+        return record if record is not None and record.token == token else None
+
+    def discard(self, endpoint_id: str, token: int | None = None) -> Owned | None:
+        """Forget a lease (with ``token``: only if still held under it) and cancel its
+        scrapes in flight, except the caller's own: their results are not ours to write."""
+        record = self._by_id.get(endpoint_id) if token is None else self.current(endpoint_id, token)
+        if record is None:
+            return None
+        del self._by_id[endpoint_id]
+        me = _current_task()
+        for task in record.tasks:
+            if task is not me:
+                task.cancel()
+        return record
+
+
+def _current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop (synchronous callers in tests)
+        return None
