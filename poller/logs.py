@@ -19,9 +19,19 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["fields_of", "quote", "rfc3339", "setup_logging", "tag_poller", "text_of"]
+__all__ = [
+    "count",
+    "few",
+    "fields_of",
+    "quote",
+    "rfc3339",
+    "setup_logging",
+    "tag_poller",
+    "text_of",
+]
 
 # Every attribute a plain record has; anything else on a record came from ``extra=``.
 _RECORD_ATTRS = frozenset(
@@ -79,6 +89,18 @@ def text_of(record: logging.LogRecord) -> str:
     parts = [record.getMessage()]
     parts.extend(f"{key}={quote(value)}" for key, value in fields_of(record).items())
     return " ".join(parts)
+
+
+def count(n: int, noun: str) -> str:
+    """``1 endpoint``, ``3 endpoints``: counts that agree in number."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def few(ids: Iterable[str], limit: int = 5) -> str:
+    """Up to ``limit`` ids, comma-separated, and how many more: a field for a log line."""
+    items = sorted(ids)
+    more = f",(+{len(items) - limit} more)" if len(items) > limit else ""
+    return ",".join(items[:limit]) + more
 
 
 def rfc3339(created_s: float) -> str:

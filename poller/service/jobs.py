@@ -374,7 +374,9 @@ class JobRunner:
             # the job dropped meanwhile): the current ownership stands.
             return
         self.metrics.lease_losses.inc()
-        log.warning("lease lost endpoint=%s holder=%s", spec.endpoint_id, holder or "(none)")
+        log.warning(
+            "lease lost", extra={"endpoint": spec.endpoint_id, "holder": holder or "(none)"}
+        )
         self.unschedule(spec.endpoint_id, "lease lost")
         self.metrics.leases_held.set(len(self.specs))
         self._wake()  # a pass now, to take what rendezvous still gives us

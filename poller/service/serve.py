@@ -31,9 +31,17 @@ async def serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # Drain: hand every lease over and take no new one, still serving the health port.
+    loop.add_signal_handler(signal.SIGUSR1, worker.request_drain)
     worker.on_fatal = stop.set
+
+    async def serving() -> list[str]:
+        # A draining poller hands its discovery sources over too.
+        members = await worker.store.live_members()
+        return [m for m in members if m not in worker.coordinator.draining]
+
     # Discovery has its own lease and loop; it shares the worker's Redis client and metrics.
-    discovery = DiscoveryRunner(settings, worker.store, worker.metrics)
+    discovery = DiscoveryRunner(settings, worker.store, worker.metrics, members=serving)
     health = None
     if settings.health.port:
         view_reader = StatsReader(worker.store.client, settings.redis.namespace)

@@ -24,6 +24,8 @@ from redis.exceptions import RedisError
 from poller.backoff import backoff_s, member_ttl_cap_s
 from poller.config import Settings, effective_timeout_s
 from poller.errors import ConfigError, PollerError, SchemaMismatch, StoreError
+from poller.logs import count, few
+from poller.redis.members import request_drain
 from poller.redis.store import RedisStore
 from poller.scrape.engines import mapping_for_endpoint
 from poller.scrape.http import KeyPolicy, Scraper, TransportFactory
@@ -31,6 +33,7 @@ from poller.service.coordinator import Coordinator
 from poller.service.follow import RegistryFollower
 from poller.service.jobs import JobRunner
 from poller.service.metrics import PollerMetrics, Surprises
+from poller.service.notices import Notices
 from poller.service.owned import Holdings, JobSpec, Owned
 
 __all__ = ["Worker"]
@@ -85,6 +88,8 @@ class Worker:
         self._started = False  # leftovers of an earlier run of this id released
         self._epoch = ""  # the Redis data epoch seen at the last heartbeat
         self._retry_cap_s = member_ttl_cap_s(settings.coordination.member_ttl_ms)
+        self.notices = Notices(self.id)
+        self._drain_asked = False  # SIGUSR1: write our own drain request at the next pass
         #: Set when the poller must stop (another schema version in Redis).
         self.fatal: PollerError | None = None
         self.on_fatal: Callable[[], None] | None = None
@@ -110,7 +115,7 @@ class Worker:
         try:
             async with asyncio.timeout(timeout_s):
                 released = await self.coordinator.leave()
-            log.info("left: released=%d leases", released)
+            log.info("left the members: released %s", count(released, "lease"))
         except (StoreError, TimeoutError) as exc:
             log.warning("could not leave cleanly (leases will lapse by TTL): %s", exc)
         self.metrics.leases_held.set(0)
@@ -122,6 +127,17 @@ class Worker:
         """Redis reachable and our membership fresh."""
         fresh_s = self.settings.coordination.member_ttl_ms / 1000
         return self.redis_ok and time.monotonic() - self.last_heartbeat < fresh_s
+
+    @property
+    def draining(self) -> bool:
+        """A drain of this poller is requested: it holds nothing and takes nothing."""
+        return self.id in self.coordinator.draining
+
+    def request_drain(self) -> None:
+        """Drain this poller (SIGUSR1): the request goes to Redis at the next pass, so
+        every poller and `poller status` see it, and `poller drain ID --undo` ends it."""
+        self._drain_asked = True
+        self._wake.set()
 
     @property
     def owned(self) -> dict[str, JobSpec]:
@@ -151,8 +167,11 @@ class Worker:
             # The heartbeat also claims or checks the schema version, so a Redis that
             # restarted empty is noticed (and re-claimed) within one heartbeat.
             changed = await self._heartbeat()
+            if self._drain_asked and await self._write_drain_request():
+                return  # a pass at once, with a heartbeat that sees it
             if full or changed:
                 await self.registry.sync()
+                self.notices.registry(empty=not self.registry.ids())
                 if not self._started:
                     # A stable id (pod name) may find leases its previous run left:
                     # release them so they get new tokens, fencing off that run.
@@ -187,7 +206,7 @@ class Worker:
                     continue  # discarded while the stats were read
                 stats = previous.get(record.endpoint_id)
                 self.jobs.add(record, spec, self._first_run(spec, stats), stats)
-            log.info("acquired %d endpoints: %s", len(fresh), _few(ids))
+            log.info("acquired %s", count(len(ids), "endpoint"), extra={"endpoints": few(ids)})
         self.metrics.leases_held.set(len(self.jobs.specs))
 
     async def _previous_stats(self, endpoint_ids: list[str]) -> Mapping[str, dict[str, str]]:
@@ -232,7 +251,9 @@ class Worker:
 
     def _expire_unconfirmed(self) -> None:
         for endpoint_id in self.coordinator.expire(time.monotonic()):
-            log.warning("lease unconfirmed for a TTL, stopping its job: endpoint=%s", endpoint_id)
+            log.warning(
+                "lease unconfirmed for a TTL, stopping its job", extra={"endpoint": endpoint_id}
+            )
         self.jobs.sweep("lease not confirmed")
         self.metrics.leases_held.set(len(self.jobs.specs))
 
@@ -243,6 +264,7 @@ class Worker:
             if self._epoch:
                 log.warning("redis lost its data (new epoch): re-reading the registry")
                 self.registry.forget()
+                self.notices.forget()
                 changed = True
             self._epoch = self.coordinator.epoch
         now_ms = self.coordinator.redis_now_ms
@@ -250,7 +272,17 @@ class Worker:
         self.last_heartbeat = time.monotonic()
         self._redis_state(True)
         self.metrics.members.set(len(self.coordinator.members))
+        self.notices.drain(self.draining, len(self.holdings))
         return changed
+
+    async def _write_drain_request(self) -> bool:
+        """True once the request is in Redis (we may not be a live member yet)."""
+        outcome = await request_drain(self.store.client, self.store.keys, self.id, "signal")
+        if outcome == "not live":
+            return False
+        self._drain_asked = False
+        self._wake.set()
+        return True
 
     def _redis_state(self, ok: bool, detail: str = "") -> None:
         """Log once per change of Redis reachability, not once per retry."""
@@ -328,9 +360,3 @@ class Worker:
                 else:
                     self.surprises.report("events", exc)
             await asyncio.sleep(backoff_s(failures, cap_s=self._retry_cap_s))
-
-
-def _few(ids: list[str], limit: int = 5) -> str:
-    items = sorted(ids)
-    more = f" (+{len(items) - limit} more)" if len(items) > limit else ""
-    return " ".join(items[:limit]) + more

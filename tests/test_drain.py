@@ -1,0 +1,156 @@
+"""Drain: the request in Redis, rendezvous without draining members, the handover logs,
+and the once-per-state notices (empty registry). Workers on one fakeredis server, driven
+pass by pass."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+
+import fakeredis
+import httpx
+import pytest
+
+from poller.config import ScrapeSettings, Settings
+from poller.logs import text_of
+from poller.redis.members import cancel_drain, leases_of, read_members, request_drain
+from poller.redis.store import RedisStore
+from poller.registry import Endpoint
+from poller.service.worker import Worker
+
+IDS = [f"e{i}" for i in range(12)]
+
+
+def engines(endpoint: Endpoint) -> httpx.AsyncBaseTransport:
+    return httpx.MockTransport(lambda r: httpx.Response(200, text="vllm:num_requests_running 1\n"))
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[tuple[Worker, Worker]]:
+    server = fakeredis.FakeServer()
+    workers = []
+    for poller_id in ("p1", "p2"):
+        client = fakeredis.FakeAsyncRedis(server=server, decode_responses=True)
+        settings = Settings(id=poller_id, scrape=ScrapeSettings(interval_s=1.0, timeout_s=0.5))
+        workers.append(Worker(settings, RedisStore(client, "t"), transport_factory=engines))
+    first, second = workers
+    await first.store.ensure_schema()
+    for endpoint_id in IDS:
+        await first.store.put_endpoint(Endpoint(id=endpoint_id, url="http://engine.test:8000"))
+    yield first, second
+    for worker in workers:
+        await worker.jobs.stop()
+        await worker.scraper.aclose()
+        await worker.store.client.aclose()
+
+
+async def settle(*workers: Worker, passes: int = 3) -> None:
+    for _ in range(passes):
+        for worker in workers:
+            await worker.step()
+
+
+async def test_a_drained_poller_hands_everything_over_and_takes_nothing_back(
+    pair: tuple[Worker, Worker], caplog: pytest.LogCaptureFixture
+) -> None:
+    p1, p2 = pair
+    await settle(p1, p2)
+    assert p1.owned and p2.owned and set(p1.owned) | set(p2.owned) == set(IDS)
+    mine = sorted(p1.owned)
+    client, keys = p1.store.client, p1.store.keys
+    caplog.set_level(logging.INFO)
+
+    assert await request_drain(client, keys, "p1", "cli") == "requested"
+    assert await request_drain(client, keys, "p1", "cli") == "already"
+    await settle(p1, p2)
+    assert p1.owned == {} and set(p2.owned) == set(IDS)
+    assert await leases_of(client, keys, "p1") == []
+    assert await leases_of(client, keys, "p2") == sorted(IDS)
+    assert p1.draining and not p2.draining
+    # seen by every poller, acknowledged in the drained one's own info
+    assert p2.coordinator.draining == ("p1",) and p2.coordinator.serving == ["p2"]
+    info = json.loads(await client.hget(keys.members_info, "p1"))
+    assert info["draining"] is True
+    _, members = await read_members(client, keys)
+    assert [(m.id, m.state, (m.drain or {}).get("by")) for m in members] == [
+        ("p1", "draining", "cli"),
+        ("p2", "serving", None),
+    ]
+    # the losing side says where its endpoints went, counts agree in number
+    lines = [text_of(r) for r in caplog.records]
+    n = len(mine)
+    assert any(
+        line.startswith(f"draining: handing over {n} endpoint{'s' * (n != 1)}") for line in lines
+    ), lines
+    assert any(
+        line.startswith(f"handing over {n} endpoint{'s' * (n != 1)} to p2 endpoints=")
+        for line in lines
+    ), lines
+    assert any(line.startswith(f"acquired {n} endpoint{'s' * (n != 1)} ") for line in lines)
+
+    # more passes change nothing: a draining poller stays empty
+    await settle(p1, p2)
+    assert p1.owned == {}
+
+    assert await cancel_drain(client, keys, "p1") is True
+    assert await cancel_drain(client, keys, "p1") is False
+    await settle(p1, p2)
+    assert sorted(p1.owned) == mine and not p1.draining
+    assert "draining" not in json.loads(await client.hget(keys.members_info, "p1"))
+    assert any(text_of(r) == "back in service: taking endpoints again" for r in caplog.records)
+
+
+async def test_sigusr1_writes_the_request_itself(pair: tuple[Worker, Worker]) -> None:
+    p1, p2 = pair
+    await settle(p1, p2)
+    p1.request_drain()  # what the SIGUSR1 handler calls
+    await settle(p1, p2)
+    assert p1.owned == {} and set(p2.owned) == set(IDS)
+    _, members = await read_members(p1.store.client, p1.store.keys)
+    assert members[0].drain is not None and members[0].drain["by"] == "signal"
+
+
+async def test_drain_requests_go_with_their_member(pair: tuple[Worker, Worker]) -> None:
+    p1, p2 = pair
+    await settle(p1, p2)
+    client, keys = p1.store.client, p1.store.keys
+    assert await request_drain(client, keys, "nobody", "cli") == "not live"
+    assert await client.hlen(keys.members_drain) == 0
+    assert await request_drain(client, keys, "p1", "cli") == "requested"
+    await p1.coordinator.leave()  # a stopped poller: a restart with its id serves again
+    assert await client.hget(keys.members_drain, "p1") is None
+    assert await client.hget(keys.members_info, "p1") is None
+    # an expired member's request is pruned by the next heartbeat of anyone
+    await p1.step()
+    assert await request_drain(client, keys, "p1", "cli") == "requested"
+    await client.zadd(keys.members, {"p1": 1})  # its heartbeat expired long ago
+    await p2.step()
+    assert await client.hget(keys.members_drain, "p1") is None
+    with pytest.raises(ValueError, match="must match"):
+        await request_drain(client, keys, "p2", 'cli", "x')
+
+
+async def test_the_empty_registry_is_said_once_and_again_after_redis_lost_its_data(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    worker = Worker(Settings(id="p1"), RedisStore(client, "t"), transport_factory=engines)
+    caplog.set_level(logging.INFO, logger="poller.service.notices")
+    try:
+        await settle(worker)
+        await worker.store.put_endpoint(Endpoint(id="a", url="http://engine.test:8000"))
+        await settle(worker)
+        assert set(worker.owned) == {"a"}
+        await client.flushall()  # Redis restarted empty
+        await settle(worker)
+        assert worker.owned == {}
+    finally:
+        await worker.jobs.stop()
+        await worker.scraper.aclose()
+        await client.aclose()
+    said = [r.getMessage() for r in caplog.records]
+    empty = [m for m in said if m.startswith("the registry is empty")]
+    assert len(empty) == 2, said  # at start, and after the restart; not once per pass
+    assert "`poller endpoints add ID URL`, `poller endpoints sync FILE`" in empty[0]
+    assert "the registry has entries again" in said
