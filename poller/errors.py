@@ -6,12 +6,15 @@
      |    +-- FetchError      transport or HTTP: unreachable, timeout, http_status, auth, too_large
      |    +-- ParseError      the page is not valid exposition text (reason ``parse``)
      |    +-- ContractError   the page lacks required metrics (reason ``contract``)
-     +-- StoreError           Redis unreachable, timed out, or answered unexpectedly
-     |    +-- SchemaMismatch  Redis holds another schema version
-     +-- LeaseLost            a fenced write or renewal found another owner's token
+     +-- StoreError           Redis refused a call or answered unexpectedly
+          +-- StoreUnreachable  no answer: connection refused or lost, timed out
+          +-- StoreAuthError    Redis refused our credentials or an ACL refused a command
+          +-- SchemaMismatch    Redis holds another schema version
 
-A failed scrape is data, not a crash: the worker turns a ``ScrapeError`` into a failure
-hash in Redis. Every message names the endpoint (when there is one) and the problem.
+redis-py's exceptions become ``StoreError`` and below in one place,
+``poller/redis/errors.py``. A failed scrape is data, not a crash: the worker turns a
+``ScrapeError`` into a failure hash in Redis. Every message names the endpoint (when
+there is one) and the problem.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ __all__ = [
     "ConfigError",
     "ContractError",
     "FetchError",
-    "LeaseLost",
     "ParseError",
     "PollerError",
     "SchemaMismatch",
     "ScrapeError",
+    "StoreAuthError",
     "StoreError",
+    "StoreUnreachable",
 ]
 
 
@@ -117,18 +121,22 @@ class ContractError(ScrapeError):
 
 
 class StoreError(PollerError):
-    """Redis could not be reached, timed out, or replied with something unexpected."""
+    """Redis refused a call, or replied with something unexpected."""
+
+
+class StoreUnreachable(StoreError):
+    """Redis could not be reached, or did not answer in time."""
+
+
+class StoreAuthError(StoreError):
+    """Redis refused our credentials (wrong password or user, none given) or an ACL
+    refused a command, key or channel. Retrying does not help: the settings must change.
+    ``kind`` is ``"authentication"`` or ``"permission"``."""
+
+    def __init__(self, message: str, *, kind: str = "authentication") -> None:
+        self.kind = kind
+        super().__init__(message)
 
 
 class SchemaMismatch(StoreError):
     """Redis already holds data written under another schema version."""
-
-
-class LeaseLost(PollerError):
-    """Our fencing token no longer holds the endpoint's lease; stop scraping it."""
-
-    def __init__(self, endpoint: str, holder: str | None = None):
-        self.endpoint = endpoint
-        self.holder = holder
-        by = f" (now held by {holder})" if holder else ""
-        super().__init__(f"endpoint {endpoint!r}: lease lost{by}")

@@ -104,7 +104,7 @@ async def test_a_drained_poller_hands_everything_over_and_takes_nothing_back(
 async def test_sigusr1_writes_the_request_itself(pair: tuple[Worker, Worker]) -> None:
     p1, p2 = pair
     await settle(p1, p2)
-    p1.request_drain()  # what the SIGUSR1 handler calls
+    p1.drain.request()  # what the SIGUSR1 handler calls
     await settle(p1, p2)
     assert p1.owned == {} and set(p2.owned) == set(IDS)
     _, members = await read_members(p1.store.client, p1.store.keys)

@@ -21,7 +21,7 @@ ALLOWED = {
     "root": {"reader"},  # poller/__init__.py re-exports the reader API
     "scrape": {"scrape"},
     "redis": {"redis"},
-    "reader": {"reader", "redis.keys", "redis.lua", "redis.connection"},
+    "reader": {"reader", "redis.keys", "redis.lua", "redis.connection", "redis.errors"},
     "service": {"scrape", "redis", "reader", "service"},
     "cli": {"scrape", "redis", "reader", "service", "cli", "lab"},
     "lab": {"scrape", "redis", "reader", "service", "cli", "lab"},
@@ -110,3 +110,32 @@ def test_the_reader_loads_no_scraping_or_scheduling_stack() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+#: Modules that may name redis-py's exception classes: the mapping point, and the batcher,
+#: which keeps one command's error reply as that command's result (a value, not a failure).
+REDIS_ERROR_MODULES = {"poller.redis.errors", "poller.redis.batch"}
+
+
+def test_redis_py_errors_are_mapped_in_one_place() -> None:
+    """Everyone else catches ``StoreError`` and below (or ``REDIS_ERRORS`` from the mapping
+    module, then maps): no ``redis.exceptions`` import, no ``RedisError`` by name."""
+    wrong = []
+    for module, path in _modules().items():
+        if module in REDIS_ERROR_MODULES:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "redis.exceptions"
+            ):
+                wrong.append(f"{module}:{node.lineno} imports from redis.exceptions")
+            elif isinstance(node, ast.Import) and any(
+                a.name.startswith("redis.exceptions") for a in node.names
+            ):
+                wrong.append(f"{module}:{node.lineno} imports redis.exceptions")
+            elif isinstance(node, ast.Attribute) and node.attr.endswith(
+                ("RedisError", "ResponseError", "AuthenticationError", "NoPermissionError")
+            ):
+                wrong.append(f"{module}:{node.lineno} names redis-py's {node.attr}")
+    assert not wrong, "\n".join(sorted(wrong))

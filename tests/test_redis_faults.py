@@ -36,7 +36,8 @@ from poller.lab.embedded import process_rss_mb
 from poller.lab.sim import Simulator, fleet
 from poller.reader import StatsReader
 from poller.reader.view import View, ViewCache
-from poller.redis.store import Keys, RedisStore
+from poller.redis.keys import Keys
+from poller.redis.store import RedisStore
 from poller.registry import Endpoint, endpoint_from_dict
 from poller.service.coordinator import Coordinator
 from poller.service.worker import Worker

@@ -14,7 +14,8 @@ from poller.config import RedisSettings
 from poller.errors import ConfigError, StoreError
 from poller.lab.sim import Simulator, fleet
 from poller.reader import StatsReader
-from poller.redis.store import RedisStore, connect
+from poller.redis.connection import connect
+from poller.redis.store import RedisStore
 from poller.registry import endpoint_from_dict
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,8 @@ from redisproc import RedisProcess
 from poller._version import __version__
 from poller.config import RedisSettings
 from poller.errors import SchemaMismatch, StoreError
-from poller.redis.store import Keys, RedisStore
+from poller.redis.keys import Keys
+from poller.redis.store import RedisStore
 from poller.registry import Endpoint
 
 FIELDS = {

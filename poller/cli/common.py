@@ -6,12 +6,12 @@ import asyncio
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from poller.config import Settings, load_settings
-from poller.errors import ConfigError, SchemaMismatch, StoreError
+from poller.errors import ConfigError, StoreAuthError, StoreError
 from poller.redis.store import RedisStore
 
 
@@ -51,8 +51,13 @@ async def store_session(redis_url: str | None, namespace: str | None) -> AsyncIt
 def run_store_command(coro: Any) -> Any:
     try:
         return asyncio.run(coro)
-    except SchemaMismatch as exc:
-        raise click.ClickException(str(exc)) from None
     except StoreError as exc:
-        click.echo(f"Error: {exc}", err=True)
-        sys.exit(1)
+        store_failure(exc)
+
+
+def store_failure(exc: StoreError) -> NoReturn:
+    """A Redis error as the one line a command ends with. Credentials or an ACL that
+    Redis refused are a mistake in the settings (exit 2, as for a bad option); a schema
+    mismatch exits 1 as click's errors do; Redis unreachable or failing exits 1."""
+    click.echo(f"Error: {exc}", err=True)
+    sys.exit(2 if isinstance(exc, StoreAuthError) else 1)

@@ -11,7 +11,7 @@ import click
 from poller.cli.common import NAMESPACE, REDIS_URL, run_store_command, store_session
 from poller.config import ScrapeSettings, effective_timeout_s, load_settings
 from poller.errors import ConfigError
-from poller.redis.store import sync_diff
+from poller.redis.registry_calls import sync_diff
 from poller.registry import ENGINES, Endpoint, endpoint_from_dict, endpoints_from_file
 
 

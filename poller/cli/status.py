@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from typing import Any
 
 import click
 
-from poller.cli.common import NAMESPACE, REDIS_URL, load
+from poller.cli.common import NAMESPACE, REDIS_URL, load, store_failure
 from poller.errors import StoreError
 
 
@@ -85,5 +84,4 @@ def status(
     except KeyboardInterrupt:
         pass
     except StoreError as exc:
-        click.echo(f"Error: {exc}", err=True)
-        sys.exit(1)
+        store_failure(exc)

@@ -27,7 +27,7 @@ import signal
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +44,10 @@ from poller.lab.embedded import (
     wait_until,
     workdir,
 )
+from poller.lab.soak_checks import NS, Checker
+from poller.redis.errors import REDIS_ERRORS
 
 __all__ = ["SoakConfig", "run_soak"]
-
-NS = "soak"
 
 
 @dataclass(frozen=True)
@@ -60,19 +60,6 @@ class SoakConfig:
     every_s: float = 20.0
     recovery_bound_s: float = 10.0
     seed: int = 1
-
-
-@dataclass
-class Tally:
-    disruptions: list[tuple[str, float]] = field(default_factory=list)  # (what, recovery s)
-    stale_writes: int = 0
-    old_stats: int = 0
-    no_ttl: int = 0
-    slow_recoveries: int = 0
-    held_unscheduled: int = 0
-    unwritten: int = 0
-    checks: int = 0
-    tokens: dict[str, int] = field(default_factory=dict)
 
 
 class Soak:
@@ -98,7 +85,15 @@ class Soak:
             self._start_poller(poller_id)
         self.faulted: set[str] = set()
         self.restart_later: str | None = None
-        self.tally = Tally()
+        self.checks = Checker(
+            self.client,
+            interval_s=cfg.interval_s,
+            rng=self.rng,
+            pollers=self.pollers,
+            health=self.health,
+            healthy_ids=self.healthy_ids,
+        )
+        self.tally = self.checks.tally
         self.added = 0
 
     # --- processes ---------------------------------------------------------------------
@@ -132,120 +127,14 @@ class Soak:
         self.redis_proc.stop()
         self.client.close()
 
-    # --- checks ------------------------------------------------------------------------
-
-    def _records(self) -> dict[str, str]:
-        raw = self.client.hgetall(f"{{{NS}}}:view:stats")
-        return {str(k): str(v) for k, v in raw.items()}
-
-    def check(self) -> None:
-        """One pass over the view: no write accepted with an older token than one seen."""
-        try:
-            records = self._records()
-        except redis.RedisError:
-            return  # Redis is down on purpose; the recovery check covers it
-        self.tally.checks += 1
-        for endpoint_id, record in records.items():
-            token = int(record.partition("|")[0].split(" ")[4])
-            if token < self.tally.tokens.get(endpoint_id, 0):
-                self.tally.stale_writes += 1
-            self.tally.tokens[endpoint_id] = max(token, self.tally.tokens.get(endpoint_id, 0))
-
-    def check_ttls(self) -> None:
-        """Sampled: every stats hash has a TTL and is younger than it (3 intervals)."""
-        try:
-            now_s, now_us = self.client.time()
-            keys = list(self.client.scan_iter(f"{{{NS}}}:stats:*", count=1000))
-            sample = self.rng.sample(keys, min(50, len(keys)))
-            pipe = self.client.pipeline(transaction=False)
-            for key in sample:
-                pipe.pttl(key)
-                pipe.hmget(key, "scraped_at_ms", "interval_ms")
-            replies = pipe.execute()
-        except redis.RedisError:
-            return
-        now_ms = now_s * 1000 + now_us // 1000
-        for ttl, (scraped, interval) in zip(replies[::2], replies[1::2], strict=True):
-            if ttl == -1:
-                self.tally.no_ttl += 1
-            elif scraped and interval and now_ms - int(scraped) > 3 * int(interval) + 250:
-                self.tally.old_stats += 1
-
-    def _leases_and_jobs(self) -> set[tuple[str, str, int]]:
-        """(endpoint, poller, token) of every lease a live poller holds without a job."""
-        prefix = f"{{{NS}}}:lease:"
-        keys = list(self.client.scan_iter(f"{prefix}*", count=1000))
-        values = self.client.mget(keys) if keys else []
-        jobs: dict[str, dict[str, int]] = {}
-        for poller_id, proc in self.pollers.items():
-            if proc.popen.poll() is not None:
-                continue
-            try:
-                reply = http_json(f"http://127.0.0.1:{self.health[poller_id]}/v1/jobs", timeout_s=2)
-            except OSError:
-                continue  # starting or stopping: judged at the next check
-            jobs[poller_id] = {e: int(t) for e, t in reply["jobs"].items()}
-        out = set()
-        for key, value in zip(keys, values, strict=True):
-            if not value:
-                continue
-            holder, _, token = str(value).partition(" ")
-            endpoint_id = str(key)[len(prefix) :]
-            if holder in jobs and jobs[holder].get(endpoint_id) != int(token):
-                out.add((endpoint_id, holder, int(token)))
-        return out
-
-    def check_jobs(self) -> None:
-        """No lease is held without a scheduled job for longer than one pass: a lease seen
-        unscheduled must be scheduled (or gone) a pass later."""
-        try:
-            suspects = self._leases_and_jobs()
-            if suspects:
-                time.sleep(1.5)  # one reconcile pass (1 s) and some
-                self.tally.held_unscheduled += len(suspects & self._leases_and_jobs())
-        except redis.RedisError:
-            return
-
-    def check_written(self) -> None:
-        """Every healthy endpoint was written within its TTL (3 intervals)."""
-        try:
-            now_ms = self.redis_now_ms()
-            records = self._records()
-        except redis.RedisError:
-            return
-        ttl_ms = 3 * self.cfg.interval_s * 1000
-        for endpoint_id in self.healthy_ids():
-            record = records.get(endpoint_id)
-            if record is None or now_ms - int(record.partition(" ")[0]) > ttl_ms + 250:
-                self.tally.unwritten += 1
-
     def healthy_ids(self) -> list[str]:
         return [e for e in self.entries if e not in self.faulted]
-
-    def redis_now_ms(self) -> int:
-        try:
-            now_s, now_us = self.client.time()
-        except redis.RedisError:
-            return int(time.time() * 1000)  # Redis is down: the local clock will do
-        return int(now_s) * 1000 + int(now_us) // 1000
-
-    def written_since(self, since_ms: int) -> bool:
-        """Every healthy endpoint written again after ``since_ms`` (Redis clock)."""
-        try:
-            records = self._records()
-        except redis.RedisError:
-            return False
-        for endpoint_id in self.healthy_ids():
-            record = records.get(endpoint_id)
-            if record is None or int(record.partition(" ")[0]) <= since_ms:
-                return False
-        return True
 
     def wait_recovered(self, what: str, started: float, since_ms: int) -> None:
         deadline = started + self.cfg.recovery_bound_s + 20
         while time.monotonic() < deadline:
-            self.check()
-            if self.written_since(since_ms):
+            self.checks.check()
+            if self.checks.written_since(since_ms):
                 took = time.monotonic() - started
                 self.tally.disruptions.append((what, round(took, 2)))
                 if took > self.cfg.recovery_bound_s:
@@ -307,7 +196,7 @@ class Soak:
 def _pong(port: int) -> bool:
     try:
         return bool(redis.Redis(port=port, socket_connect_timeout=0.2).ping())
-    except redis.RedisError:
+    except REDIS_ERRORS:
         return False
 
 
@@ -329,15 +218,15 @@ def run_soak(cfg: SoakConfig, say: Callable[[str], None]) -> dict[str, Any]:
             step = 0
             next_at = time.monotonic() + cfg.every_s / 2
             while time.monotonic() - started < cfg.duration_s:
-                soak.check()
+                soak.checks.check()
                 if step % 20 == 0:
-                    soak.check_ttls()
+                    soak.checks.check_ttls()
                 if time.monotonic() >= next_at:
-                    t0, since_ms = time.monotonic(), soak.redis_now_ms()
+                    t0, since_ms = time.monotonic(), soak.checks.redis_now_ms()
                     what = schedule[(len(soak.tally.disruptions) - 1) % len(schedule)]()
                     soak.wait_recovered(what, t0, since_ms if "redis" not in what else 0)
-                    soak.check_jobs()
-                    soak.check_written()
+                    soak.checks.check_jobs()
+                    soak.checks.check_written()
                     say(f"{what}: recovered in {soak.tally.disruptions[-1][1]} s")
                     if soak.restart_later is not None:
                         soak._start_poller(soak.restart_later)  # rebalances back
@@ -345,8 +234,8 @@ def run_soak(cfg: SoakConfig, say: Callable[[str], None]) -> dict[str, Any]:
                     next_at = time.monotonic() + cfg.every_s
                 step += 1
                 time.sleep(0.1)
-            soak.check_jobs()
-            soak.check_written()
+            soak.checks.check_jobs()
+            soak.checks.check_written()
             hits = http_json(f"{soak.admin}/admin/hits")["times"]
             duplicates = sum(
                 1

@@ -23,7 +23,8 @@ from typing import Any, cast
 
 import hiredis
 
-from poller.errors import StoreError
+from poller.errors import StoreError, StoreUnreachable
+from poller.redis.errors import reply_error, store_error
 
 __all__ = ["UpdateFeed", "open_feed"]
 
@@ -57,7 +58,7 @@ class UpdateFeed(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         why = f": {exc}" if exc is not None else ""
-        self._fail(StoreError(f"Redis closed the update subscription{why}"))
+        self._fail(StoreUnreachable(f"Redis closed the update subscription{why}"))
 
     # --- what the follower calls --------------------------------------------------------
 
@@ -83,7 +84,7 @@ class UpdateFeed(asyncio.Protocol):
 
     def _reply(self, reply: Any) -> None:
         if isinstance(reply, hiredis.ReplyError):
-            self._fail(StoreError(f"Redis refused the update subscription: {reply}"))
+            self._fail(reply_error(str(reply), "the update subscription"))
         elif isinstance(reply, list) and len(reply) == 3 and reply[0] == "smessage":
             self._pending.append(str(reply[2]))
             self._arrived.set()
@@ -119,7 +120,7 @@ async def open_feed(client: Any, channel: str, timeout_s: float) -> UpdateFeed |
         try:
             conn.host, conn.port = await master()
         except Exception as exc:  # redis-py's MasterNotFoundError, a Sentinel down
-            raise StoreError(f"no Redis primary for the update subscription: {exc}") from exc
+            raise store_error(exc, "the update subscription's primary lookup") from exc
     target = dict(arguments())  # host, port, ssl
     auth = await _credentials(conn)
     loop = asyncio.get_running_loop()
@@ -136,9 +137,9 @@ async def open_feed(client: Any, channel: str, timeout_s: float) -> UpdateFeed |
                 feed.close()
                 raise
     except TimeoutError:
-        raise StoreError(f"no update subscription within {timeout_s:g}s") from None
+        raise StoreUnreachable(f"no update subscription within {timeout_s:g}s") from None
     except OSError as exc:
-        raise StoreError(f"Redis unreachable for the update subscription: {exc}") from exc
+        raise StoreUnreachable(f"Redis unreachable for the update subscription: {exc}") from exc
     return feed
 
 

@@ -28,11 +28,9 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-import redis.exceptions as rexc
 from redis.asyncio.cluster import RedisCluster
 
 from poller.config import RedisSettings
-from poller.errors import StoreError
 from poller.reader.cache import ViewCache
 from poller.reader.feed import open_feed
 from poller.reader.protocol import Action, Protocol
@@ -45,14 +43,8 @@ from poller.reader.replies import (
     snapshot_call,
 )
 from poller.reader.view import EndpointView, View
-from poller.redis.connection import (
-    close_client,
-    connect,
-    pubsub_client,
-    redis_call,
-    subscribe,
-    tls_options,
-)
+from poller.redis.connection import close_client, connect, pubsub_client, subscribe, tls_options
+from poller.redis.errors import redis_call, redis_call_sync
 from poller.redis.keys import Keys
 from poller.redis.lua import lua
 
@@ -185,7 +177,7 @@ class StatsReader(_Reader):
                         await self._perform(proto, proto.due(time.monotonic()))
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # redis-py errors surface raw from get_message
+            except Exception as exc:  # StoreError, or a bug: the cache must outlive both
                 wait_s = proto.lost(exc)
                 first.set()
                 with contextlib.suppress(TimeoutError):
@@ -207,11 +199,11 @@ class StatsReader(_Reader):
         async with subscribe(self.client, shard_channels=(channel,)) as pubsub:
 
             async def next_messages(timeout_s: float) -> list[str]:
-                message = await pubsub.get_message(timeout=timeout_s)
+                message = await redis_call(pubsub.get_message(timeout=timeout_s), "updates")
                 out = []
                 while message is not None:
                     out.append(str(message["data"]))
-                    message = await pubsub.get_message(timeout=0.0)
+                    message = await redis_call(pubsub.get_message(timeout=0.0), "updates")
                 return out
 
             yield next_messages
@@ -276,13 +268,8 @@ class SyncStatsReader(_Reader):
     def close(self) -> None:
         self.client.close()
 
-    def _call(self, fn: Any, what: str, **kwargs: Any) -> Any:
-        try:
-            return fn(**kwargs)
-        except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
-            raise StoreError(f"Redis unreachable during {what}: {exc}") from exc
-        except rexc.RedisError as exc:
-            raise StoreError(f"Redis error during {what}: {exc}") from exc
+    def _call(self, fn: Any, what: str, *args: Any, **kwargs: Any) -> Any:
+        return redis_call_sync(fn, what, *args, **kwargs)
 
     def snapshot(self) -> View:
         keys, args, held = self._snapshot_call()
@@ -329,11 +316,12 @@ class SyncStatsReader(_Reader):
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
             wait_s = 0.0
             try:
-                pubsub.ssubscribe(self.keys.updates)
+                self._call(pubsub.ssubscribe, "SSUBSCRIBE", self.keys.updates)
                 proto.loaded(self.snapshot(), time.monotonic())
                 first.set()
                 while not stop.is_set():
-                    message = pubsub.get_message(timeout=proto.wait_s(time.monotonic()))
+                    timeout_s = proto.wait_s(time.monotonic())
+                    message = self._call(pubsub.get_message, "updates", timeout=timeout_s)
                     if message is not None:
                         self._perform(proto, proto.message(str(message["data"]), time.monotonic()))
                     self._perform(proto, proto.due(time.monotonic()))

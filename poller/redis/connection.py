@@ -1,29 +1,28 @@
 """Redis clients as the poller builds them: timeouts, one quick retry, TLS, Sentinel.
 
 ``connect(settings)`` is used by pollers, the CLI and (through ``from_settings``) the
-readers, so every process talks to Redis the same way.
+readers, so every process talks to Redis the same way. Their errors are mapped in
+``errors.py``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import redis.asyncio as aioredis
-import redis.exceptions as rexc
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from poller.config import RedisSettings
-from poller.errors import StoreError
+from poller.redis.errors import redis_call
 
-__all__ = ["close_client", "connect", "pubsub_client", "redis_call", "subscribe", "tls_options"]
+__all__ = ["close_client", "connect", "pubsub_client", "subscribe", "tls_options"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 def connect(settings: RedisSettings) -> aioredis.Redis | RedisCluster:
@@ -124,24 +123,6 @@ def _sentinel_master(url: str, retry: Retry, options: dict[str, Any]) -> aioredi
         db=int(path[1]) if len(path) == 2 else 0,
     )
     return master
-
-
-async def redis_call(awaitable: Awaitable[T], what: str) -> T:
-    """The one place redis-py's exceptions become ours."""
-    try:
-        return await awaitable
-    except rexc.ResponseError as exc:
-        raise StoreError(f"Redis rejected {what}: {exc}") from exc
-    except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
-        raise StoreError(f"Redis unreachable during {what}: {exc}") from exc
-    except rexc.RedisError as exc:
-        raise StoreError(f"Redis error during {what}: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        # Only with a client of the caller's that decodes strictly; connect() replaces.
-        raise StoreError(
-            f"Redis returned invalid UTF-8 during {what} (use a client with "
-            "encoding_errors='replace', as poller.redis.connection.connect() builds)"
-        ) from exc
 
 
 async def close_client(client: Any) -> None:

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from poller.redis.connection import redis_call
+from poller.redis.errors import redis_call
 from poller.redis.keys import Keys
 from poller.redis.lua import lua
 

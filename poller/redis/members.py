@@ -18,7 +18,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from poller.redis.connection import redis_call
+from poller.redis.errors import redis_call
 from poller.redis.keys import Keys
 from poller.redis.lua import lua
 

@@ -1,23 +1,30 @@
 """The registry in Redis (``P:endpoints``, its revision and events): reads, and writes
 that compare-and-set on the revision so several writers converge instead of interleaving.
 
-``RedisStore`` inherits these calls; they need its client, keys and two scripts.
+``RedisStore`` holds one ``RegistryCalls`` (its ``registry``) and hands it the store's
+call wrapper, so every registry call goes through the store's one ``_call``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from poller.errors import StoreError
-from poller.redis.connection import redis_call
 from poller.redis.keys import Keys
+from poller.redis.lua import lua
 from poller.registry import Endpoint, endpoint_from_json, validate_endpoint_id
 
-__all__ = ["Registry", "RegistryCalls", "diff_registry", "sync_diff"]
+__all__ = ["Call", "Registry", "RegistryCalls", "diff_registry", "sync_diff"]
 
 T = TypeVar("T")
+
+
+class Call(Protocol):
+    """How a Redis call is made: awaited, its errors mapped (``RedisStore._call``)."""
+
+    def __call__(self, awaitable: Awaitable[T], what: str, /) -> Awaitable[T]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,16 +42,14 @@ class Registry:
 
 
 class RegistryCalls:
-    """Registry reads and writes; mixed into ``RedisStore``."""
+    """Registry reads and writes over ``client``, each made through ``call``."""
 
-    client: Any
-    keys: Keys
-    _registry: Any  # registry.lua
-    _read_registry: Any  # read_registry.lua
-
-    async def _call(self, awaitable: Awaitable[T], what: str) -> T:
-        """Every Redis call of the store goes through here (tests inject faults in it)."""
-        return await redis_call(awaitable, what)
+    def __init__(self, client: Any, keys: Keys, call: Call) -> None:
+        self.client = client
+        self.keys = keys
+        self._call = call
+        self._registry = client.register_script(lua("registry"))
+        self._read_registry = client.register_script(lua("read_registry"))
 
     async def registry_rev(self) -> int:
         return int(await self._call(self.client.get(self.keys.endpoints_rev), "GET rev") or 0)

@@ -28,22 +28,13 @@ from poller.config import RedisSettings
 from poller.errors import SchemaMismatch
 from poller.redis.batch import WriteBatcher
 from poller.redis.connection import close_client, connect, subscribe
+from poller.redis.errors import redis_call
 from poller.redis.keys import SCHEMA_VERSION, Keys
 from poller.redis.lua import lua
-from poller.redis.registry_calls import Registry, RegistryCalls, diff_registry, sync_diff
+from poller.redis.registry_calls import Registry, RegistryCalls
+from poller.registry import Endpoint
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "Acquired",
-    "Heartbeat",
-    "Keys",
-    "RedisStore",
-    "Registry",
-    "WriteResult",
-    "connect",
-    "diff_registry",
-    "sync_diff",
-]
+__all__ = ["Acquired", "Heartbeat", "RedisStore", "WriteResult"]
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +82,7 @@ def _fenced_value(poller_id: str, token: int) -> str:
     return f"{poller_id} {token}"
 
 
-class RedisStore(RegistryCalls):
+class RedisStore:
     """Schema v1 on one Redis (or Cluster): registry, membership, leases, fenced writes."""
 
     def __init__(
@@ -114,8 +105,8 @@ class RedisStore(RegistryCalls):
         self._write_stats = register(lua("write_stats"))
         self._write_failure = register(lua("write_failure"))
         self._heartbeat = register(lua("heartbeat"))
-        self._registry = register(lua("registry"))
-        self._read_registry = register(lua("read_registry"))
+        #: The registry's reads and writes, made through this store's ``_call``.
+        self.registry = RegistryCalls(client, self.keys, self._call)
 
     @classmethod
     def from_settings(cls, settings: RedisSettings) -> RedisStore:
@@ -128,11 +119,39 @@ class RedisStore(RegistryCalls):
     async def close(self) -> None:
         await close_client(self.client)
 
+    async def _call(self, awaitable: Awaitable[T], what: str) -> T:
+        """Every Redis call of the store goes through here (tests inject faults in it)."""
+        return await redis_call(awaitable, what)
+
     def _run(self, script: Any, keys: list[str], args: list[Any]) -> Awaitable[Any]:
         if self._batcher is not None:
             return self._batcher.call(script, keys, args)
         result: Awaitable[Any] = script(keys=keys, args=args)
         return result
+
+    # --- registry (registry_calls.py) ----------------------------------------------------
+
+    async def registry_rev(self) -> int:
+        return await self.registry.registry_rev()
+
+    async def read_registry(self) -> Registry:
+        return await self.registry.read_registry()
+
+    async def update_registry(
+        self, expected_rev: int, remove: Sequence[str], put: Mapping[str, str]
+    ) -> int:
+        return await self.registry.update_registry(expected_rev, remove, put)
+
+    async def put_endpoint(self, endpoint: Endpoint, *, replace: bool = True) -> int:
+        return await self.registry.put_endpoint(endpoint, replace=replace)
+
+    async def remove_endpoint(self, endpoint_id: str) -> int | None:
+        return await self.registry.remove_endpoint(endpoint_id)
+
+    async def replace_registry(
+        self, endpoints: Mapping[str, Endpoint], *, attempts: int = 20
+    ) -> tuple[int, list[str], list[str], list[str]]:
+        return await self.registry.replace_registry(endpoints, attempts=attempts)
 
     # --- schema ------------------------------------------------------------------------
 

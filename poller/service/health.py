@@ -1,7 +1,9 @@
 """Health and metrics HTTP endpoints for the poller itself, on plain asyncio streams.
 
 ``/healthz``: the event loop answers. ``/readyz``: Redis reachable and our membership
-fresh. ``/metrics``: our own Prometheus metrics. Extra JSON routes (``/v1/view``) and raw
+fresh; when not, the body says why (Redis refused our credentials, is unreachable, the
+heartbeat is stale). ``/metrics``: our own Prometheus metrics. Extra JSON routes
+(``/v1/view``) and raw
 routes (the operator's page and its static files, which see the query string and set
 their own headers) are plugged in by the caller. Deliberately tiny: GET only, one
 request per connection.
@@ -52,12 +54,14 @@ class HealthServer:
         *,
         ready: Callable[[], bool],
         registry: Collector,
+        unready_reason: Callable[[], str] = lambda: "",
         routes: dict[str, JsonRoute] | None = None,
         raw_routes: dict[str, RawRoute] | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self._ready = ready
+        self._unready_reason = unready_reason
         self._registry = registry
         self._routes = routes or {}
         self._raw_routes = raw_routes or {}
@@ -112,8 +116,11 @@ class HealthServer:
         if path == "/healthz":
             return Response(200, "text/plain", b"ok\n")
         if path == "/readyz":
-            ok = self._ready()
-            return Response(200 if ok else 503, "text/plain", b"ready\n" if ok else b"not ready\n")
+            if self._ready():
+                return Response(200, "text/plain", b"ready\n")
+            why = self._unready_reason()
+            body = f"not ready: {why}\n" if why else "not ready\n"
+            return Response(503, "text/plain", body.encode())
         if path == "/metrics":
             return Response(200, CONTENT_TYPE_LATEST, generate_latest(self._registry))
         raw = self._raw_routes.get(path)

@@ -21,8 +21,8 @@ from typing import Any
 from poller._version import __version__
 from poller.errors import StoreError
 from poller.reader.replies import build_view, snapshot_call
-from poller.redis.connection import redis_call
 from poller.redis.discovery import read_sources
+from poller.redis.errors import redis_call
 from poller.redis.keys import Keys
 from poller.redis.lua import lua
 from poller.service.health import RawRoute, Response

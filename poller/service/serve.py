@@ -32,7 +32,7 @@ async def serve(settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     # Drain: hand every lease over and take no new one, still serving the health port.
-    loop.add_signal_handler(signal.SIGUSR1, worker.request_drain)
+    loop.add_signal_handler(signal.SIGUSR1, worker.drain.request)
     worker.on_fatal = stop.set
 
     async def serving() -> list[str]:
@@ -63,7 +63,9 @@ async def serve(settings: Settings) -> int:
         health = HealthServer(
             settings.health.host,
             settings.health.port,
-            ready=lambda: worker.ready,
+            # Draining: alive and reachable, but not taking work (the body says so).
+            ready=lambda: worker.ready and not worker.draining,
+            unready_reason=worker.unready_reason,
             registry=worker.metrics.exposition,
             routes={"/v1/view": view, "/v1/jobs": jobs},
             raw_routes=_page_routes(worker, settings),
@@ -105,10 +107,7 @@ async def serve(settings: Settings) -> int:
         await worker.stop()
         if health is not None:
             await health.stop()
-    if worker.fatal is not None:
-        log.error("%s", worker.fatal)
-        return 1
-    return 0
+    return worker.exit_status  # a fatal error was logged by the worker when it happened
 
 
 def _page_routes(worker: Worker, settings: Settings) -> dict[str, Any]:

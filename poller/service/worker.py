@@ -19,17 +19,16 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 
-from redis.exceptions import RedisError
-
 from poller.backoff import backoff_s, member_ttl_cap_s
 from poller.config import Settings, effective_timeout_s
-from poller.errors import ConfigError, PollerError, SchemaMismatch, StoreError
+from poller.errors import ConfigError, PollerError, SchemaMismatch, StoreAuthError, StoreError
 from poller.logs import count, few
-from poller.redis.members import request_drain
+from poller.redis.errors import redis_call
 from poller.redis.store import RedisStore
 from poller.scrape.engines import mapping_for_endpoint
 from poller.scrape.http import KeyPolicy, Scraper, TransportFactory
 from poller.service.coordinator import Coordinator
+from poller.service.drain import Drain
 from poller.service.follow import RegistryFollower
 from poller.service.jobs import JobRunner
 from poller.service.metrics import PollerMetrics, Surprises
@@ -80,6 +79,8 @@ class Worker:
         )
         self.redis_ok = False
         self._redis_known = False  # no Redis call made yet: the first outcome is logged
+        self._redis_problem = "Redis not reached yet"  # why not redis_ok, for /readyz
+        self._refused = False  # the last Redis error was a refusal of our credentials
         self.last_heartbeat = 0.0  # monotonic time of the last successful heartbeat
         self.clock_offset_ms = 0.0  # Redis clock minus local clock
         self._wake = asyncio.Event()
@@ -89,7 +90,7 @@ class Worker:
         self._epoch = ""  # the Redis data epoch seen at the last heartbeat
         self._retry_cap_s = member_ttl_cap_s(settings.coordination.member_ttl_ms)
         self.notices = Notices(self.id)
-        self._drain_asked = False  # SIGUSR1: write our own drain request at the next pass
+        self.drain = Drain(self.store, self.coordinator, self._wake.set)
         #: Set when the poller must stop (another schema version in Redis).
         self.fatal: PollerError | None = None
         self.on_fatal: Callable[[], None] | None = None
@@ -112,12 +113,13 @@ class Worker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.jobs.stop(timeout_s)
-        try:
-            async with asyncio.timeout(timeout_s):
-                released = await self.coordinator.leave()
-            log.info("left the members: released %s", count(released, "lease"))
-        except (StoreError, TimeoutError) as exc:
-            log.warning("could not leave cleanly (leases will lapse by TTL): %s", exc)
+        if self.last_heartbeat or self.holdings:  # never joined: nothing to leave
+            try:
+                async with asyncio.timeout(timeout_s):
+                    released = await self.coordinator.leave()
+                log.info("left the members: released %s", count(released, "lease"))
+            except (StoreError, TimeoutError) as exc:
+                log.warning("could not leave cleanly (leases will lapse by TTL): %s", exc)
         self.metrics.leases_held.set(0)
         await self.scraper.aclose()
         await self.store.close()
@@ -128,16 +130,24 @@ class Worker:
         fresh_s = self.settings.coordination.member_ttl_ms / 1000
         return self.redis_ok and time.monotonic() - self.last_heartbeat < fresh_s
 
+    def unready_reason(self) -> str:
+        """Why the poller is not ready ("" when it is), for ``/readyz``'s body."""
+        if self.fatal is not None:
+            return f"stopped: {self.fatal}"
+        if not self.redis_ok:
+            return self._redis_problem
+        age_s = time.monotonic() - self.last_heartbeat
+        fresh_s = self.settings.coordination.member_ttl_ms / 1000
+        if age_s >= fresh_s:
+            return f"heartbeat stale: last written {age_s:.1f}s ago (member TTL {fresh_s:g}s)"
+        if self.draining:
+            return f"draining (`poller drain {self.id} --undo` returns it to service)"
+        return ""
+
     @property
     def draining(self) -> bool:
         """A drain of this poller is requested: it holds nothing and takes nothing."""
-        return self.id in self.coordinator.draining
-
-    def request_drain(self) -> None:
-        """Drain this poller (SIGUSR1): the request goes to Redis at the next pass, so
-        every poller and `poller status` see it, and `poller drain ID --undo` ends it."""
-        self._drain_asked = True
-        self._wake.set()
+        return self.drain.active
 
     @property
     def owned(self) -> dict[str, JobSpec]:
@@ -167,8 +177,8 @@ class Worker:
             # The heartbeat also claims or checks the schema version, so a Redis that
             # restarted empty is noticed (and re-claimed) within one heartbeat.
             changed = await self._heartbeat()
-            if self._drain_asked and await self._write_drain_request():
-                return  # a pass at once, with a heartbeat that sees it
+            if self.drain.asked and await self.drain.write_request():
+                return  # a pass follows at once, with a heartbeat that sees it
             if full or changed:
                 await self.registry.sync()
                 self.notices.registry(empty=not self.registry.ids())
@@ -270,28 +280,28 @@ class Worker:
         now_ms = self.coordinator.redis_now_ms
         self.clock_offset_ms = now_ms - (before + time.time()) * 500
         self.last_heartbeat = time.monotonic()
-        self._redis_state(True)
+        self._redis_state()
         self.metrics.members.set(len(self.coordinator.members))
         self.notices.drain(self.draining, len(self.holdings))
         return changed
 
-    async def _write_drain_request(self) -> bool:
-        """True once the request is in Redis (we may not be a live member yet)."""
-        outcome = await request_drain(self.store.client, self.store.keys, self.id, "signal")
-        if outcome == "not live":
-            return False
-        self._drain_asked = False
-        self._wake.set()
-        return True
-
-    def _redis_state(self, ok: bool, detail: str = "") -> None:
-        """Log once per change of Redis reachability, not once per retry."""
-        if ok != self.redis_ok or not self._redis_known:
+    def _redis_state(self, error: StoreError | None = None) -> None:
+        """Log once per change of Redis's state (reachable, unreachable, refusing our
+        credentials), not once per retry."""
+        ok = error is None
+        refused = isinstance(error, StoreAuthError)
+        if ok != self.redis_ok or not self._redis_known or refused != self._refused:
             self._redis_known = True
             if ok:
                 log.info("redis reachable")
+            elif refused:
+                # Retrying cannot fix this: say so loudly, not as a passing blip.
+                log.error("%s; retrying until the settings or the ACL change", error)
             else:
-                log.warning("redis unreachable: %s", detail)
+                log.warning("redis unreachable: %s", error)
+        self._refused = refused
+        if error is not None:
+            self._redis_problem = str(error) if refused else f"redis unreachable: {error}"
         self.redis_ok = ok
         self.metrics.redis_up.set(1 if ok else 0)
 
@@ -312,14 +322,21 @@ class Worker:
                     last_full = time.monotonic()
                 failures = 0
             except SchemaMismatch as exc:
-                self.fatal = exc
-                log.error("%s", exc)
-                if self.on_fatal is not None:
-                    self.on_fatal()
+                self._fail(exc)
                 return
+            except StoreAuthError as exc:
+                if not self._redis_known:
+                    # Refused at the first contact: a wrong password or user in the
+                    # settings; stop with that one line rather than retry forever.
+                    self._fail(exc)
+                    return
+                failures += 1
+                self._redis_state(exc)
+                self.metrics.redis_errors.labels("coordination").inc()
+                delay = backoff_s(failures, cap_s=self._retry_cap_s)
             except StoreError as exc:
                 failures += 1
-                self._redis_state(False, str(exc))
+                self._redis_state(exc)
                 self.metrics.redis_errors.labels("coordination").inc()
                 delay = backoff_s(failures, cap_s=self._retry_cap_s)
             except Exception as exc:
@@ -333,6 +350,22 @@ class Worker:
             except TimeoutError:
                 pass
 
+    def _fail(self, exc: PollerError) -> None:
+        """Stop the poller for good (``serve`` exits with ``exit_status``)."""
+        self.fatal = exc
+        self._redis_problem = str(exc)
+        log.error("%s", exc)
+        if self.on_fatal is not None:
+            self.on_fatal()
+
+    @property
+    def exit_status(self) -> int:
+        """0, or why the poller stopped: 2 for a mistake in its settings (credentials
+        Redis refused), 1 otherwise."""
+        if self.fatal is None:
+            return 0
+        return 2 if isinstance(self.fatal, StoreAuthError) else 1
+
     async def _events_loop(self) -> None:
         """Wake the coordination loop on registry changes and released leases."""
         failures = 0
@@ -342,21 +375,18 @@ class Worker:
                     failures = 0
                     self._wake.set()  # we may have missed events while disconnected
                     while not self._stopping.is_set():
-                        message = await pubsub.get_message(timeout=1.0)
+                        message = await redis_call(pubsub.get_message(timeout=1.0), "events")
                         if message is None:
                             continue
                         kind, _, _ = str(message["data"]).partition(" ")
                         if kind in ("endpoints", "released"):
                             self._wake.set()
-            except (StoreError, OSError, ConnectionError) as exc:
+            except StoreError as exc:
+                # The coordination loop reports Redis's state; this loop only retries.
                 failures += 1
                 self.metrics.redis_errors.labels("events").inc()
                 log.debug("event subscription lost: %s", exc)
-            except Exception as exc:  # redis-py raises its own errors from get_message
+            except Exception as exc:
                 failures += 1
-                if isinstance(exc, RedisError):
-                    self.metrics.redis_errors.labels("events").inc()
-                    log.debug("event subscription lost: %r", exc)
-                else:
-                    self.surprises.report("events", exc)
+                self.surprises.report("events", exc)
             await asyncio.sleep(backoff_s(failures, cap_s=self._retry_cap_s))

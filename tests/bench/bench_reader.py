@@ -60,8 +60,10 @@ from poller.reader import StatsReader, SyncStatsReader  # noqa: E402
 from poller.reader.records import json_int  # noqa: E402
 from poller.reader.replies import Held, build_view, held_after, snapshot_call  # noqa: E402
 from poller.reader.view import View  # noqa: E402
+from poller.redis.connection import connect  # noqa: E402
+from poller.redis.keys import Keys  # noqa: E402
 from poller.redis.lua import lua  # noqa: E402
-from poller.redis.store import Keys, RedisStore, connect  # noqa: E402
+from poller.redis.store import RedisStore  # noqa: E402
 from poller.registry import Endpoint  # noqa: E402
 from poller.stats import Signals, prefix_hit_rate, stats_fields  # noqa: E402
 

@@ -1,0 +1,91 @@
+"""The one place redis-py's exceptions, and Redis's error replies, become the poller's.
+
+    redis-py raises (Redis replies)                         the poller raises
+    AuthenticationError (WRONGPASS, NOAUTH, "invalid        StoreAuthError, kind "authentication"
+      username-password pair"), AuthorizationError
+    NoPermissionError (NOPERM), a script's command refused  StoreAuthError, kind "permission"
+      by the ACL ("The user executing the script can't ...")
+    ConnectionError, TimeoutError, OSError                  StoreUnreachable
+    ResponseError (anything else Redis refused)             StoreError ("rejected")
+    any other RedisError; UnicodeDecodeError                StoreError
+
+Every caller (store, discovery, reader, worker, CLI) goes through ``redis_call``,
+``redis_call_sync`` or ``store_error``. Leaves only: the reader imports this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import redis.exceptions as rexc
+
+from poller.errors import StoreAuthError, StoreError, StoreUnreachable
+
+__all__ = ["REDIS_ERRORS", "redis_call", "redis_call_sync", "reply_error", "store_error"]
+
+T = TypeVar("T")
+
+#: What a Redis call may raise before it is mapped.
+REDIS_ERRORS: tuple[type[BaseException], ...] = (rexc.RedisError, OSError, UnicodeDecodeError)
+
+# Error replies (or their start) that mean the ACL or the credentials, not the call.
+_AUTH_PREFIXES = ("WRONGPASS", "NOAUTH", "invalid username-password pair", "invalid password")
+_PERMISSION_MARKS = ("NOPERM", "The user executing the script can't", "no permissions to")
+
+
+def store_error(exc: BaseException, what: str) -> StoreError:
+    """Our exception for ``exc``, raised by redis-py (or the socket) during ``what``."""
+    if isinstance(exc, StoreError):
+        return exc
+    if isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
+        return _auth(str(exc), what)
+    if isinstance(exc, rexc.ResponseError):
+        return reply_error(str(exc), what)
+    if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError | OSError):
+        return StoreUnreachable(f"Redis unreachable during {what}: {exc or type(exc).__name__}")
+    if isinstance(exc, UnicodeDecodeError):
+        # Only with a client of the caller's that decodes strictly; connect() replaces.
+        return StoreError(
+            f"Redis returned invalid UTF-8 during {what} (use a client with "
+            "encoding_errors='replace', as poller.redis.connection.connect() builds)"
+        )
+    return StoreError(f"Redis error during {what}: {exc}")
+
+
+def reply_error(message: str, what: str) -> StoreError:
+    """Our exception for an error reply Redis sent during ``what`` (as redis-py or a
+    hand-rolled connection read it)."""
+    if any(mark in message for mark in _PERMISSION_MARKS):
+        return StoreAuthError(
+            f"Redis refused permission (ACL) during {what}: {message}; the Redis user "
+            "lacks a command, key or channel the poller uses (deploy/redis/users.acl)",
+            kind="permission",
+        )
+    if message.startswith(_AUTH_PREFIXES):
+        return _auth(message, what)
+    return StoreError(f"Redis rejected {what}: {message}")
+
+
+def _auth(message: str, what: str) -> StoreAuthError:
+    return StoreAuthError(
+        f"Redis refused authentication: {message} (during {what}; check the user and "
+        "password in the Redis URL)",
+        kind="authentication",
+    )
+
+
+async def redis_call(awaitable: Awaitable[T], what: str) -> T:
+    """Await one call of an asyncio client, its errors mapped."""
+    try:
+        return await awaitable
+    except REDIS_ERRORS as exc:
+        raise store_error(exc, what) from exc
+
+
+def redis_call_sync(fn: Callable[..., T], what: str, /, *args: Any, **kwargs: Any) -> T:
+    """Make one call of a blocking client, its errors mapped."""
+    try:
+        return fn(*args, **kwargs)
+    except REDIS_ERRORS as exc:
+        raise store_error(exc, what) from exc
