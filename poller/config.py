@@ -20,7 +20,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from poller.allowlist import HostAllowlist
-from poller.config_load import env_overrides, flag_overrides, merge, read_toml
+from poller.config_errors import describe_errors
+from poller.config_load import (
+    FLAT_ENV,
+    env_overrides,
+    flag_overrides,
+    merge,
+    read_toml,
+    unknown_env,
+)
 from poller.config_redis import CoordinationSettings, RedisSettings
 from poller.config_scrape import (
     DEFAULT_KEY_DIR,
@@ -37,6 +45,7 @@ from poller.sources import DiscoverySource, discovery_sources, parse_discovery_u
 __all__ = [
     "DEFAULT_KEY_DIR",
     "DEFAULT_TIMEOUT_S",
+    "FLAT_ENV",
     "CoordinationSettings",
     "DiscoverySource",
     "EngineSettings",
@@ -96,19 +105,27 @@ def load_settings(
     config_file: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
     environ: dict[str, str] | None = None,
+    flat_env: frozenset[str] = FLAT_ENV,
 ) -> Settings:
     """Build Settings from file < env (``POLLER_<SECTION>__<KEY>``) < overrides.
 
     ``overrides`` uses dotted keys (``{"scrape.interval_s": 2}``); None values are ignored.
-    Raises ConfigError with one line naming the field and the problem.
+    ``flat_env`` names the ``POLLER_*`` variables without ``__`` that are known (the
+    command line's); any other ``POLLER_*`` variable is an error. Raises ConfigError
+    with one line per problem (all of them), each naming its key or variable; ``field``
+    is the first one's key.
     """
+    env = dict(os.environ if environ is None else environ)
     data: dict[str, Any] = {} if config_file is None else read_toml(config_file)
-    data = merge(data, env_overrides(dict(os.environ if environ is None else environ)))
+    data = merge(data, env_overrides(env, Settings))
     data = merge(data, flag_overrides(overrides))
+    problems = [("env", line) for line in unknown_env(env, Settings, flat_env)]
     try:
-        return Settings.model_validate(data)
+        settings = Settings.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        field = ".".join(str(p) for p in err["loc"]) or "settings"
-        message = str(err["msg"]).removeprefix("Value error, ")
-        raise ConfigError(message, field=field) from None
+        problems += describe_errors(exc, Settings)
+    if problems:
+        error = ConfigError("\n".join(line for _, line in problems))
+        error.field = problems[0][0]  # set after: the lines name their keys themselves
+        raise error
+    return settings

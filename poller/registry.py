@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from poller.config_errors import closest, describe_errors
 from poller.errors import ConfigError
 
 __all__ = [
@@ -185,7 +186,9 @@ class Endpoint(BaseModel):
     @classmethod
     def _check_engine(cls, value: str | None) -> str | None:
         if value is not None and value not in ENGINES:
-            raise ValueError(f"unknown engine {value!r}; accepted: {', '.join(ENGINES)}")
+            guess = closest(value, ENGINES)
+            hint = f" (did you mean {guess!r}?)" if guess else ""
+            raise ValueError(f"unknown engine {value!r}{hint}; accepted: {', '.join(ENGINES)}")
         return value
 
     @field_validator("metrics_path")
@@ -225,19 +228,31 @@ class Endpoint(BaseModel):
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
-def _config_error(endpoint_id: str | None, exc: ValidationError) -> ConfigError:
-    err = exc.errors(include_url=False)[0]
-    field = ".".join(str(p) for p in err["loc"]) or None
-    message = str(err["msg"]).removeprefix("Value error, ")
-    return ConfigError(message, endpoint=endpoint_id, field=field)
+def _problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every problem of one entry as (its key, one plain line); empty when it is valid."""
+    try:
+        Endpoint.model_validate(data)
+    except ValidationError as exc:
+        return describe_errors(exc, Endpoint)
+    return []
 
 
 def endpoint_from_dict(endpoint_id: str | None, data: Mapping[str, Any]) -> Endpoint:
-    """Validate one entry; raises ConfigError naming the entry and the field."""
+    """Validate one entry; raises ConfigError naming the entry and its problems (all of
+    them, joined by ``; ``), ``field`` the first one's key."""
+    full = {**data, "id": endpoint_id} if endpoint_id else data
     try:
-        return Endpoint.model_validate({**data, "id": endpoint_id} if endpoint_id else data)
+        return Endpoint.model_validate(full)
     except ValidationError as exc:
-        raise _config_error(endpoint_id or str(data.get("id", "")) or None, exc) from None
+        problems = describe_errors(exc, Endpoint)
+    name = endpoint_id or str(data.get("id", "")) or None
+    if len(problems) == 1 and problems[0][1].startswith(f"{problems[0][0]}: "):
+        # keep the ``endpoint 'x' field: message`` form of a single value error
+        key, line = problems[0]
+        raise ConfigError(line.removeprefix(f"{key}: "), endpoint=name, field=key or None)
+    error = ConfigError("; ".join(line for _, line in problems), endpoint=name)
+    error.field = problems[0][0] or None
+    raise error
 
 
 def endpoint_from_json(endpoint_id: str, raw: str | bytes) -> Endpoint:
@@ -259,16 +274,28 @@ def endpoint_from_json(endpoint_id: str, raw: str | bytes) -> Endpoint:
 
 
 def endpoints_from_items(items: Iterable[Any], source: str) -> dict[str, Endpoint]:
+    """Validate every entry of a file; raises ConfigError with one line per problem of
+    every entry (not just the first), each naming the entry and its key."""
     result: dict[str, Endpoint] = {}
+    lines: list[str] = []
     for index, item in enumerate(items):
         if not isinstance(item, Mapping):
-            raise ConfigError(f"{source}: entry {index} is not a table/mapping")
+            lines.append(f"{source}: entry {index} is not a table/mapping")
+            continue
         if "id" not in item:
-            raise ConfigError(f"{source}: entry {index} has no id")
-        endpoint = endpoint_from_dict(None, item)
+            lines.append(f"{source}: entry {index} has no id")
+            continue
+        where = f"{source}: entry {index} ({item['id']!r})"
+        problems = _problems(item)
+        lines += [f"{where}: {line}" for _, line in problems]
+        if problems:
+            continue
+        endpoint = Endpoint.model_validate(item)
         if endpoint.id in result:
-            raise ConfigError(f"{source}: duplicate endpoint id {endpoint.id!r}")
+            lines.append(f"{source}: duplicate endpoint id {endpoint.id!r} (entry {index})")
         result[endpoint.id] = endpoint
+    if lines:
+        raise ConfigError("\n".join(lines))
     return result
 
 
@@ -297,9 +324,16 @@ def endpoints_from_file(path: str | Path) -> dict[str, Endpoint]:
         data = []
     if isinstance(data, Mapping):
         unknown = set(data) - {"endpoints"}
+        if {"rev", "invalid"} & unknown and "endpoints" in data:
+            raise ConfigError(
+                f"{path}: this looks like `poller endpoints ls --json` output; write a file "
+                "sync reads with `poller endpoints export`"
+            )
         if unknown:
+            guess = closest(str(next(iter(unknown))), ["endpoints"]) if len(unknown) == 1 else None
             raise ConfigError(
                 f"{path}: unknown top-level keys {sorted(unknown)}; expected 'endpoints'"
+                + (f" (did you mean `{guess}`?)" if guess else "")
             )
         data = data.get("endpoints", [])
     if not isinstance(data, list):

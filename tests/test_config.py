@@ -173,3 +173,66 @@ def test_endpoints_add_and_sync_say_when_a_timeout_is_lowered(
         "note: c: timeout 2s is not below its interval 2s (scrape.interval_s): the pollers "
         "use 1s, half the interval",
     ]
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("redis//127.0.0.1:55235", "did you mean 'redis://127.0.0.1:55235'?"),
+        ("rediss:/h:6380/0", "did you mean 'rediss://h:6380/0'?"),
+        ("127.0.0.1:6379", "has no scheme"),
+        ("http://h:6379", "scheme 'http'"),
+        ("redis://h:notaport/0", "port 'notaport'"),
+        ("redis://h:0/0", "port '0'"),
+        ("redis://h:6379/abc", "database 'abc'"),
+        ("redis://h:6379/0/1", "only the database number"),
+        ("redis:///0", "has no host"),
+        ("unix:///tmp/r.sock?db=x", "database 'x'"),
+        ("unix://", "names no socket"),
+        ("redis+sentinel://a:26379,b:x/m", "bad sentinel address 'b:x'"),
+        ("redis+sentinel://a:26379", "names the service"),
+        ("redis+sentinel://a:26379/m/x", "database 'x'"),
+        ("redis://u:pw@h:x/0", "'redis://u:***@h:x/0'"),
+    ],
+)
+def test_malformed_redis_urls_are_refused_at_load(url: str, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(overrides={"redis.url": url}, environ={})
+    assert info.value.field == "redis.url" and words in str(info.value)
+    assert "pw@" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6379/0",
+        "redis://h",
+        "rediss://user:pw@h:6380/2",
+        "redis://[::1]:6379/3",
+        "unix:///run/redis.sock?db=1",
+        "redis+sentinel://a,b:26380/mymaster/2",
+        "rediss+sentinel://a:26379/m",
+    ],
+)
+def test_good_redis_urls_pass(url: str) -> None:
+    assert load_settings(overrides={"redis.url": url}, environ={}).redis.url == url
+
+
+def test_unknown_variables_and_keys_are_all_reported_with_suggestions(tmp_path: Path) -> None:
+    config = tmp_path / "p.toml"
+    config.write_text("[scrape]\nintervall_s = 2\n[scrape.engines.vllm]\nmetric_path = '/m'\n")
+    env = {"POLLER_REDISURL": "x", "POLLER_SCRAPE__TIMEOUT": "1", "POLLER_ZZZZZZ": "1"}
+    with pytest.raises(ConfigError) as info:
+        load_settings(config, environ=env)
+    assert str(info.value).splitlines() == [
+        "unknown environment variable POLLER_REDISURL (did you mean POLLER_REDIS_URL?)",
+        "unknown environment variable POLLER_SCRAPE__TIMEOUT (did you mean "
+        "POLLER_SCRAPE__TIMEOUT_S?)",
+        "unknown environment variable POLLER_ZZZZZZ (see docs/operations.md)",
+        "unknown key `scrape.engines.vllm.metric_path` (did you mean "
+        "`scrape.engines.vllm.metrics_path`?)",
+        "unknown key `scrape.intervall_s` (did you mean `scrape.interval_s`?)",
+    ]
+    # known flat names (the command line's) and real nested ones pass
+    ok = {"POLLER_REDIS_URL": "x", "POLLER_SCRAPE__ENGINES__SGLANG__METRICS_PATH": "/m"}
+    assert load_settings(environ=ok).scrape.engines["sglang"].metrics_path == "/m"

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "poller"
 
 #: Which top-level parts of the package each part may import (module-level imports).
 LEAVES = {
-    "errors", "config", "config_redis", "config_scrape", "config_load",
+    "errors", "config", "config_redis", "config_scrape", "config_load", "config_errors",
     "allowlist", "sources", "registry", "stats", "logs", "backoff", "_version",
 }  # fmt: skip
 ALLOWED = {

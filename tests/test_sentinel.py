@@ -10,7 +10,7 @@ import pytest
 from procs import PollerProc, until
 from redisproc import RedisProcess, redis_server_binary, wait_until
 
-from poller.config import RedisSettings
+from poller.config import RedisSettings, load_settings
 from poller.errors import ConfigError, StoreError
 from poller.lab.sim import Simulator, fleet
 from poller.reader import StatsReader
@@ -72,8 +72,10 @@ def sentinels(tmp_path: Path) -> Iterator[SentinelSet]:
 
 def test_sentinel_urls_are_validated() -> None:
     for bad in ("redis+sentinel://h:1", "redis+sentinel://h:x/m", "redis+sentinel://h:1/m/x"):
+        with pytest.raises(ConfigError, match="redis.url"):
+            load_settings(overrides={"redis.url": bad}, environ={})  # at start-up
         with pytest.raises(ConfigError):
-            connect(RedisSettings(url=bad))
+            connect(RedisSettings.model_construct(url=bad))  # and at the connection
 
 
 async def test_failover_is_followed(sentinels: SentinelSet, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from poller.cli.oneline import BadInput
 from poller.config import ScrapeSettings, load_settings
 from poller.errors import ConfigError
 from poller.registry import Endpoint, endpoint_from_dict
@@ -94,7 +95,7 @@ def check(
         try:
             scrape = load_settings(config_file).scrape
         except ConfigError as exc:
-            raise click.BadParameter(str(exc), param_hint="--config") from None
+            raise BadInput(str(exc)) from None
 
     async def run() -> dict[str, Any]:
         async with serve_example(engine) if example else _nothing(url or "") as base:

@@ -10,16 +10,35 @@ from typing import Any, NoReturn
 
 import click
 
-from poller.config import Settings, load_settings
+from poller.cli.oneline import BadInput
+from poller.config import FLAT_ENV, Settings, load_settings
 from poller.errors import ConfigError, StoreAuthError, StoreError
 from poller.redis.store import RedisStore
 
 
+def _option_env_names() -> frozenset[str]:
+    """Every variable an option of the running ``poller`` reads: known, not a typo."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return FLAT_ENV
+    names = set(FLAT_ENV)
+    pending: list[click.Command] = [ctx.find_root().command]
+    while pending:
+        command = pending.pop()
+        if isinstance(command, click.Group):
+            pending += command.commands.values()
+        for param in command.params:
+            envvar = getattr(param, "envvar", None)
+            names.update([envvar] if isinstance(envvar, str) else envvar or ())
+    return frozenset(names)
+
+
 def load(config: str | None, overrides: dict[str, Any]) -> Settings:
+    """The settings, or exit 2 with one line per problem (every problem at once)."""
     try:
-        return load_settings(config, overrides)
+        return load_settings(config, overrides, flat_env=_option_env_names())
     except ConfigError as exc:
-        raise click.UsageError(f"invalid setting: {exc}") from None
+        raise BadInput(str(exc)) from None
 
 
 REDIS_URL = click.option(
@@ -38,8 +57,10 @@ NAMESPACE = click.option(
 
 
 @asynccontextmanager
-async def store_session(redis_url: str | None, namespace: str | None) -> AsyncIterator[RedisStore]:
-    settings = load(None, {"redis.url": redis_url, "redis.namespace": namespace})
+async def store_session(
+    redis_url: str | None, namespace: str | None, config: str | None = None
+) -> AsyncIterator[RedisStore]:
+    settings = load(config, {"redis.url": redis_url, "redis.namespace": namespace})
     store = RedisStore.from_settings(settings.redis)
     try:
         await store.ensure_schema()

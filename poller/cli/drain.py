@@ -15,17 +15,12 @@ import time
 import click
 
 from poller.cli.common import NAMESPACE, REDIS_URL, run_store_command, store_session
+from poller.cli.oneline import BadInput
 from poller.logs import count
 from poller.redis.members import cancel_drain, leases_of, read_members, request_drain
 from poller.redis.store import RedisStore
 
 __all__ = ["drain"]
-
-
-class BadTarget(click.ClickException):
-    """A wrong poller id or an unsafe request: one line, exit 2 like any bad input."""
-
-    exit_code = 2
 
 
 @click.command()
@@ -78,16 +73,16 @@ async def _drain(store: RedisStore, poller_id: str, force: bool, wait_s: float |
     live = {m.id: m for m in members}
     if poller_id not in live:
         names = ", ".join(live) or "none"
-        raise BadTarget(f"no live poller {poller_id!r} (live pollers: {names})")
+        raise BadInput(f"no live poller {poller_id!r} (live pollers: {names})")
     serving = [m.id for m in members if m.state == "serving" and m.id != poller_id]
     if not serving and live[poller_id].state == "serving" and not force:
-        raise BadTarget(
+        raise BadInput(
             f"{poller_id} is the last serving poller: draining it stops every scrape "
             "(add --force to drain it anyway)"
         )
     outcome = await request_drain(store.client, store.keys, poller_id, "cli")
     if outcome == "not live":  # it left between the two reads
-        raise BadTarget(f"no live poller {poller_id!r}: it left")
+        raise BadInput(f"no live poller {poller_id!r}: it left")
     if outcome == "already":
         click.echo(f"{poller_id} is already draining; `poller drain {poller_id} --undo` ends it")
     else:

@@ -1,4 +1,4 @@
-"""``poller endpoints add|rm|ls|sync``: read and change the registry in Redis."""
+"""``poller endpoints add|rm|ls|sync|export``: read and change the registry in Redis."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ from typing import Any
 
 import click
 
-from poller.cli.common import NAMESPACE, REDIS_URL, run_store_command, store_session
-from poller.config import ScrapeSettings, effective_timeout_s, load_settings
+from poller.cli.common import NAMESPACE, REDIS_URL, load, run_store_command, store_session
+from poller.cli.export import endpoints_export
+from poller.cli.oneline import BadInput
+from poller.cli.register import registration_problems
+from poller.config import ScrapeSettings, effective_timeout_s
 from poller.errors import ConfigError
 from poller.redis.registry_calls import sync_diff
 from poller.registry import ENGINES, Endpoint, endpoint_from_dict, endpoints_from_file
@@ -20,18 +23,33 @@ def endpoints() -> None:
     """Read and change the endpoint registry in Redis."""
 
 
-def _scrape_settings() -> ScrapeSettings:
-    """The pollers' scrape settings as far as this shell knows them (``POLLER_SCRAPE__*``),
-    else the defaults."""
-    try:
-        return load_settings().scrape
-    except ConfigError:
-        return ScrapeSettings()
+CONFIG = click.option(
+    "--config",
+    "config_file",
+    envvar="POLLER_CONFIG",
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="The pollers' TOML settings file: its [redis] and [scrape] (key rules, engine "
+    "paths, default engine) apply to the checks, as on the pollers.",
+)
 
 
-def _timeout_notes(entries: list[Endpoint]) -> None:
+def _scrape_settings(
+    config_file: str | None, redis_url: str | None, namespace: str | None
+) -> ScrapeSettings:
+    """The pollers' scrape settings as far as this shell knows them (``--config``,
+    ``POLLER_SCRAPE__*``); a mistake there is refused like any other."""
+    return load(config_file, {"redis.url": redis_url, "redis.namespace": namespace}).scrape
+
+
+def _refuse(entries: list[Endpoint], scrape: ScrapeSettings, where: str = "") -> None:
+    problems = registration_problems(entries, scrape, where=where)
+    if problems:
+        raise BadInput("\n".join(problems))
+
+
+def _timeout_notes(entries: list[Endpoint], scrape: ScrapeSettings) -> None:
     """One line per entry whose timeout the pollers will lower (effective_timeout_s)."""
-    scrape = _scrape_settings()
     for e in entries:
         timeout, lowered = effective_timeout_s(e.timeout_s, e.interval_s, scrape)
         if not lowered:
@@ -70,6 +88,7 @@ def _labels(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--timeout", "timeout_s", type=float, metavar="S")
 @click.option("--label", "labels", multiple=True, metavar="K=V")
 @click.option("--replace", is_flag=True, help="Overwrite an existing entry with this id.")
+@CONFIG
 @REDIS_URL
 @NAMESPACE
 def endpoints_add(
@@ -83,6 +102,7 @@ def endpoints_add(
     timeout_s: float | None,
     labels: tuple[str, ...],
     replace: bool,
+    config_file: str | None,
     redis_url: str | None,
     namespace: str | None,
 ) -> None:
@@ -101,15 +121,17 @@ def endpoints_add(
     try:
         endpoint = endpoint_from_dict(endpoint_id, data)
     except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise BadInput(str(exc)) from None
+    scrape = _scrape_settings(config_file, redis_url, namespace)
+    _refuse([endpoint], scrape)
 
     async def go() -> int:
-        async with store_session(redis_url, namespace) as store:
+        async with store_session(redis_url, namespace, config_file) as store:
             return await store.put_endpoint(endpoint, replace=replace)
 
     rev = run_store_command(go())
     click.echo(f"{'updated' if replace else 'added'} {endpoint_id} (registry rev {rev})")
-    _timeout_notes([endpoint])
+    _timeout_notes([endpoint], scrape)
 
 
 @endpoints.command("rm")
@@ -126,7 +148,7 @@ def endpoints_rm(endpoint_id: str, redis_url: str | None, namespace: str | None)
     try:
         rev = run_store_command(go())
     except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise BadInput(str(exc)) from None
     if rev is None:
         click.echo(f"Error: no endpoint {endpoint_id!r}", err=True)
         sys.exit(1)
@@ -134,7 +156,13 @@ def endpoints_rm(endpoint_id: str, redis_url: str | None, namespace: str | None)
 
 
 @endpoints.command("ls")
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the registry as JSON with its revision and invalid entries (a report: "
+    "`endpoints export` writes a file `sync` reads).",
+)
 @REDIS_URL
 @NAMESPACE
 def endpoints_ls(as_json: bool, redis_url: str | None, namespace: str | None) -> None:
@@ -172,17 +200,22 @@ def endpoints_ls(as_json: bool, redis_url: str | None, namespace: str | None) ->
 @endpoints.command("sync")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Print the changes without applying them.")
+@CONFIG
 @REDIS_URL
 @NAMESPACE
-def endpoints_sync(file: str, dry_run: bool, redis_url: str | None, namespace: str | None) -> None:
-    """Make the registry exactly FILE (YAML or TOML), atomically."""
+def endpoints_sync(
+    file: str, dry_run: bool, config_file: str | None, redis_url: str | None, namespace: str | None
+) -> None:
+    """Make the registry exactly FILE (YAML, JSON or TOML), atomically."""
     try:
         wanted = endpoints_from_file(file)
     except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise BadInput(str(exc)) from None
+    scrape = _scrape_settings(config_file, redis_url, namespace)
+    _refuse(list(wanted.values()), scrape, where=f"{file}: ")
 
     async def go() -> tuple[int, list[str], list[str], list[str]]:
-        async with store_session(redis_url, namespace) as store:
+        async with store_session(redis_url, namespace, config_file) as store:
             if dry_run:
                 current = await store.read_registry()
                 diff = sync_diff(current, {e.id: e.to_json() for e in wanted.values()})
@@ -198,4 +231,7 @@ def endpoints_sync(file: str, dry_run: bool, redis_url: str | None, namespace: s
         f"{verb} add {len(added)}, change {len(changed)}, remove {len(removed)}"
         + ("" if dry_run else f" (registry rev {rev})")
     )
-    _timeout_notes([wanted[endpoint_id] for endpoint_id in sorted(wanted)])
+    _timeout_notes([wanted[endpoint_id] for endpoint_id in sorted(wanted)], scrape)
+
+
+endpoints.add_command(endpoints_export)

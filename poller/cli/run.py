@@ -8,6 +8,8 @@ import sys
 import click
 
 from poller.cli.common import NAMESPACE, REDIS_URL, load
+from poller.cli.oneline import BadInput
+from poller.cli.register import registration_problems
 from poller.errors import ConfigError
 from poller.logs import setup_logging
 from poller.registry import endpoints_from_file
@@ -138,8 +140,12 @@ def run(
     )
     if settings.endpoints_file:
         try:
-            endpoints_from_file(settings.endpoints_file)
+            entries = endpoints_from_file(settings.endpoints_file)
         except ConfigError as exc:
-            raise click.UsageError(str(exc)) from None
+            raise BadInput(str(exc)) from None
+        where = f"{settings.endpoints_file}: "
+        problems = registration_problems(entries.values(), settings.scrape, where=where)
+        if problems:
+            raise BadInput("\n".join(problems))
     setup_logging(settings.log_level, settings.log_format)
     sys.exit(asyncio.run(serve(settings)))

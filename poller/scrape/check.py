@@ -14,7 +14,7 @@ from importlib import resources
 from typing import Any
 
 from poller.config import ScrapeSettings
-from poller.errors import FetchError, ScrapeError
+from poller.errors import ContractError, FetchError, ScrapeError
 from poller.registry import Endpoint
 from poller.scrape.engines import ENGINE_SPECS, mapping_for, mapping_for_endpoint
 from poller.scrape.http import KeyPolicy, Scraper, metrics_url
@@ -124,8 +124,10 @@ async def check_endpoint(
     # (scrape.key_env_prefix, scrape.key_dir) do not apply (docs/operations.md).
     scraper = Scraper(max_body_bytes=max_bytes, key_policy=KeyPolicy.unrestricted())
     started = time.perf_counter()
+    body = b""
     try:
         fetched = await scraper.fetch(endpoint, mapping.metrics_path, timeout_s)
+        body = fetched.body
         report |= {"status": fetched.status, "bytes": len(fetched.body)}
         parse_started = time.perf_counter()
         signals = mapping.read(fetched.body, fetched.content_type)
@@ -137,10 +139,27 @@ async def check_endpoint(
         report["missing"] = list(getattr(exc, "missing", ()))
         if isinstance(exc, FetchError) and exc.status is not None:
             report |= {"status": exc.status, "body": exc.body}
+        if isinstance(exc, ContractError):
+            report["looks_like"] = looks_like(body, engine)
     finally:
         await scraper.aclose()
     report["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 2)
     return report
+
+
+def looks_like(body: bytes, engine: str) -> list[str]:
+    """The other scraped engines whose contract this page satisfies (a page that fails
+    ``engine``'s is often another engine's: the operator picked the wrong ``--engine``)."""
+    found = []
+    for name, spec in ENGINE_SPECS.items():
+        if name == engine or not spec.scraped:
+            continue
+        try:
+            mapping_for(name).read(body)
+        except ScrapeError:
+            continue
+        found.append(name)
+    return found
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -162,4 +181,9 @@ def format_report(report: dict[str, Any]) -> str:
         if report.get("missing"):
             out("missing: " + ", ".join(report["missing"]))
         out(f"FAILED: {report['reason']}: {report['detail']}")
+        if report.get("looks_like"):
+            names = " or ".join(report["looks_like"])
+            out(f"the page looks like {names}'s: try --engine {report['looks_like'][0]}")
+        elif "looks_like" in report:
+            out("the page satisfies no other engine's contract either")
     return "\n".join(lines)

@@ -1,0 +1,99 @@
+"""``poller endpoints export``: the registry as a file ``endpoints sync`` reads back.
+
+Hand-written entries only by default: discovery entries (those with ``source``) belong
+to their DNS source, which rewrites them, and ``sync`` leaves them alone anyway. So
+``export > f; sync f`` changes nothing, and ``sync f`` on an empty registry rebuilds it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from poller.cli.common import NAMESPACE, REDIS_URL, run_store_command, store_session
+from poller.cli.oneline import BadInput
+from poller.registry import Endpoint
+
+__all__ = ["endpoints_export", "export_document"]
+
+
+def export_document(entries: list[Endpoint]) -> dict[str, Any]:
+    """``{"endpoints": [{id, url, ...}, ...]}``, sorted by id, defaults left out."""
+    rows = [
+        {"id": e.id, **e.model_dump(mode="json", exclude={"id"}, exclude_defaults=True)}
+        for e in sorted(entries, key=lambda e: e.id)
+    ]
+    return {"endpoints": rows}
+
+
+def _format_of(output: str | None, chosen: str | None) -> str:
+    if chosen:
+        return chosen
+    suffix = Path(output).suffix.lower() if output else ""
+    if suffix == ".toml":
+        raise BadInput(
+            f"{output}: export writes YAML or JSON (sync reads both); use .yaml or .json"
+        )
+    return "json" if suffix == ".json" else "yaml"
+
+
+@click.command("export")
+@click.option(
+    "-o",
+    "--output",
+    metavar="FILE",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Write to FILE instead of stdout (.json: JSON, else YAML).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["yaml", "json"]),
+    help="Output format  [default: from the FILE suffix, else yaml]",
+)
+@click.option(
+    "--include-discovered",
+    is_flag=True,
+    help="Also export the entries DNS discovery wrote (with their source).",
+)
+@REDIS_URL
+@NAMESPACE
+def endpoints_export(
+    output: str | None,
+    fmt: str | None,
+    include_discovered: bool,
+    redis_url: str | None,
+    namespace: str | None,
+) -> None:
+    """Write the registry as a file `poller endpoints sync` reads back."""
+    kind = _format_of(output, fmt)
+
+    async def go() -> Any:
+        async with store_session(redis_url, namespace) as store:
+            return await store.read_registry()
+
+    registry = run_store_command(go())
+    entries = [e for e in registry.endpoints.values() if include_discovered or not e.source]
+    document = export_document(entries)
+    if kind == "json":
+        text = json.dumps(document, indent=2) + "\n"
+    else:
+        import yaml
+
+        head = (
+            f"# poller endpoints export (registry rev {registry.rev}): "
+            "`poller endpoints sync FILE` reads it back\n"
+        )
+        text = head + yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
+    if output:
+        Path(output).write_text(text, encoding="utf-8")
+    else:
+        click.echo(text, nl=False)
+    skipped = len(registry.endpoints) - len(entries)
+    if skipped:
+        click.echo(f"note: {skipped} discovered entries left out (--include-discovered)", err=True)
+    for endpoint_id in sorted(registry.invalid):
+        click.echo(f"note: invalid entry {endpoint_id!r} left out: fix or remove it", err=True)
