@@ -38,11 +38,13 @@ def status(
     stale_after_ms: int | None,
 ) -> None:
     """Print the shared view: every endpoint, its state, load and owner."""
-    from rich.console import Console
+    from rich.console import Console, Group
     from rich.live import Live
 
+    from poller.cli.fleet import Fleet, fleet_table, read_fleet
     from poller.cli.render import render
     from poller.reader.reader import StatsReader
+    from poller.reader.view import View
     from poller.redis.discovery import read_sources
 
     settings = load(None, {"redis.url": redis_url, "redis.namespace": namespace})
@@ -54,28 +56,32 @@ def status(
         # from_settings, not from_url: POLLER_REDIS__TLS_* and cluster settings apply too
         reader = StatsReader.from_settings(settings.redis, stale_after_ms=stale_after_ms)
 
-        async def sources() -> list[dict[str, Any]]:
-            return await read_sources(reader.client, reader.keys)
+        async def read() -> tuple[View, list[dict[str, Any]], Fleet]:
+            view = await reader.snapshot()
+            found = await read_sources(reader.client, reader.keys)
+            return view, found, await read_fleet(reader.client, reader.keys)
+
+        def draw(view: View, found: list[dict[str, Any]], fleet: Fleet) -> Group:
+            return render(view, sort, found, [fleet_table(fleet)] if fleet.members else [])
 
         try:
-            view = await reader.snapshot()
-            found = await sources()
+            view, found, fleet = await read()
             if as_json:
-                click.echo(json.dumps({**view.to_dict(), "sources": found}, indent=2))
+                members = {"members": fleet.to_json()}
+                click.echo(json.dumps({**view.to_dict(), "sources": found, **members}, indent=2))
                 return
             if not watch:
-                console.print(render(view, sort, found))
+                console.print(draw(view, found, fleet))
                 return
-            with Live(render(view, sort, found), console=console, auto_refresh=False) as live:
+            with Live(draw(view, found, fleet), console=console, auto_refresh=False) as live:
                 while True:
                     await asyncio.sleep(1.0)
                     try:
-                        view = await reader.snapshot()
-                        found = await sources()
+                        view, found, fleet = await read()
                     except StoreError as exc:
                         live.update(f"[red]{exc}[/red]", refresh=True)
                         continue
-                    live.update(render(view, sort, found), refresh=True)
+                    live.update(draw(view, found, fleet), refresh=True)
         finally:
             await reader.aclose()
 

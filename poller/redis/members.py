@@ -22,7 +22,14 @@ from poller.redis.errors import redis_call
 from poller.redis.keys import Keys
 from poller.redis.lua import lua
 
-__all__ = ["Member", "cancel_drain", "leases_of", "read_members", "request_drain"]
+__all__ = [
+    "Member",
+    "cancel_drain",
+    "lease_holders",
+    "leases_of",
+    "read_members",
+    "request_drain",
+]
 
 Client = Redis | RedisCluster
 _BY = re.compile(r"[A-Za-z0-9._@-]{1,64}")
@@ -105,10 +112,15 @@ async def cancel_drain(client: Client, keys: Keys, poller_id: str) -> bool:
     return bool(removed)
 
 
-async def leases_of(client: Client, keys: Keys, poller_id: str) -> list[str]:
-    """The registered endpoints whose lease ``poller_id`` holds now (sorted)."""
+async def lease_holders(client: Client, keys: Keys) -> dict[str, str]:
+    """Registered endpoint id -> the poller holding its lease now (unheld ones absent)."""
     ids = sorted(str(e) for e in await redis_call(client.hkeys(keys.endpoints), "HKEYS"))
     if not ids:
-        return []
+        return {}
     values = await redis_call(client.mget([keys.lease(e) for e in ids]), "MGET leases")
-    return [e for e, v in zip(ids, values, strict=True) if v and str(v).split(" ")[0] == poller_id]
+    return {e: str(v).split(" ")[0] for e, v in zip(ids, values, strict=True) if v}
+
+
+async def leases_of(client: Client, keys: Keys, poller_id: str) -> list[str]:
+    """The registered endpoints whose lease ``poller_id`` holds now (sorted)."""
+    return [e for e, p in (await lease_holders(client, keys)).items() if p == poller_id]
