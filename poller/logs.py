@@ -41,7 +41,8 @@ _RECORD_ATTRS = frozenset(
 _BARE = re.compile(r"[^\s\"=\\\x00-\x1f\x7f]+")
 
 
-def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
+def setup_logging(level: str = "INFO", fmt: str = "text", poller_id: str | None = None) -> None:
+    """One handler on stderr; with ``poller_id``, every line carries it from the first."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter())
     root = logging.getLogger()
@@ -50,6 +51,8 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     # APScheduler logs every job run at INFO: far too chatty at 1,000 jobs a second.
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if poller_id is not None:
+        tag_poller(poller_id)
 
 
 def tag_poller(poller_id: str) -> None:

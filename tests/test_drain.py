@@ -4,19 +4,36 @@ pass by pass."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import fakeredis
 import httpx
 import pytest
+import redis.asyncio as aioredis
+from procs import pollers, until
+from redisproc import RedisProcess
 
 from poller.config import ScrapeSettings, Settings
+from poller.lab.sim import Simulator, fleet
 from poller.logs import text_of
-from poller.redis.members import cancel_drain, leases_of, read_members, request_drain
+from poller.reader import StatsReader
+from poller.redis.keys import Keys
+from poller.redis.members import (
+    cancel_drain,
+    lease_holders,
+    leases_of,
+    read_members,
+    request_drain,
+)
 from poller.redis.store import RedisStore
-from poller.registry import Endpoint
+from poller.registry import Endpoint, endpoint_from_dict
 from poller.service.worker import Worker
 
 IDS = [f"e{i}" for i in range(12)]
@@ -154,3 +171,103 @@ async def test_the_empty_registry_is_said_once_and_again_after_redis_lost_its_da
     assert len(empty) == 2, said  # at start, and after the restart; not once per pass
     assert "`poller endpoints add ID URL`, `poller endpoints sync FILE`" in empty[0]
     assert "the registry has entries again" in said
+
+
+# --- real pollers, real Redis, the CLI as a subprocess -----------------------------------
+
+
+def cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "poller", *args, "--redis-url", redis_url, "--namespace", NS]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+NS = "drain"
+
+
+@pytest.mark.slow
+async def test_drain_moves_every_endpoint_and_keeps_the_health_port(
+    own_redis: RedisProcess, tmp_path: Path
+) -> None:
+    client = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
+    store, keys = RedisStore(client, NS), Keys(NS)
+    try:
+        async with Simulator(fleet(6, engines=("vllm",)), seed=31) as sim:
+            await store.replace_registry(
+                {e["id"]: endpoint_from_dict(None, e) for e in sim.registry()}
+            )
+            ids = sorted(sim.ids)
+            json_logs = ("--log-format", "json")
+            with pollers(2, own_redis.url, NS, tmp_path, extra_args=json_logs) as (p0, p1):
+
+                async def both_hold() -> bool:
+                    held = await lease_holders(client, keys)
+                    return sorted(held) == ids and set(held.values()) == {"p0", "p1"}
+
+                await until(both_hold, 30, "both pollers holding leases")
+                await until(lambda: p0.get("/readyz")[0] == 200, 10, "p0 ready")
+
+                done = await asyncio.to_thread(cli, own_redis.url, "drain", "p0", "--wait", "30")
+                assert done.returncode == 0, done.stderr
+                assert done.stdout.startswith("draining p0: it hands its endpoints over")
+                assert "p0 holds no lease" in done.stdout
+                assert await leases_of(client, keys, "p1") == ids
+
+                # p1 writes every endpoint now; p0 still answers on its health port
+                reader = StatsReader(client, NS)
+
+                async def all_by_p1() -> bool:
+                    view = await reader.snapshot()
+                    return all(
+                        e.state == "fresh" and e.owner == "p1" for e in view.endpoints.values()
+                    )
+
+                await until(all_by_p1, 20, "every endpoint written by p1")
+                assert p0.get("/healthz") == (200, "ok\n")
+                status, body = p0.get("/readyz")
+                assert status == 503 and body.startswith("not ready: draining"), body
+                assert p0.metric("poller_leases_held") == 0
+                assert p0.running()
+
+                shown = await asyncio.to_thread(cli, own_redis.url, "status")
+                [row] = [line for line in shown.stdout.splitlines() if line.startswith("p0 ")]
+                assert row.split()[1:3] == ["draining", "(by"], row
+                members = json.loads(
+                    (await asyncio.to_thread(cli, own_redis.url, "status", "--json")).stdout
+                )["members"]
+                assert [(m["id"], m["state"], m["leases"]) for m in members] == [
+                    ("p0", "draining", 0),
+                    ("p1", "serving", len(ids)),
+                ]
+
+                # mistakes are one line and exit 2
+                last = await asyncio.to_thread(cli, own_redis.url, "drain", "p1")
+                assert last.returncode == 2 and "p1 is the last serving poller" in last.stderr
+                assert last.stderr.count("\n") == 1
+                nobody = await asyncio.to_thread(cli, own_redis.url, "drain", "p9")
+                assert nobody.returncode == 2
+                assert nobody.stderr == "Error: no live poller 'p9' (live pollers: p0, p1)\n"
+
+                undo = await asyncio.to_thread(cli, own_redis.url, "drain", "p0", "--undo")
+                assert undo.returncode == 0 and "p0 returns to service" in undo.stdout
+                await until(both_hold, 20, "p0 taking its share again")
+                await until(lambda: p0.get("/readyz")[0] == 200, 10, "p0 ready again")
+
+                # SIGUSR1 does what `poller drain` does
+                p0.signal(signal.SIGUSR1)
+
+                async def p0_empty() -> bool:
+                    return await leases_of(client, keys, "p0") == []
+
+                await until(p0_empty, 20, "p0 empty after SIGUSR1")
+                _, found = await read_members(client, keys)
+                assert [(m.id, m.state) for m in found] == [("p0", "draining"), ("p1", "serving")]
+                assert found[0].drain is not None and found[0].drain["by"] == "signal"
+                p0.signal(signal.SIGTERM)
+                assert await asyncio.to_thread(p0.wait, 15) == 0
+            lines = [json.loads(x) for x in p0.log().splitlines() if x.startswith("{")]
+            assert lines and all(line["poller"] == "p0" for line in lines)
+            handovers = [line for line in lines if line["msg"].startswith("handing over")]
+            assert handovers and all(line["to"] == "p1" for line in handovers)
+            assert any(line["msg"].startswith("draining: handing over") for line in lines)
+    finally:
+        await client.aclose()

@@ -18,7 +18,7 @@ from poller.service.page import OperatorPage
 from poller.service.ttl import stats_ttl_ms
 from poller.service.worker import Worker
 
-__all__ = ["serve"]
+__all__ = ["redacted", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ async def serve(settings: Settings) -> int:
     log.info(
         "poller starting",
         extra={
-            "redis": _redact(settings.redis.url),
+            "redis": redacted(settings.redis.url),
             "namespace": settings.redis.namespace,
             "interval_s": sc.interval_s,
             # Raised above stats_ttl_intervals where a takeover would outlast it.
@@ -121,7 +121,7 @@ def _page_routes(worker: Worker, settings: Settings) -> dict[str, Any]:
     return dict(page.routes())
 
 
-def _redact(url: str) -> str:
+def redacted(url: str) -> str:
     """The Redis URL without its password, for logs."""
     parts = urlsplit(url)
     if parts.password is None:
