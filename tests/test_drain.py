@@ -225,7 +225,8 @@ async def test_drain_moves_every_endpoint_and_keeps_the_health_port(
                 assert p0.get("/healthz") == (200, "ok\n")
                 status, body = p0.get("/readyz")
                 assert status == 503 and body.startswith("not ready: draining"), body
-                assert p0.metric("poller_leases_held") == 0
+                assert p0.metric("poller_leases_held") == 0 and p0.metric("poller_draining") == 1
+                assert p1.metric("poller_draining") == 0
                 assert p0.running()
 
                 shown = await asyncio.to_thread(cli, own_redis.url, "status")

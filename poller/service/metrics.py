@@ -107,6 +107,12 @@ class PollerMetrics:
         self.members = Gauge(
             "poller_live_members", "Live pollers seen at the last heartbeat.", registry=r
         )
+        self.draining = Gauge(
+            "poller_draining",
+            "1 while a drain of this poller is requested (poller drain, SIGUSR1): it holds "
+            "and takes no lease.",
+            registry=r,
+        )
         # DNS discovery (poller/service/discovery.py): counted by the poller resolving.
         self.discovery_resolutions = Counter(
             "poller_discovery_resolutions",

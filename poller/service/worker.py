@@ -283,6 +283,7 @@ class Worker:
         self._redis_state()
         self.metrics.members.set(len(self.coordinator.members))
         self.notices.drain(self.draining, len(self.holdings))
+        self.metrics.draining.set(1 if self.draining else 0)
         return changed
 
     def _redis_state(self, error: StoreError | None = None) -> None:
