@@ -191,7 +191,10 @@ def test_status_json_and_plain_table(run) -> None:  # type: ignore[no-untyped-de
     assert "0 live pollers" in table.output and "unknown 1" in table.output
     assert table.output.splitlines()[1].split()[:3] == ["ID", "ENGINE", "STATE"]
     snapshot = json.loads(run("status", "--json").output)
-    assert set(snapshot) == {"schema", "now_ms", "rev", "pollers", "counts", "endpoints", "sources"}
+    assert set(snapshot) == {
+        "schema", "now_ms", "rev", "pollers", "counts", "endpoints", "sources", "members"
+    }  # fmt: skip
+    assert snapshot["members"] == []  # the live pollers with their state (none here)
     assert snapshot["sources"] == []  # DNS discovery sources (none here)
     [entry] = snapshot["endpoints"]
     assert set(entry) == {

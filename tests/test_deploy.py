@@ -704,13 +704,17 @@ def _exported_metrics() -> dict[str, set[str]]:
     """Every series name the poller exports -> its label names."""
     names: dict[str, set[str]] = {}
     metrics = PollerMetrics()
-    for family in metrics.registry.collect():
+    for family in metrics.exposition.collect():
         collector = next(
-            c for c in vars(metrics).values() if getattr(c, "_name", None) == family.name
+            (c for c in vars(metrics).values() if getattr(c, "_name", None) == family.name), None
         )
+        if collector is None:  # build info, process and platform collectors: as exposed
+            for sample in family.samples:
+                names.setdefault(sample.name, set()).update(sample.labels)
+            continue
         labels = set(collector._labelnames)
-        suffixes = {"counter": ["_total", "_created"], "gauge": [""]}.get(
-            family.type, ["_bucket", "_count", "_sum", "_created"]
+        suffixes = {"counter": ["_total"], "gauge": [""]}.get(
+            family.type, ["_bucket", "_count", "_sum"]
         )
         for suffix in suffixes:
             names[family.name + suffix] = labels | ({"le"} if suffix == "_bucket" else set())

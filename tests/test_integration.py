@@ -107,7 +107,7 @@ async def test_sigterm_hands_over_without_missing_an_interval(
             await asyncio.sleep(1.0)
             procs[1].signal(signal.SIGTERM)
             assert await asyncio.to_thread(procs[1].wait, 10) == 0
-            assert "left: released=" in procs[1].log()
+            assert "left the members: released" in procs[1].log()
             await asyncio.sleep(3.0)
             for e in mine:
                 g = gaps(sim.hit_times(e))

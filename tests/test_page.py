@@ -212,6 +212,18 @@ def test_each_poller_shows_its_own_version_and_ttl_from_the_members_info() -> No
     assert re.search(r'data-id="p0">.*?beat">0.5s<.*?version">9.9.9<', html)
 
 
+def test_a_draining_poller_says_so_in_the_fleet() -> None:
+    infos = {"p1": {"version": "1", "member_ttl_ms": 2000, "draining": True}, "p2": {}}
+    expiries = {"p0": 1_001_500, "p1": 1_001_500, "p2": 1_001_500}
+    fleet = Fleet("p0", "1", 2000, expiries=expiries, infos=infos, drains={"p1", "p2"})
+    v = view(endpoint("a"))
+    html = render_main({**v, "pollers": ["p0", "p1", "p2"]}, fleet, Query())
+    assert re.search(r'class="poller self" data-id="p0">.*?state">serving<', html)
+    assert re.search(r'class="poller draining" data-id="p1">.*?state">draining<', html)
+    # requested, not acknowledged (yet, or a poller version that does not drain)
+    assert re.search(r'class="poller draining" data-id="p2">.*?state">drain requested<', html)
+
+
 def test_sleeping_shows_where_the_stats_say_so_and_only_then() -> None:
     asleep = endpoint("asleep", stats={"sleeping": 1})
     awake = endpoint("awake", stats={"sleeping": 0})

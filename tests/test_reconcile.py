@@ -413,6 +413,8 @@ async def test_unexpected_errors_in_the_events_loop_are_warned_once_and_counted(
             await asyncio.wait_for(subscribed.wait(), 10)
         finally:
             await worker.stop(timeout_s=0.5)
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    warnings = [
+        r for r in caplog.records if r.levelno == logging.WARNING and r.name.endswith(".metrics")
+    ]
     assert len(warnings) == 1 and "ValueError in events" in warnings[0].getMessage()
     assert worker.metrics.unexpected.labels("events", "ValueError")._value.get() == 3

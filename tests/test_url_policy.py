@@ -13,6 +13,7 @@ from httpserver import HTTPServer, Request, answer
 
 from poller.config import HostAllowlist, Settings, load_settings
 from poller.errors import ConfigError, FetchError
+from poller.logs import text_of
 from poller.redis.store import RedisStore
 from poller.registry import Endpoint, endpoint_from_json
 from poller.scrape.http import Scraper
@@ -327,7 +328,7 @@ async def test_worker_writes_a_config_failure_for_a_disallowed_endpoint(
         assert failure["detail"] == "host 169.254.169.254 is not in scrape.allowed_hosts"
         assert [str(r.url) for r in recorder.requests] == ["http://a.engines.internal:8000/metrics"]
         assert (await worker.store.read_stats("inside"))["running"] == "1"
-        assert any("169.254.169.254" in r.getMessage() for r in caplog.records)
+        assert any("169.254.169.254" in text_of(r) for r in caplog.records)
     finally:
         await worker.jobs.stop()
         await worker.scraper.aclose()

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from poller.config import ScrapeSettings, Settings
+from poller.logs import text_of
 from poller.redis.store import RedisStore
 from poller.registry import Endpoint
 from poller.scrape.http import KeyPolicy
@@ -240,17 +241,17 @@ async def test_failures_are_logged_once_per_reason(
             await worker.scrape_once("e1")
         engines.handlers.pop("e1")
         await worker.scrape_once("e1")
-    messages = [(r.levelname, r.getMessage()) for r in caplog.records]
+    messages = [(r.levelname, text_of(r)) for r in caplog.records]
     assert [m for m in messages if "scrape failed" in m[1]] == [
-        ("INFO", "scrape failed endpoint=e1 reason=unreachable detail=ConnectError: refused"),
+        ("INFO", 'scrape failed endpoint=e1 reason=unreachable detail="ConnectError: refused"'),
         (
             "WARNING",
-            "scrape failed endpoint=e1 reason=contract missing=vllm:num_requests_waiting,"
-            "vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc: the engine does not serve the "
-            "metrics this endpoint is read with; routing to it is uninformed",
+            "scrape failed: the engine does not serve the metrics this endpoint is read with; "
+            "routing to it is uninformed endpoint=e1 reason=contract missing=vllm:num_requests_"
+            "waiting,vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc",
         ),
     ]
-    assert ("INFO", "endpoint recovered: endpoint=e1 after=contract") in messages
+    assert ("INFO", "endpoint recovered endpoint=e1 after=contract") in messages
 
 
 async def test_first_run_keeps_the_previous_owners_rhythm(worker: Worker) -> None:

@@ -10,6 +10,7 @@ import click
 
 from poller._version import __version__
 from poller.cli.check import check
+from poller.cli.drain import drain
 from poller.cli.endpoints import endpoints
 from poller.cli.lab import bench, demo, sim, soak
 from poller.cli.oneline import PollerGroup
@@ -28,5 +29,5 @@ def cli() -> None:
     """llmgw-poller: scrape LLM engines once, share their load through Redis."""
 
 
-for command in (run, endpoints, status, check, demo, sim, bench, soak):
+for command in (run, endpoints, status, drain, check, demo, sim, bench, soak):
     cli.add_command(command)

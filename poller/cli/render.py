@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -59,9 +59,15 @@ def header(view: View) -> str:
     )
 
 
-def render(view: View, sort: str = "id", sources: list[dict[str, Any]] | None = None) -> Group:
-    """The header line and the table; rich drops the colours when output is piped."""
-    tail = [sources_table(sources, view.now_ms)] if sources else []
+def render(
+    view: View,
+    sort: str = "id",
+    sources: list[dict[str, Any]] | None = None,
+    extra: Sequence[RenderableType] = (),
+) -> Group:
+    """The header line and the table (then the sources and ``extra``, e.g. the pollers);
+    rich drops the colours when output is piped."""
+    tail = [*([sources_table(sources, view.now_ms)] if sources else []), *extra]
     if not view.endpoints:
         note = Text(
             "the registry is empty: add endpoints with `poller endpoints add` or "

@@ -7,9 +7,10 @@ import sys
 
 import click
 
-from poller.cli.common import NAMESPACE, REDIS_URL, load
+from poller.cli.common import NAMESPACE, REDIS_URL, load, run_store_command
 from poller.cli.oneline import BadInput
 from poller.cli.register import registration_problems
+from poller.cli.runcheck import check_run
 from poller.errors import ConfigError
 from poller.logs import setup_logging
 from poller.registry import endpoints_from_file
@@ -131,6 +132,12 @@ from poller.service.serve import serve
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     help="Least severe level logged; INFO logs lease changes and failures once each.",
 )
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Validate the settings, reach Redis (schema version, live pollers, registry "
+    "size) and exit without serving: 0 ok, 2 bad settings, 1 Redis unreachable",
+)
 def run(
     config_file: str | None,
     redis_url: str | None,
@@ -147,6 +154,7 @@ def run(
     redis_tls_insecure: bool,
     log_format: str | None,
     log_level: str | None,
+    check: bool,
 ) -> None:
     """Serve: scrape the endpoints this poller holds leases for, forever."""
     settings = load(
@@ -178,5 +186,7 @@ def run(
         problems = registration_problems(entries.values(), settings.scrape, where=where)
         if problems:
             raise BadInput("\n".join(problems))
-    setup_logging(settings.log_level, settings.log_format)
+    if check:
+        sys.exit(run_store_command(check_run(settings)))
+    setup_logging(settings.log_level, settings.log_format, settings.id)
     sys.exit(asyncio.run(serve(settings)))

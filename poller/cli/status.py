@@ -44,11 +44,13 @@ def status(
     stale_after_ms: int | None,
 ) -> None:
     """Print the shared view: every endpoint, its state, load and owner."""
-    from rich.console import Console
+    from rich.console import Console, Group
     from rich.live import Live
 
+    from poller.cli.fleet import Fleet, fleet_table, read_fleet
     from poller.cli.render import render
     from poller.reader.reader import StatsReader
+    from poller.reader.view import View
     from poller.service.page_format import with_entries
 
     settings = load(None, {"redis.url": redis_url, "redis.namespace": namespace})
@@ -60,20 +62,28 @@ def status(
         # from_settings, not from_url: POLLER_REDIS__TLS_* and cluster settings apply too
         reader = StatsReader.from_settings(settings.redis, stale_after_ms=stale_after_ms)
 
+        async def read() -> tuple[View, list[dict[str, Any]], Fleet]:
+            view = await reader.snapshot()
+            found = await sources(reader)
+            return view, found, await read_fleet(reader.client, reader.keys)
+
+        def draw(view: View, found: list[dict[str, Any]], fleet: Fleet) -> Group:
+            return render(view, sort, found, [fleet_table(fleet)] if fleet.members else [])
+
         async def frame() -> Any:
-            """The next frame: the table, or the error of this read (the watch goes on)."""
+            """The next frame: the tables, or the error of this read (the watch goes on)."""
             try:
-                return render(await reader.snapshot(), sort, await sources(reader))
+                return draw(*await read())
             except StoreError as exc:
                 return f"[red]Error: {exc}[/red]"
 
         try:
-            view = await reader.snapshot()
-            found = await sources(reader)
+            view, found, fleet = await read()
             if as_json:
-                click.echo(json.dumps({**with_entries(view), "sources": found}, indent=2))
+                members = {"members": fleet.to_json()}
+                click.echo(json.dumps({**with_entries(view), "sources": found, **members}, indent=2))
                 return
-            shown = render(view, sort, found)
+            shown = draw(view, found, fleet)
             if not watch:
                 console.print(shown)
             elif not console.is_terminal:

@@ -23,6 +23,9 @@ class Keys:
         self.members = f"{self.prefix}:members"
         # poller id -> JSON {version, member_ttl_ms}: what the heartbeat alone cannot say.
         self.members_info = f"{self.prefix}:members:info"
+        # poller id -> JSON {since_ms, by}: drain requests (CLI or SIGUSR1). A draining
+        # member keeps its membership but rendezvous gives it nothing (docs/schema.md).
+        self.members_drain = f"{self.prefix}:members:drain"
         self.fence = f"{self.prefix}:fence"
         self.events = f"{self.prefix}:events"
         # A shard channel (SSUBSCRIBE) carrying what events carries, plus each stats and

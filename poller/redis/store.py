@@ -64,6 +64,9 @@ class Heartbeat:
     members: list[str]
     #: Changes only when Redis lost everything (an empty restart).
     epoch: str
+    #: Live members a drain is requested for (``P:members:drain``), sorted: rendezvous
+    #: gives them nothing.
+    draining: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,13 +174,18 @@ class RedisStore:
         keys = [self.keys.members, self.keys.schema, self.keys.epoch]
         args: list[str | int] = [poller_id, member_ttl_ms, SCHEMA_VERSION, secrets.token_hex(8)]
         if poller_id:
-            keys.append(self.keys.members_info)
+            keys += [self.keys.members_info, self.keys.members_drain]
             info = {"version": __version__, "member_ttl_ms": member_ttl_ms}
             args.append(json.dumps(info, separators=(",", ":")))
         reply = await self._call(self._heartbeat(keys=keys, args=args), "heartbeat")
         if poller_id and reply[1] != SCHEMA_VERSION:
             raise self._mismatch(reply[1])
-        return Heartbeat(int(reply[0]), sorted(reply[3:]), str(reply[2]))
+        rest = [str(m) for m in reply[3:]]
+        draining: list[str] = []
+        if poller_id:  # members, "", then the draining ones (ids are never empty)
+            split = rest.index("")
+            rest, draining = rest[:split], rest[split + 1 :]
+        return Heartbeat(int(reply[0]), sorted(rest), str(reply[2]), tuple(sorted(draining)))
 
     def _mismatch(self, found: str | None) -> SchemaMismatch:
         return SchemaMismatch(
@@ -189,7 +197,12 @@ class RedisStore:
         return (await self.heartbeat("", 0)).members
 
     async def leave(self, poller_id: str) -> None:
-        await self._call(self.client.zrem(self.keys.members, poller_id), "ZREM members")
+        """Leave membership; a drain of us ends with it (a restarted poller serves)."""
+        pipe = self.client.pipeline(transaction=False)  # in order: membership first
+        pipe.zrem(self.keys.members, poller_id)
+        pipe.hdel(self.keys.members_info, poller_id)
+        pipe.hdel(self.keys.members_drain, poller_id)
+        await self._call(pipe.execute(), "leave")
 
     # --- leases --------------------------------------------------------------------------
 

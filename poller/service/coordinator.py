@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from poller.config import CoordinationSettings
+from poller.logs import count, few
 from poller.redis.store import RedisStore
 from poller.service.owned import Holdings
 
@@ -83,6 +84,8 @@ class Coordinator:
         self.settings = settings
         self.holdings = holdings if holdings is not None else Holdings()
         self.members: list[str] = []
+        #: Live members a drain is requested for: rendezvous gives them nothing.
+        self.draining: tuple[str, ...] = ()
         self.redis_now_ms = 0  # Redis clock at the last heartbeat
         #: The data epoch Redis reported at the last heartbeat: it changes only when
         #: Redis lost everything.
@@ -94,19 +97,27 @@ class Coordinator:
         return self.holdings.tokens()
 
     async def heartbeat(self) -> bool:
-        """Refresh membership; returns True when the set of live members changed."""
+        """Refresh membership; returns True when the live members, or which of them
+        drain, changed."""
         beat = await self.store.heartbeat(self.poller_id, self.settings.member_ttl_ms)
         self.redis_now_ms, self.epoch = beat.now_ms, beat.epoch
-        changed = beat.members != self.members
-        if changed:
-            log.info("members changed: %s", " ".join(beat.members) or "(none)")
-        self.members = beat.members
+        changed = beat.members != self.members or beat.draining != self.draining
+        if beat.members != self.members:
+            log.info("members changed", extra={"members": ",".join(beat.members) or "(none)"})
+        if beat.draining != self.draining:
+            log.info("draining members", extra={"draining": ",".join(beat.draining) or "(none)"})
+        self.members, self.draining = beat.members, beat.draining
         return changed
 
+    @property
+    def serving(self) -> list[str]:
+        """The live members rendezvous assigns to: those not draining."""
+        return [m for m in self.members if m not in self.draining]
+
     def preferred(self, endpoint_ids: Iterable[str]) -> set[str]:
-        if self.poller_id not in self.members:
-            return set()  # not (yet, or any longer) a live member: own nothing
-        owners = assign(self.members, endpoint_ids)
+        if self.poller_id not in self.serving:
+            return set()  # not (yet, or any longer) a live member, or draining: own nothing
+        owners = assign(self.serving, endpoint_ids)
         return {e for e, owner in owners.items() if owner == self.poller_id}
 
     async def reconcile(self, endpoint_ids: Iterable[str]) -> ReconcileResult:
@@ -127,6 +138,7 @@ class Coordinator:
             for e, token in give_up.items():
                 self.holdings.discard(e, token)
             result.lost.extend(sorted(give_up))
+            self._log_handover(give_up, ids)
 
         sent = time.monotonic()
         held = self.held
@@ -137,7 +149,7 @@ class Coordinator:
                 if record is not None:  # not discarded while the renewal was in flight
                     record.confirmed_at = sent
             else:
-                log.warning("lease lost: endpoint=%s", e)
+                log.warning("lease lost", extra={"endpoint": e, "at": "renewal"})
                 self.holdings.discard(e, held[e])
                 result.lost.append(e)
 
@@ -154,6 +166,23 @@ class Coordinator:
                     result.orphaned.append(acquired.endpoint_id)
         result.duration_s = time.perf_counter() - started
         return result
+
+    def _log_handover(self, released: Iterable[str], registered: set[str]) -> None:
+        """The losing side says where its endpoints go (the gaining side logs them as
+        acquired), grouped by their new owner."""
+        owners = assign(self.serving, released)
+        groups: dict[str, list[str]] = {}
+        for e in released:
+            groups.setdefault(owners.get(e, "") if e in registered else "-", []).append(e)
+        for to, gone in sorted(groups.items()):
+            n = count(len(gone), "endpoint")
+            if to == "-":
+                log.info("released %s removed from the registry", n, extra={"endpoints": few(gone)})
+            elif to:
+                log.info("handing over %s to %s", n, to, extra={"endpoints": few(gone), "to": to})
+            else:
+                fields = {"endpoints": few(gone)}
+                log.info("released %s: no serving poller to take them", n, extra=fields)
 
     def forget(self, endpoint_id: str, token: int | None = None) -> None:
         """The lease is someone else's now. With ``token``, only if we still hold it

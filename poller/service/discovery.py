@@ -99,7 +99,7 @@ def plan(
         try:
             entry = endpoint_for(source, target)
         except ConfigError as exc:
-            log.warning("discovery %s: %s", source.name, exc)
+            log.warning("discovery target skipped", extra={"source": source.name, "why": str(exc)})
             continue
         wanted[entry.id] = entry.to_json()
     conflicts = sorted(e for e in wanted if e in raw and e not in owned)
@@ -180,7 +180,9 @@ class DiscoveryRunner:
                 try:
                     await self.leases.release(name, self.id, st.token)
                 except StoreError as exc:
-                    log.warning("discovery %s: lease not released: %s", name, exc)
+                    log.warning(
+                        "discovery lease not released", extra={"source": name, "why": str(exc)}
+                    )
                 st.token = None
 
     async def _loop(self) -> None:
@@ -219,11 +221,11 @@ class DiscoveryRunner:
         preferred = owner_of(f"discovery/{name}", members)
         if st.token is not None:
             if preferred is not None and preferred != self.id and not st.orphan:
-                log.info("discovery %s: handing over to %s", name, preferred)
+                log.info("discovery: handing over", extra={"source": name, "to": preferred})
                 await self.leases.release(name, self.id, st.token)
                 self._drop(st)
             elif not await self.leases.renew(name, self.id, st.token, ttl_ms):
-                log.warning("discovery %s: lease lost", name)
+                log.warning("discovery lease lost", extra={"source": name})
                 self._drop(st)
             return
         if preferred != self.id:
@@ -232,7 +234,10 @@ class DiscoveryRunner:
                 return
         lease = await self.leases.acquire(name, self.id, ttl_ms)
         if lease.token is not None:
-            log.info("discovery %s: resolving %s (token %d)", name, st.source.query, lease.token)
+            log.info(
+                "discovery: resolving",
+                extra={"source": name, "query": st.source.query, "token": lease.token},
+            )
             st.token, st.next_refresh, st.free_passes = lease.token, now, 0
             # With no live members listed yet, nobody is preferred: hand over normally later.
             st.orphan = preferred is not None and preferred != self.id
@@ -255,13 +260,16 @@ class DiscoveryRunner:
             self.metrics.discovery_failures.labels(name, failure).inc()
         if failure != st.failure:  # once per change: a DNS outage logs one line, not one a refresh
             if failure:
-                log.warning("discovery %s: %s (entries kept): %s", name, failure, answer.detail)
+                log.warning(
+                    "discovery failed (entries kept)",
+                    extra={"source": name, "reason": failure, "detail": answer.detail},
+                )
             else:
-                log.info("discovery %s: answering again", name)
+                log.info("discovery answering again", extra={"source": name})
             st.failure = failure
         assert st.token is not None
         if not await self.leases.renew(name, self.id, st.token, self.coordination.lease_ttl_ms):
-            log.warning("discovery %s: lease lost while resolving", name)
+            log.warning("discovery lease lost while resolving", extra={"source": name})
             self._drop(st)
             return
         try:
@@ -291,7 +299,7 @@ class DiscoveryRunner:
             status_ttl_ms=int(source.refresh_s * 3000) + self.coordination.lease_ttl_ms * 2,
         )
         if not ok:
-            log.warning("discovery %s: lease lost before the status write", name)
+            log.warning("discovery lease lost before the status write", extra={"source": name})
             self._drop(st)
 
     async def _reconcile(self, st: _State, targets: tuple[Target, ...] | None) -> int | None:
@@ -302,18 +310,23 @@ class DiscoveryRunner:
             registry = await self.store.read_registry()
             p = plan(st.source, targets, registry.endpoints, registry.raw, st.misses)
             for conflict in sorted(set(p.conflicts) - st.conflicts):
-                log.warning("discovery %s: %s is someone else's entry; left alone", name, conflict)
+                log.warning(
+                    "discovery: someone else's entry left alone",
+                    extra={"source": name, "endpoint": conflict},
+                )
             st.conflicts = frozenset(p.conflicts)
             if p.put or p.remove:
                 rev = await self.store.update_registry(registry.rev, p.remove, p.put)
                 if rev < 0:
                     continue
                 log.info(
-                    "discovery %s: rev=%d added/changed=%s removed=%s",
-                    name,
-                    rev,
-                    ",".join(sorted(p.put)) or "-",
-                    ",".join(p.remove) or "-",
+                    "discovery changed the registry",
+                    extra={
+                        "source": name,
+                        "rev": rev,
+                        "put": ",".join(sorted(p.put)) or "-",
+                        "removed": ",".join(p.remove) or "-",
+                    },
                 )
             st.misses = p.misses
             return p.owned

@@ -60,7 +60,9 @@ class RegistryFollower:
                 # record: it is left alone (and shown by `poller endpoints ls`).
                 if endpoint_id not in self._unusable:
                     self._unusable.add(endpoint_id)
-                    log.error("registry id %r is unusable; ignoring it", endpoint_id[:100])
+                    log.error(
+                        "registry id unusable; ignoring it", extra={"endpoint": endpoint_id[:100]}
+                    )
                 continue
             invalid[endpoint_id] = error
         self.rev, self.entries, self.invalid = registry.rev, entries, invalid
@@ -75,24 +77,26 @@ class RegistryFollower:
         try:
             mtime = os.stat(path).st_mtime
         except OSError as exc:
-            log.warning("endpoints file %s unreadable: %s", path, exc.strerror)
+            log.warning("endpoints file unreadable", extra={"file": path, "why": exc.strerror})
             return
         if mtime == self._file_mtime:
             return
         try:
             wanted = endpoints_from_file(path)
         except ConfigError as exc:
-            log.error("endpoints file not applied: %s", exc)
+            log.error("endpoints file not applied", extra={"file": path, "why": str(exc)})
             self._file_mtime = mtime  # do not retry until it changes
             return
         rev, added, changed, removed = await self.store.replace_registry(wanted)
         self._file_mtime = mtime
         if added or changed or removed:
             log.info(
-                "registry synced from %s: rev=%d added=%d changed=%d removed=%d",
-                path,
-                rev,
-                len(added),
-                len(changed),
-                len(removed),
+                "registry synced from the endpoints file",
+                extra={
+                    "file": path,
+                    "rev": rev,
+                    "added": len(added),
+                    "changed": len(changed),
+                    "removed": len(removed),
+                },
             )

@@ -17,7 +17,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
 
 __all__ = ["HealthServer", "Response"]
 
@@ -52,7 +53,7 @@ class HealthServer:
         port: int,
         *,
         ready: Callable[[], bool],
-        registry: CollectorRegistry,
+        registry: Collector,
         unready_reason: Callable[[], str] = lambda: "",
         routes: dict[str, JsonRoute] | None = None,
         raw_routes: dict[str, RawRoute] | None = None,
@@ -70,7 +71,7 @@ class HealthServer:
         """Listen; returns the bound port (useful with port 0)."""
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
-        log.info("health server on %s:%d", self.host, self.port)
+        log.info("health server listening", extra={"host": self.host, "port": self.port})
         return self.port
 
     async def stop(self) -> None:
@@ -132,6 +133,6 @@ class HealthServer:
             assert route is not None
             payload = await route()
         except Exception:
-            log.exception("route %s failed", path)
+            log.exception("route failed", extra={"path": path})
             return Response(500, "text/plain", b"internal error\n")
         return Response(200, "application/json", json.dumps(payload).encode())

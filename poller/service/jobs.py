@@ -28,6 +28,7 @@ from poller.redis.store import RedisStore, WriteResult
 from poller.scrape.http import Scraper
 from poller.service.metrics import PollerMetrics, Surprises
 from poller.service.owned import Holdings, JobSpec, Owned, Window
+from poller.service.ttl import stats_ttl_ms
 from poller.stats import prefix_hit_rate, stats_fields
 
 __all__ = ["GridJitterTrigger", "JobRunner"]
@@ -328,7 +329,13 @@ class JobRunner:
         window.failures.recovered(spec.endpoint_id)
 
     def _ttl_ms(self, spec: JobSpec) -> int:
-        return round(spec.interval_s * self.settings.scrape.stats_ttl_intervals * 1000)
+        # Long enough that the record outlives a takeover (service/ttl.py).
+        return stats_ttl_ms(
+            spec.interval_s,
+            spec.timeout_s,
+            self.settings.coordination,
+            self.settings.scrape.stats_ttl_intervals,
+        )
 
     async def _write_failure(self, spec: JobSpec, window: Window, exc: ScrapeError) -> None:
         window.failures.failed(spec.endpoint_id, exc)
@@ -367,7 +374,9 @@ class JobRunner:
             # the job dropped meanwhile): the current ownership stands.
             return
         self.metrics.lease_losses.inc()
-        log.warning("lease lost endpoint=%s holder=%s", spec.endpoint_id, holder or "(none)")
+        log.warning(
+            "lease lost", extra={"endpoint": spec.endpoint_id, "holder": holder or "(none)"}
+        )
         self.unschedule(spec.endpoint_id, "lease lost")
         self.metrics.leases_held.set(len(self.specs))
         self._wake()  # a pass now, to take what rendezvous still gives us

@@ -1,16 +1,32 @@
 """The poller's own Prometheus metrics (served on the health port at /metrics).
 
 Each Worker gets its own CollectorRegistry, so several workers in one process (tests,
-benchmarks) never collide in the global registry.
+benchmarks) never collide in the global registry. Besides the poller's own series it
+carries ``poller_build_info`` and the process collectors (CPU, RSS, open FDs), and its
+exposition (``PollerMetrics.exposition``) leaves out the ``_created`` series.
 """
 
 from __future__ import annotations
 
 import logging
+import platform
+from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
-__all__ = ["PollerMetrics", "Surprises"]
+from poller._version import __version__
+
+__all__ = ["PollerMetrics", "Surprises", "WithoutCreated"]
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +38,16 @@ class PollerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        #: What /metrics serves: this registry without its ``_created`` series.
+        self.exposition = WithoutCreated(r)
+        # The series dashboards join on to tell versions apart during a rolling update.
+        Info("poller_build", "The poller's version and Python.", registry=r).info(
+            {"version": __version__, "python": platform.python_version()}
+        )
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
+        # (read from /proc; nothing on systems without it) and python_info.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
         self.scrapes = Counter(
             "poller_scrapes",
             "Scrapes by engine and result (ok or a failure reason).",
@@ -81,6 +107,12 @@ class PollerMetrics:
         self.members = Gauge(
             "poller_live_members", "Live pollers seen at the last heartbeat.", registry=r
         )
+        self.draining = Gauge(
+            "poller_draining",
+            "1 while a drain of this poller is requested (poller drain, SIGUSR1): it holds "
+            "and takes no lease.",
+            registry=r,
+        )
         # DNS discovery (poller/service/discovery.py): counted by the poller resolving.
         self.discovery_resolutions = Counter(
             "poller_discovery_resolutions",
@@ -101,6 +133,32 @@ class PollerMetrics:
             ["source"],
             registry=r,
         )
+
+
+class WithoutCreated(Collector):
+    """A registry's metrics without the ``_created`` samples of counters, histograms and
+    summaries: one more series per metric that dashboards of this poller never use.
+
+    Scoped to this exposition: prometheus_client's ``disable_created_metrics()`` (and its
+    ``PROMETHEUS_DISABLE_CREATED_SERIES`` variable) is process-wide, and would change the
+    metrics of an application embedding a poller.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        for metric in self.registry.collect():
+            if metric.type in _WITH_CREATED:
+                kept = [s for s in metric.samples if not s.name.endswith("_created")]
+                if len(kept) != len(metric.samples):
+                    copy = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+                    copy.samples = kept
+                    metric = copy
+            yield metric
+
+
+_WITH_CREATED = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
 
 
 class Surprises:

@@ -79,6 +79,7 @@ class OperatorPage:
             schema = await redis_call(self.client.get(self.keys.schema), "GET schema")
             sources = await read_sources(self.client, self.keys)
             infos = await redis_call(self.client.hgetall(self.keys.members_info), "members info")
+            drains = await redis_call(self.client.hgetall(self.keys.members_drain), "drains")
         except StoreError as exc:
             return None, replace(fleet, reachable=False, error=str(exc))
         members = reply[4]
@@ -86,7 +87,9 @@ class OperatorPage:
         # ~20 ms per 1,000 endpoints with the rendering: off the loop that runs the scrapes.
         view = await asyncio.to_thread(lambda: with_entries(build_view(reply)))
         view["sources"] = sources  # DNS discovery sources, as /v1/view carries them
-        return view, replace(fleet, schema=schema or "", expiries=expiries, infos=_infos(infos))
+        return view, replace(
+            fleet, schema=schema or "", expiries=expiries, infos=_infos(infos), drains=set(drains)
+        )
 
     async def page(self, query: str) -> Response:
         try:

@@ -10,7 +10,7 @@ and adapter names, failure details, discovery sources) is untrusted and goes thr
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 from html import escape
 from typing import Any
@@ -114,6 +114,8 @@ class Fleet:
     expiries: Mapping[str, float] | None = None
     #: Live members' own word (``P:members:info``): version and member TTL.
     infos: Mapping[str, Mapping[str, Any]] | None = None
+    #: Live members a drain is requested for (``P:members:drain``).
+    drains: Set[str] = frozenset()
 
 
 _SORT_KEYS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
@@ -173,18 +175,23 @@ def _fleet(view: Mapping[str, Any] | None, fleet: Fleet) -> str:
         beat = None if left is None else max(0.0, ttl - left)
         me = poller == fleet.self_id
         version = fleet.version if me else str(info.get("version") or "-")
+        state = "serving"
+        if poller in fleet.drains:  # acknowledged in its own info, or not (yet)
+            state = "draining" if info.get("draining") is True else "drain requested"
+        classes = "poller" + (" self" if me else "") + (" draining" if state != "serving" else "")
         rows.append(
-            f'<tr class="poller{" self" if me else ""}" data-id="{_e(poller)}">'
+            f'<tr class="{classes}" data-id="{_e(poller)}">'
             f'<td class="id">{_e(poller)}{" (this page)" if me else ""}</td>'
+            f'<td class="state">{state}</td>'
             f'<td class="num leases">{held.get(poller, 0)}</td>'
             f'<td class="num beat">{_e(fmt_age(beat))}</td>'
             f'<td class="num expires">{_e(fmt_age(left))}</td>'
             f'<td class="version">{_e(version)}</td></tr>'
         )
-    body = "".join(rows) or '<tr><td colspan="5" class="empty">no live poller</td></tr>'
+    body = "".join(rows) or '<tr><td colspan="6" class="empty">no live poller</td></tr>'
     return (
         '<section id="fleet"><h2>Fleet</h2><table class="fleet"><thead><tr>'
-        "<th>poller</th><th>leases held</th>"
+        "<th>poller</th><th>state</th><th>leases held</th>"
         "<th>last heartbeat</th><th>heartbeat expires in</th><th>version</th>"
         f"</tr></thead><tbody>{body}</tbody></table></section>"
     )

@@ -41,30 +41,28 @@ class FailureLog:
 
     def failed(self, endpoint_id: str, exc: ScrapeError) -> None:
         sig = signature(exc)
+        fields = {"endpoint": endpoint_id, "reason": exc.reason}
+        if exc.reason == "contract":
+            fields["missing"] = ",".join(getattr(exc, "missing", ()))
+        else:
+            fields["detail"] = exc.detail
         if sig == self._reported:
-            log.debug(
-                "scrape failed endpoint=%s reason=%s detail=%s", endpoint_id, exc.reason, exc.detail
-            )
+            log.debug("scrape failed", extra=fields)
             return
         self._reported = sig
         if exc.reason == "contract":
             log.warning(
-                "scrape failed endpoint=%s reason=contract missing=%s: the engine does not "
-                "serve the metrics this endpoint is read with; routing to it is uninformed",
-                endpoint_id,
-                ",".join(getattr(exc, "missing", ())),
+                "scrape failed: the engine does not serve the metrics this endpoint is read "
+                "with; routing to it is uninformed",
+                extra=fields,
             )
             return
         level = logging.WARNING if exc.reason in ("config", "auth") else logging.INFO
-        log.log(
-            level,
-            "scrape failed endpoint=%s reason=%s detail=%s",
-            endpoint_id,
-            exc.reason,
-            exc.detail,
-        )
+        log.log(level, "scrape failed", extra=fields)
 
     def recovered(self, endpoint_id: str) -> None:
         if self._reported is not None:
-            log.info("endpoint recovered: endpoint=%s after=%s", endpoint_id, self._reported[0])
+            log.info(
+                "endpoint recovered", extra={"endpoint": endpoint_id, "after": self._reported[0]}
+            )
             self._reported = None

@@ -9,28 +9,39 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from poller.config import Settings
+from poller.logs import tag_poller
 from poller.reader.reader import StatsReader
 from poller.redis.discovery import read_sources
 from poller.service.discovery import DiscoveryRunner
 from poller.service.health import HealthServer
 from poller.service.page import OperatorPage
+from poller.service.ttl import stats_ttl_ms
 from poller.service.worker import Worker
 
-__all__ = ["serve"]
+__all__ = ["redacted", "serve"]
 
 log = logging.getLogger(__name__)
 
 
 async def serve(settings: Settings) -> int:
     """Run one poller until SIGTERM/SIGINT; returns the exit status."""
+    tag_poller(settings.id)  # several pollers' logs often end up in one stream
     worker = Worker(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # Drain: hand every lease over and take no new one, still serving the health port.
+    loop.add_signal_handler(signal.SIGUSR1, worker.drain.request)
     worker.on_fatal = stop.set
+
+    async def serving() -> list[str]:
+        # A draining poller hands its discovery sources over too.
+        members = await worker.store.live_members()
+        return [m for m in members if m not in worker.coordinator.draining]
+
     # Discovery has its own lease and loop; it shares the worker's Redis client and metrics.
-    discovery = DiscoveryRunner(settings, worker.store, worker.metrics)
+    discovery = DiscoveryRunner(settings, worker.store, worker.metrics, members=serving)
     health = None
     if settings.health.port:
         view_reader = StatsReader(worker.store.client, settings.redis.namespace)
@@ -52,9 +63,10 @@ async def serve(settings: Settings) -> int:
         health = HealthServer(
             settings.health.host,
             settings.health.port,
-            ready=lambda: worker.ready,
+            # Draining: alive and reachable, but not taking work (the body says so).
+            ready=lambda: worker.ready and not worker.draining,
             unready_reason=worker.unready_reason,
-            registry=worker.metrics.registry,
+            registry=worker.metrics.exposition,
             routes={"/v1/view": view, "/v1/jobs": jobs},
             raw_routes=_page_routes(worker, settings),
         )
@@ -62,18 +74,28 @@ async def serve(settings: Settings) -> int:
             await health.start()
         except OSError as exc:
             log.error(
-                "cannot listen on %s:%d: %s",
-                settings.health.host,
-                settings.health.port,
-                exc.strerror,
+                "cannot listen on the health port",
+                extra={
+                    "host": settings.health.host,
+                    "port": settings.health.port,
+                    "why": exc.strerror,
+                },
             )
             await worker.store.close()
             return 1
+    sc = settings.scrape
     log.info(
-        "poller %s starting: redis=%s namespace=%s",
-        settings.id,
-        _redact(settings.redis.url),
-        settings.redis.namespace,
+        "poller starting",
+        extra={
+            "redis": redacted(settings.redis.url),
+            "namespace": settings.redis.namespace,
+            "interval_s": sc.interval_s,
+            # Raised above stats_ttl_intervals where a takeover would outlast it.
+            "stats_ttl_s": stats_ttl_ms(
+                sc.interval_s, sc.timeout_s, settings.coordination, sc.stats_ttl_intervals
+            )
+            / 1000,
+        },
     )
     await worker.start()
     await discovery.start()
@@ -99,7 +121,7 @@ def _page_routes(worker: Worker, settings: Settings) -> dict[str, Any]:
     return dict(page.routes())
 
 
-def _redact(url: str) -> str:
+def redacted(url: str) -> str:
     """The Redis URL without its password, for logs."""
     parts = urlsplit(url)
     if parts.password is None:

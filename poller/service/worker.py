@@ -22,14 +22,17 @@ from datetime import UTC, datetime, timedelta
 from poller.backoff import backoff_s, member_ttl_cap_s
 from poller.config import Settings, effective_timeout_s
 from poller.errors import ConfigError, PollerError, SchemaMismatch, StoreAuthError, StoreError
+from poller.logs import count, few
 from poller.redis.errors import redis_call
 from poller.redis.store import RedisStore
 from poller.scrape.engines import mapping_for_endpoint
 from poller.scrape.http import KeyPolicy, Scraper, TransportFactory
 from poller.service.coordinator import Coordinator
+from poller.service.drain import Drain
 from poller.service.follow import RegistryFollower
 from poller.service.jobs import JobRunner
 from poller.service.metrics import PollerMetrics, Surprises
+from poller.service.notices import Notices
 from poller.service.owned import Holdings, JobSpec, Owned
 
 __all__ = ["Worker"]
@@ -86,6 +89,8 @@ class Worker:
         self._started = False  # leftovers of an earlier run of this id released
         self._epoch = ""  # the Redis data epoch seen at the last heartbeat
         self._retry_cap_s = member_ttl_cap_s(settings.coordination.member_ttl_ms)
+        self.notices = Notices(self.id)
+        self.drain = Drain(self.store, self.coordinator, self._wake.set)
         #: Set when the poller must stop (another schema version in Redis).
         self.fatal: PollerError | None = None
         self.on_fatal: Callable[[], None] | None = None
@@ -112,7 +117,7 @@ class Worker:
             try:
                 async with asyncio.timeout(timeout_s):
                     released = await self.coordinator.leave()
-                log.info("left: released=%d leases", released)
+                log.info("left the members: released %s", count(released, "lease"))
             except (StoreError, TimeoutError) as exc:
                 log.warning("could not leave cleanly (leases will lapse by TTL): %s", exc)
         self.metrics.leases_held.set(0)
@@ -135,7 +140,14 @@ class Worker:
         fresh_s = self.settings.coordination.member_ttl_ms / 1000
         if age_s >= fresh_s:
             return f"heartbeat stale: last written {age_s:.1f}s ago (member TTL {fresh_s:g}s)"
+        if self.draining:
+            return f"draining (`poller drain {self.id} --undo` returns it to service)"
         return ""
+
+    @property
+    def draining(self) -> bool:
+        """A drain of this poller is requested: it holds nothing and takes nothing."""
+        return self.drain.active
 
     @property
     def owned(self) -> dict[str, JobSpec]:
@@ -165,8 +177,11 @@ class Worker:
             # The heartbeat also claims or checks the schema version, so a Redis that
             # restarted empty is noticed (and re-claimed) within one heartbeat.
             changed = await self._heartbeat()
+            if self.drain.asked and await self.drain.write_request():
+                return  # a pass follows at once, with a heartbeat that sees it
             if full or changed:
                 await self.registry.sync()
+                self.notices.registry(empty=not self.registry.ids())
                 if not self._started:
                     # A stable id (pod name) may find leases its previous run left:
                     # release them so they get new tokens, fencing off that run.
@@ -201,7 +216,7 @@ class Worker:
                     continue  # discarded while the stats were read
                 stats = previous.get(record.endpoint_id)
                 self.jobs.add(record, spec, self._first_run(spec, stats), stats)
-            log.info("acquired %d endpoints: %s", len(fresh), _few(ids))
+            log.info("acquired %s", count(len(ids), "endpoint"), extra={"endpoints": few(ids)})
         self.metrics.leases_held.set(len(self.jobs.specs))
 
     async def _previous_stats(self, endpoint_ids: list[str]) -> Mapping[str, dict[str, str]]:
@@ -246,7 +261,9 @@ class Worker:
 
     def _expire_unconfirmed(self) -> None:
         for endpoint_id in self.coordinator.expire(time.monotonic()):
-            log.warning("lease unconfirmed for a TTL, stopping its job: endpoint=%s", endpoint_id)
+            log.warning(
+                "lease unconfirmed for a TTL, stopping its job", extra={"endpoint": endpoint_id}
+            )
         self.jobs.sweep("lease not confirmed")
         self.metrics.leases_held.set(len(self.jobs.specs))
 
@@ -257,6 +274,7 @@ class Worker:
             if self._epoch:
                 log.warning("redis lost its data (new epoch): re-reading the registry")
                 self.registry.forget()
+                self.notices.forget()
                 changed = True
             self._epoch = self.coordinator.epoch
         now_ms = self.coordinator.redis_now_ms
@@ -264,6 +282,8 @@ class Worker:
         self.last_heartbeat = time.monotonic()
         self._redis_state()
         self.metrics.members.set(len(self.coordinator.members))
+        self.notices.drain(self.draining, len(self.holdings))
+        self.metrics.draining.set(1 if self.draining else 0)
         return changed
 
     def _redis_state(self, error: StoreError | None = None) -> None:
@@ -371,9 +391,3 @@ class Worker:
                 failures += 1
                 self.surprises.report("events", exc)
             await asyncio.sleep(backoff_s(failures, cap_s=self._retry_cap_s))
-
-
-def _few(ids: list[str], limit: int = 5) -> str:
-    items = sorted(ids)
-    more = f" (+{len(items) - limit} more)" if len(items) > limit else ""
-    return " ".join(items[:limit]) + more

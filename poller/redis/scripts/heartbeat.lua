@@ -1,10 +1,13 @@
--- KEYS: members, schema, epoch[, members info]
+-- KEYS: members, schema, epoch[, members info[, drain requests]]
 -- ARGV: poller id ("" = only read), member ttl ms, schema version, a fresh random epoch
 --       [, this poller's info JSON (version, member_ttl_ms) for the members info hash]
--- Adds/refreshes us (score = Redis-clock expiry), prunes expired members, claims the schema
--- version and a data epoch if Redis has none (a restart that lost everything gets a new
--- epoch: pollers notice within a heartbeat, even when the registry revision repeats) and
--- returns {now, schema version found, epoch, member, member, ...}: the live members.
+-- Adds/refreshes us (score = Redis-clock expiry), prunes expired members (and their info
+-- and drain requests), claims the schema version and a data epoch if Redis has none (a
+-- restart that lost everything gets a new epoch: pollers notice within a heartbeat, even
+-- when the registry revision repeats) and returns {now, schema version found, epoch,
+-- member, member, ...}: the live members. With the drain requests key, our info says
+-- "draining":true while a drain of us is requested, and the reply goes on with "" and
+-- then the live members a drain is requested for.
 local t = redis.call('TIME')
 local now = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 
@@ -21,13 +24,29 @@ if ARGV[1] ~= '' then
     epoch = ARGV[4]
   end
   if KEYS[4] and ARGV[5] then
-    redis.call('HSET', KEYS[4], ARGV[1], ARGV[5])
+    local info = ARGV[5]
+    if KEYS[5] and redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1 then
+      -- the info is a JSON object we built: close it with one more field
+      info = string.sub(info, 1, -2) .. ',"draining":true}'
+    end
+    redis.call('HSET', KEYS[4], ARGV[1], info)
     for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)) do
       redis.call('HDEL', KEYS[4], gone)
+      if KEYS[5] then redis.call('HDEL', KEYS[5], gone) end
     end
   end
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
 end
 local out = {now, schema or '', epoch or ''}
-for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf')) do out[#out + 1] = m end
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf')
+for _, m in ipairs(live) do out[#out + 1] = m end
+if KEYS[5] then
+  out[#out + 1] = ''
+  if #live > 0 then
+    local requested = redis.call('HMGET', KEYS[5], unpack(live))
+    for i, m in ipairs(live) do
+      if requested[i] then out[#out + 1] = m end
+    end
+  end
+end
 return out

@@ -1,0 +1,57 @@
+"""``poller run --check``: the settings are valid and Redis answers; then exit.
+
+For a deploy pipeline, an init container or an operator about to start a poller: it
+reads, never writes (no schema claimed, no membership, no lease), and says what a poller
+would find: the schema version, the live pollers, the registry's size.
+Exit status: 0 ready to run; 2 a bad setting (before anything is contacted) or Redis
+refusing the credentials; 1 Redis unreachable or holding another schema version.
+"""
+
+from __future__ import annotations
+
+import click
+
+from poller.config import Settings
+from poller.errors import SchemaMismatch
+from poller.logs import count
+from poller.redis.errors import redis_call
+from poller.redis.keys import SCHEMA_VERSION
+from poller.redis.members import read_members
+from poller.redis.store import RedisStore
+from poller.service.serve import redacted
+from poller.service.ttl import stats_ttl_ms
+
+__all__ = ["check_run"]
+
+
+async def check_run(settings: Settings) -> int:
+    sc = settings.scrape
+    ttl_s = stats_ttl_ms(sc.interval_s, sc.timeout_s, settings.coordination, sc.stats_ttl_intervals)
+    click.echo(
+        f"settings ok: poller {settings.id}, namespace {settings.redis.namespace}, "
+        f"interval {sc.interval_s:g}s (timeout {sc.timeout_s:g}s, stats live {ttl_s / 1000:g}s), "
+        f"health port {settings.health.port or 'off'}"
+        + (f", endpoints file {settings.endpoints_file}" if settings.endpoints_file else "")
+    )
+    store = RedisStore.from_settings(settings.redis)
+    try:
+        schema = await redis_call(store.client.get(store.keys.schema), "GET schema")
+        if schema is not None and schema != SCHEMA_VERSION:
+            raise SchemaMismatch(
+                f"Redis holds schema version {schema!r}, this poller speaks version "
+                f"{SCHEMA_VERSION}; upgrade the poller or use another namespace"
+            )
+        _, members = await read_members(store.client, store.keys)
+        registry = await store.registry.read_registry()
+    finally:
+        await store.close()
+    pollers = ", ".join(m.id if m.state == "serving" else f"{m.id} {m.state}" for m in members)
+    said_schema = f"schema {schema}" if schema else "no schema yet (the first poller claims 1)"
+    invalid = f", {len(registry.invalid)} invalid" if registry.invalid else ""
+    click.echo(
+        f"redis ok: {redacted(settings.redis.url)}, {said_schema}, "
+        f"{count(len(members), 'live poller')}"
+        + (f" ({pollers})" if pollers else "")
+        + f", registry rev {registry.rev}: {count(len(registry.ids), 'endpoint')}{invalid}"
+    )
+    return 0
