@@ -7,7 +7,9 @@ lives in the modules behind the ``service`` extra.
 from poller._version import __version__
 from poller.errors import PollerError, StoreError
 from poller.reader.cache import ViewCache
+from poller.reader.load import LocalLoad
 from poller.reader.pick import pick
+from poller.reader.picker import Picker
 from poller.reader.reader import StatsReader, SyncStatsReader
 from poller.reader.view import EndpointView, View
 from poller.stats import EndpointStats, Failure
@@ -16,6 +18,8 @@ __all__ = [
     "EndpointStats",
     "EndpointView",
     "Failure",
+    "LocalLoad",
+    "Picker",
     "PollerError",
     "StatsReader",
     "StoreError",

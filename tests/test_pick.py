@@ -1,32 +1,88 @@
-"""pick() and `poller status` with vLLM sleep mode (the `sleeping` stats field)."""
+"""The picker on hand-built views and caches: eligibility, unknown signals, LoRA order,
+saturation, local correction, the outage rule, the herd; and `poller status` with vLLM
+sleep mode. Every random choice is seeded: the verdicts are exact."""
 
 from __future__ import annotations
 
 import json
+import random
+import time
+from collections import Counter
 
+import pytest
 from rich.console import Console
 
 from poller.cli.render import render
+from poller.errors import ConfigError
+from poller.reader import LocalLoad, Picker, ViewCache
 from poller.reader.pick import pick
-from poller.reader.view import EndpointView, View
+from poller.reader.view import EndpointView, Timing, View
+
+NOW_MS = 1_000_000
 
 
-def entry(endpoint_id: str, **fields: str) -> EndpointView:
-    raw = {
+def raw_stats(**fields: str) -> dict[str, str]:
+    return {
         "engine": "vllm",
         "running": "0",
         "waiting": "0",
         "interval_ms": "1000",
-        "scraped_at_ms": "1000",
+        "scraped_at_ms": str(NOW_MS - 500),
         "poller": "p",
         "token": "1",
         "seq": "1",
     } | fields
-    return EndpointView(endpoint_id, state="fresh", age_ms=0, owner="p", token=1, raw=("", raw, {}))
 
 
-def view_of(*entries: EndpointView) -> View:
-    return View(1000, 1, {e.id: e for e in entries})
+def entry(endpoint_id: str, state: str = "fresh", **fields: str) -> EndpointView:
+    """An endpoint as a snapshot judged it (no timing: its state is all there is)."""
+    return EndpointView(
+        endpoint_id,
+        state=state,  # type: ignore[arg-type]
+        age_ms=500,
+        owner="p",
+        token=1,
+        raw=("", raw_stats(**fields), {}),
+    )
+
+
+def timed(
+    endpoint_id: str, age_ms: int = 500, failing: bool = False, **fields: str
+) -> EndpointView:
+    """An endpoint with its timing (fresh for 2 intervals of 1 s after its scrape)."""
+    scraped = NOW_MS - age_ms
+    timing = Timing(scraped, 2000, scraped + 1 if failing else None, failing)
+    state, age = timing.state_at(NOW_MS)
+    raw = raw_stats(scraped_at_ms=str(scraped), **fields)
+    return EndpointView(
+        endpoint_id, state=state, age_ms=age, owner="p", token=1, raw=("", raw, {}), timing=timing
+    )
+
+
+def view_of(*entries: EndpointView, **kw: object) -> View:
+    return View(NOW_MS, 1, {e.id: e for e in entries}, **kw)  # type: ignore[arg-type]
+
+
+def picks(picker: Picker, view: object, n: int = 200, **kw: object) -> Counter[str | None]:
+    return Counter(picker.pick(view, **kw) for _ in range(n))  # type: ignore[arg-type]
+
+
+# --- eligibility ---------------------------------------------------------------------------
+
+
+def test_only_fresh_awake_working_endpoints_are_eligible() -> None:
+    v = view_of(
+        entry("ok", running="30"),
+        entry("old", state="stale"),
+        entry("broken", state="failing"),
+        entry("never", state="unknown"),
+        entry("asleep", sleeping="1"),
+    )
+    assert picks(Picker(rng=random.Random(1)), v) == {"ok": 200}
+    assert (
+        Picker().pick(view_of(entry("old", state="stale"), entry("asleep", sleeping="1"))) is None
+    )
+    assert Picker().pick(view_of()) is None
 
 
 def test_pick_never_chooses_a_sleeping_endpoint() -> None:
@@ -37,7 +93,251 @@ def test_pick_never_chooses_a_sleeping_endpoint() -> None:
     assert pick(view_of(asleep, awake, unsaid)) == "awake"
     assert pick(view_of(asleep, unsaid)) == "unsaid"  # absent means unknown, not asleep
     assert pick(view_of(asleep)) is None
-    assert pick(view_of(asleep, awake), model="x") == "awake"
+    assert pick(view_of(asleep, awake), model="x") is None  # never another model
+
+
+def test_a_model_nothing_serves_gets_none_never_another_model() -> None:
+    v = view_of(
+        entry("llama", models="llama"),
+        entry("tgi", engine="tgi", models="mistral"),
+        entry("lora", models="llama", lora_running="sql-lora"),
+        entry("loading", models="llama", lora_waiting="sql-lora"),
+    )
+    picker = Picker(rng=random.Random(2))
+    assert picks(picker, v, model="no/such-model") == {None: 200}
+    assert pick(v, model="no/such-model") is None
+    assert picks(picker, v, model="mistral") == {"tgi": 200}
+    assert set(picks(picker, v, model="llama")) == {"llama", "lora", "loading"}
+    assert set(picks(picker, v)) == {"llama", "tgi", "lora", "loading"}
+
+
+def test_candidates_limit_the_choice() -> None:
+    v = view_of(
+        entry("a", waiting="2"), entry("b", waiting="1"), entry("c"), entry("busy", waiting="5")
+    )
+    picker = Picker(rng=random.Random(3))
+    assert picks(picker, v, candidates=["a", "b", "missing"]) == {"b": 200}
+    assert picks(picker, v, candidates=["busy", "missing"]) == {"busy": 200}
+    assert picker.pick(v, candidates=[]) is None
+    assert picker.pick(v, candidates=["c"], model="other") is None
+
+
+# --- saturation ------------------------------------------------------------------------------
+
+
+def test_saturated_endpoints_are_skipped_while_others_remain() -> None:
+    v = view_of(
+        entry("queue", waiting="5"),
+        entry("kv", kv_cache_usage="0.8"),
+        entry("busy", running="40", waiting="4", kv_cache_usage="0.79"),
+    )
+    assert picks(Picker(rng=random.Random(4)), v) == {"busy": 200}
+
+
+def test_when_all_are_saturated_the_option_decides() -> None:
+    v = view_of(entry("a", waiting="9"), entry("b", waiting="6", kv_cache_usage="0.9"))
+    assert picks(Picker(rng=random.Random(5)), v) == {"b": 200}  # the less loaded
+    assert picks(Picker(when_saturated="none"), v) == {None: 200}
+    assert pick(v, when_saturated="none") is None
+    assert picks(Picker(max_waiting=10, max_kv_cache_usage=0.95), v) == {"b": 200}
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(ConfigError, match="max_waiting"):
+        Picker(max_waiting=0)
+    with pytest.raises(ConfigError, match="max_kv_cache_usage"):
+        Picker(max_kv_cache_usage=1.5)
+    with pytest.raises(ConfigError, match="when_saturated"):
+        Picker(when_saturated="random")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="stale_grace_s"):
+        Picker(stale_grace_s=-1)
+
+
+# --- unknown signals ---------------------------------------------------------------------------
+
+
+def test_unknown_kv_scores_as_the_fleet_median_never_as_zero() -> None:
+    v = view_of(
+        entry("tgi", engine="tgi", running="2"),  # publishes no KV figure
+        entry("low", running="2", kv_cache_usage="0.1"),
+        entry("high", running="3", kv_cache_usage="0.5"),
+    )
+    # tgi and low tie on requests; tgi's unknown KV counts as the median 0.3, not 0 %
+    picker = Picker(rng=random.Random(6))
+    assert picks(picker, v, candidates=["tgi", "low"]) == {"low": 200}
+    # against an endpoint above the median, the unknown one wins the tie
+    v2 = view_of(
+        entry("tgi", engine="tgi", running="2"),
+        entry("low", running="9", kv_cache_usage="0.1"),
+        entry("high", running="2", kv_cache_usage="0.5"),
+    )
+    assert picks(picker, v2, candidates=["tgi", "high"]) == {"tgi": 200}
+    # unknown KV never makes an endpoint saturated
+    assert picks(picker, view_of(entry("tgi", engine="tgi", running="2"))) == {"tgi": 200}
+
+
+# --- LoRA affinity ------------------------------------------------------------------------------
+
+
+def test_lora_affinity_in_the_inference_extension_order() -> None:
+    def fleet(*saturated: str) -> View:
+        extra = {e: {"waiting": "5"} for e in saturated}
+        return view_of(
+            entry(
+                "running",
+                models="base",
+                lora_running="sql",
+                running="20",
+                **extra.get("running", {}),
+            ),
+            entry(
+                "waiting",
+                models="base,sql",
+                lora_waiting="sql",
+                running="10",
+                **extra.get("waiting", {}),
+            ),
+            entry(
+                "free", models="base,sql", lora_running="x", lora_max="2", **extra.get("free", {})
+            ),
+            entry(
+                "full", models="base,sql", lora_running="x,y", lora_max="2", **extra.get("full", {})
+            ),
+            entry("other", models="base"),
+        )
+
+    picker = Picker(rng=random.Random(7))
+    assert picks(picker, fleet(), model="sql") == {"running": 200}
+    assert picks(picker, fleet("running"), model="sql") == {"waiting": 200}
+    assert picks(picker, fleet("running", "waiting"), model="sql") == {"free": 200}
+    assert picks(picker, fleet("running", "waiting", "free"), model="sql") == {"full": 200}
+    # all saturated: the best tier among them
+    assert picks(picker, fleet("running", "waiting", "free", "full"), model="sql") == {
+        "running": 200
+    }
+    # the base model needs no adapter slot: one tier, the least loaded win most
+    assert set(picks(picker, fleet(), model="base")) == {"free", "full", "other", "waiting"}
+
+
+# --- local correction ---------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self, t: float = 100.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_local_load_counts_what_started_after_the_scrape() -> None:
+    clock = Clock(100.0)
+    local = LocalLoad(clock)
+    # the view was read at local time 100.0 s, at Redis time NOW_MS; scrapes 500 ms before
+    v = view_of(
+        entry("a", running="4", kv_cache_usage="0.1"),
+        entry("b", running="5", kv_cache_usage="0.2"),
+        offset_ms=NOW_MS - 100_000.0,
+    )
+    picker = Picker(rng=random.Random(8))
+    assert picks(picker, v, local=local) == {"a": 200}
+    clock.t = 99.0  # before the scrape: the scrape counted it already
+    local.started("a")
+    clock.t = 99.8
+    first = local.started("a")
+    assert local.since("a", 99.5) == 1 and local.in_flight("a") == 2
+    assert picks(picker, v, local=local) == {"a": 200}  # 4 + 1 = 5, a tie on load: a's KV
+    local.started("a")
+    assert picks(picker, v, local=local) == {"b": 200}  # 4 + 2 > 5
+    local.finished("a", first)
+    local.finished("a")  # the oldest: the one before the scrape
+    assert local.since("a", 99.5) == 1 and local.in_flight("a") == 1
+    with local.track("b"), local.track("b"):
+        assert picks(picker, v, local=local) == {"a": 200}
+    assert local.in_flight("b") == 0
+    local.finished("nothing")  # no error: a retry path may report twice
+
+
+def test_the_herd_eight_replicas_on_one_view_spread() -> None:
+    # 8 gateway replicas read the same view of 4 equal endpoints: least-loaded on it
+    # would send all 400 requests to one endpoint until the next scrape.
+    clock = Clock(100.0)
+    v = view_of(*(entry(f"e{i}", running="3") for i in range(4)), offset_ms=NOW_MS - 100_000.0)
+    replicas = [(Picker(rng=random.Random(seed)), LocalLoad(clock)) for seed in range(8)]
+    counts: Counter[str | None] = Counter()
+    for k in range(400):
+        clock.t = 100.0 + k / 1000
+        picker, local = replicas[k % 8]
+        target = picker.pick(v, local=local)
+        assert target is not None
+        local.started(target)
+        counts[target] += 1
+    assert sum(counts.values()) == 400
+    assert max(counts.values()) <= 160, counts
+
+
+# --- capacity -----------------------------------------------------------------------------------
+
+
+# --- the outage rule ----------------------------------------------------------------------------
+
+
+def test_a_view_read_while_redis_was_lost_is_used_for_the_grace_only() -> None:
+    endpoints = (timed("a", age_ms=2500), timed("b", age_ms=2900))
+    assert [e.state for e in endpoints] == ["stale", "stale"]  # as of now
+    # Redis last answered 1 s ago, when both were fresh
+    lost = view_of(*endpoints, healthy=False, confirmed_ms=NOW_MS - 1000)
+    assert set(picks(Picker(rng=random.Random(9)), lost)) == {"a", "b"}
+    assert Picker(stale_grace_s=0.5).pick(lost) is None
+    # 6 s after the last answer: past the default grace of 5 s
+    assert Picker().pick(view_of(*endpoints, healthy=False, confirmed_ms=NOW_MS - 6000)) is None
+    # what was not fresh when Redis last answered is not used either
+    old = view_of(timed("a", age_ms=3500), healthy=False, confirmed_ms=NOW_MS - 1000)
+    assert Picker().pick(old) is None
+
+
+def cache_of(*entries: EndpointView) -> ViewCache:
+    cache = ViewCache()
+    cache.load(View(NOW_MS, 1, {e.id: e for e in entries}))
+    cache.healthy = True
+    return cache
+
+
+def test_a_cache_that_lost_redis_serves_picks_for_the_grace_then_none() -> None:
+    cache = cache_of(timed("a", age_ms=100), timed("b", age_ms=100))
+    picker = Picker(rng=random.Random(10), stale_grace_s=5.0)
+    assert set(picks(picker, cache)) == {"a", "b"}
+    cache.healthy = False
+    cache.confirmed_at = time.monotonic() - 1.0  # within the grace
+    assert set(picks(picker, cache)) == {"a", "b"}
+    cache.confirmed_at = time.monotonic() - 30.0
+    assert picker.pick(cache) is None
+    cache.healthy = True
+    assert set(picks(picker, cache)) == {"a", "b"}
+    assert Picker().pick(ViewCache()) is None  # nothing loaded yet
+
+
+def test_a_cache_pick_follows_changes_and_freshness_running_out() -> None:
+    cache = cache_of(timed("a", age_ms=100), timed("b", age_ms=1990), timed("c", failing=True))
+    picker = Picker(rng=random.Random(11))
+    # b's stats stop being fresh 10 ms after NOW_MS: the cache's clock passes that soon
+    deadline = time.monotonic() + 5.0
+    while cache.now_ms() <= NOW_MS + 10 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert picks(picker, cache) == {"a": 200}
+    # a goes to sleep; b gets new stats: the index follows the change log
+    scraped = cache.now_ms()
+    cache.apply("a", scraped, timed("a", sleeping="1"))
+    record = f"{scraped} 1000 {scraped + 3000} p 1|" + json.dumps(
+        raw_stats(scraped_at_ms=str(scraped))
+    )
+    cache.set_stats("b", record)
+    assert picks(picker, cache) == {"b": 200}
+    cache.set_stats("c", record)  # new stats replace c's failure
+    assert set(picks(picker, cache)) == {"b", "c"}
+
+
+# --- the one-call form and the status table ----------------------------------------------------
 
 
 def test_sleeping_reaches_the_view_and_the_status_table() -> None:

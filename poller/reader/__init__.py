@@ -5,8 +5,19 @@ gateway installs no scraping or scheduling stack.
 """
 
 from poller.reader.cache import ViewCache
+from poller.reader.load import LocalLoad
 from poller.reader.pick import pick
+from poller.reader.picker import Picker
 from poller.reader.reader import StatsReader, SyncStatsReader
 from poller.reader.view import EndpointView, View
 
-__all__ = ["EndpointView", "StatsReader", "SyncStatsReader", "View", "ViewCache", "pick"]
+__all__ = [
+    "EndpointView",
+    "LocalLoad",
+    "Picker",
+    "StatsReader",
+    "SyncStatsReader",
+    "View",
+    "ViewCache",
+    "pick",
+]

@@ -24,8 +24,14 @@ class ViewCache:
     Ages stay right between updates: the cache keeps the offset between the local
     monotonic clock and the Redis clock, taken at every reply from Redis. While Redis is
     unreachable (``healthy`` False) it keeps serving the last view, ages growing, and
-    reports nothing as fresh.
+    reports nothing as fresh; ``confirmed_at`` says when Redis last answered.
+
+    ``version`` counts the changes; ``changes_since(version)`` names the endpoints that
+    changed since, so a picker keeps its index current without rescanning the view.
     """
+
+    #: Changes remembered for ``changes_since``; an index further behind rebuilds.
+    CHANGE_LOG_MAX = 4096
 
     def __init__(self, stale_after_intervals: float = 2.0, stale_after_ms: int | None = None):
         self.stale_after_intervals = stale_after_intervals
@@ -40,14 +46,47 @@ class ViewCache:
         self.healthy = False
         self.loaded = False
         self.updated_at = 0.0  # monotonic seconds of the last reply applied
+        #: Monotonic seconds of the last sign of life from Redis (a reply, an update, a
+        #: probe answered); None before the first.
+        self.confirmed_at: float | None = None
+        self.version = 0
+        self._log: list[str] = []  # ids changed; _log[i] made version _log_start + i + 1
+        self._log_start = 0
 
     def _clock(self, redis_now_ms: int) -> None:
         self._offset_ms = redis_now_ms - time.monotonic() * 1000
-        self.updated_at = time.monotonic()
+        self.updated_at = self.confirmed_at = time.monotonic()
+
+    def confirm(self) -> None:
+        """Redis answered (an update, a probe): what the cache holds is current."""
+        self.confirmed_at = time.monotonic()
 
     def now_ms(self) -> int:
         """The Redis clock, estimated locally."""
         return int(time.monotonic() * 1000 + self._offset_ms)
+
+    @property
+    def offset_ms(self) -> float:
+        """Redis clock minus local ``time.monotonic()``, in ms (0 before the first reply)."""
+        return self._offset_ms
+
+    def confirmed_ms(self) -> int | None:
+        """``confirmed_at`` on the Redis clock."""
+        at = self.confirmed_at
+        return None if at is None else int(at * 1000 + self._offset_ms)
+
+    def _changed(self, endpoint_id: str) -> None:
+        self.version += 1
+        if len(self._log) >= self.CHANGE_LOG_MAX:
+            self._log, self._log_start = [], self.version - 1
+        self._log.append(endpoint_id)
+
+    def changes_since(self, version: int) -> list[str] | None:
+        """Endpoints changed after ``version`` (repeats possible), or None when that is
+        no longer known (a snapshot replaced everything, or too many changes since)."""
+        if version < self._log_start:
+            return None
+        return self._log[version - self._log_start :]
 
     def load(self, view: View) -> None:
         """Replace everything with a snapshot."""
@@ -65,6 +104,8 @@ class ViewCache:
         self.pollers = view.pollers
         self._clock(view.now_ms)
         self.loaded = True
+        self.version += 1
+        self._log, self._log_start = [], self.version
 
     # --- changes the protocol applies (protocol.py) -------------------------------------
 
@@ -82,15 +123,18 @@ class ViewCache:
         self._stats[endpoint_id] = record
         self._failures.pop(endpoint_id, None)
         self._built.pop(endpoint_id, None)
+        self._changed(endpoint_id)
 
     def set_failure(self, endpoint_id: str, record: str) -> None:
         self._failures[endpoint_id] = record
         self._built.pop(endpoint_id, None)
+        self._changed(endpoint_id)
 
     def apply_records(self, endpoint_id: str, reply: Sequence[Any]) -> None:
         """GET_RECORDS' reply: the endpoint as a snapshot shows it, or gone."""
         self._clock(int(reply[0]) * 1000 + int(reply[1]) // 1000)
         self._built.pop(endpoint_id, None)
+        self._changed(endpoint_id)
         if not reply[2]:
             for table in (self._entries, self._stats, self._failures):
                 table.pop(endpoint_id, None)
@@ -111,8 +155,14 @@ class ViewCache:
             self._entries.setdefault(endpoint_id, "")
             self._built[endpoint_id] = entry
         self._clock(now_ms)
+        self._changed(endpoint_id)
 
     # --- reads ----------------------------------------------------------------------------
+
+    def base(self, endpoint_id: str) -> EndpointView | None:
+        """The endpoint as last decoded, its state as of the decode (``get`` gives it as
+        of now); the picker judges freshness from its ``timing``."""
+        return self._base(endpoint_id)
 
     def _base(self, endpoint_id: str) -> EndpointView | None:
         base = self._built.get(endpoint_id)
@@ -147,7 +197,13 @@ class ViewCache:
             base = self._base(endpoint_id)
             if base is not None:
                 endpoints[endpoint_id] = base.at(now, healthy)
-        return View(now, self.rev, endpoints, list(self.pollers))
+        view = View(now, self.rev, endpoints, list(self.pollers))
+        view.offset_ms, view.healthy, view.confirmed_ms = (
+            self._offset_ms,
+            healthy,
+            self.confirmed_ms(),
+        )
+        return view
 
     def written_ms(self, endpoint_id: str) -> tuple[int, int]:
         """(stats write time, failure write time) of what the cache holds; -1 if none."""

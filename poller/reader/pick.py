@@ -1,55 +1,46 @@
-"""A reference routing choice over the shared view; a gateway may well replace it."""
+"""``pick``: the picker in one call, for a gateway that keeps no state of its own."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping
 
+from poller.reader.cache import ViewCache
+from poller.reader.load import LocalLoad
+from poller.reader.picker import Picker, WhenSaturated
 from poller.reader.view import EndpointView, View
-from poller.stats import EndpointStats
 
 __all__ = ["pick"]
 
+# One picker per set of options, shared by every caller of ``pick`` in this process:
+# it keeps the index of the last view or cache it was given between calls.
+_pickers: dict[tuple[int, float, str, float], Picker] = {}
+_lock = threading.Lock()
+
 
 def pick(
-    view: View | Mapping[str, EndpointView],
+    view: View | ViewCache | Mapping[str, EndpointView],
     candidates: Iterable[str] | None = None,
     model: str | None = None,
     *,
     max_waiting: int = 5,
     max_kv_cache_usage: float = 0.8,
+    when_saturated: WhenSaturated = "least_loaded",
+    stale_grace_s: float = 5.0,
+    local: LocalLoad | None = None,
 ) -> str | None:
-    """An example routing choice; a gateway may well replace it.
+    """The endpoint for one request by ``Picker``'s rules (eligible, not saturated, the
+    better of two random candidates), or None when no endpoint may take it; with
+    ``model``, only an endpoint that serves it.
 
-    Skips endpoints that are not fresh, sleeping ones (vLLM sleep mode: ``sleeping``),
-    and saturated ones (``waiting >= max_waiting`` or ``kv_cache_usage >=
-    max_kv_cache_usage``, the Gateway API Inference Extension's defaults). Among the
-    rest, prefers those that serve ``model`` or already have it
-    loaded as a LoRA adapter, then the least loaded (fewest waiting, then lowest KV
-    usage, then fewest running). Returns None when nothing qualifies.
+    A gateway replica does better with its own ``Picker`` (its own random source) and a
+    ``LocalLoad``; pass the ``ViewCache`` rather than ``cache.view()`` for speed.
     """
-    entries = view.endpoints if isinstance(view, View) else view
-    ids = entries.keys() if candidates is None else [c for c in candidates if c in entries]
-    usable: list[tuple[EndpointView, EndpointStats]] = []
-    for endpoint_id in ids:
-        e = entries[endpoint_id]
-        stats = e.stats
-        if e.state != "fresh" or stats is None or stats.sleeping:
-            continue
-        kv = stats.kv_cache_usage
-        if stats.waiting >= max_waiting or (kv is not None and kv >= max_kv_cache_usage):
-            continue
-        usable.append((e, stats))
-    if not usable:
-        return None
-    if model is not None:
-        serving = [
-            (e, s)
-            for e, s in usable
-            if model in s.models or model in s.lora_running or model in s.lora_waiting
-        ]
-        usable = serving or usable
-    best = min(
-        usable,
-        key=lambda es: (es[1].waiting, es[1].kv_cache_usage or 0.0, es[1].running, es[0].id),
-    )
-    return best[0].id
+    key = (max_waiting, max_kv_cache_usage, when_saturated, stale_grace_s)
+    picker = _pickers.get(key)
+    if picker is None:
+        with _lock:
+            picker = _pickers.setdefault(
+                key, Picker(max_waiting, max_kv_cache_usage, when_saturated, stale_grace_s)
+            )
+    return picker.pick(view, model, candidates=candidates, local=local)

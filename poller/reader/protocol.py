@@ -87,11 +87,13 @@ class Protocol:
 
     def probed(self, rev: int) -> Action | None:
         """The probe's reply (``P:endpoints:rev``): a missed registry change resyncs."""
+        self.cache.confirm()
         return SNAPSHOT if rev != self.cache.rev else None
 
     def message(self, data: str, now: float) -> Action | None:
         # Any message proves the connection alive: no probe needed while updates flow.
         self.next_probe = now + self.probe_s
+        self.cache.confirm()
         update = parse_update(data)
         if update is None:
             return None

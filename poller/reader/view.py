@@ -234,6 +234,13 @@ class View:
     endpoints: Mapping[str, EndpointView]
     #: Live pollers (heartbeat not expired at ``now_ms``).
     pollers: list[str] = field(default_factory=list)
+    #: Redis clock minus local ``time.monotonic()`` in ms when the view was read (None:
+    #: unknown, e.g. a view built by hand); lets the picker place local events on it.
+    offset_ms: float | None = None
+    #: False when the reader had lost Redis: the numbers are the last ones it had.
+    healthy: bool = True
+    #: Redis clock of the reader's last contact with Redis (None: ``now_ms``).
+    confirmed_ms: int | None = None
 
     def __getitem__(self, endpoint_id: str) -> EndpointView:
         return self.endpoints[endpoint_id]

@@ -1,0 +1,219 @@
+"""The picker's index of a view: who may take a request, per model, kept current.
+
+A pick must not scan the view (1,000 endpoints cost ~0.5 ms to walk in Python; a pick
+has ~20 us). The index classifies each endpoint once per change of its records and keeps,
+per model asked for, the eligible endpoints in bags by LoRA affinity tier and saturation;
+a pick draws two of them. Freshness runs out without any change: each entry carries the
+Redis time its stats stop being fresh, and a draw that meets an expired entry drops it
+(its next stats write brings it back).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from poller.reader.view import EndpointView
+from poller.stats import EndpointStats
+
+__all__ = ["TIERS", "Bag", "Entry", "Index", "ModelIndex"]
+
+INF = math.inf
+#: LoRA affinity tiers in the Gateway API Inference Extension's order: the adapter is
+#: running, waiting to load, could load into a free slot, or would need a slot freed.
+TIERS = 4
+#: Relative capacity is clamped to this range: a wrong figure must not take all traffic.
+WEIGHT_MIN, WEIGHT_MAX = 0.05, 20.0
+
+
+class Entry:
+    """One eligible endpoint's numbers, as its last stats said."""
+
+    __slots__ = (
+        "capacity",
+        "fresh_until_ms",
+        "id",
+        "kv",
+        "lora_free",
+        "lora_running",
+        "lora_waiting",
+        "models",
+        "requests",
+        "saturated",
+        "scraped_at_ms",
+        "weight",
+    )
+
+    def __init__(self, endpoint_id: str, stats: EndpointStats, fresh_until_ms: float) -> None:
+        self.id = endpoint_id
+        self.requests = stats.running + stats.waiting
+        self.kv = stats.kv_cache_usage
+        capacity: Any = getattr(stats, "kv_capacity_tokens", None)
+        self.capacity: int | None = capacity if isinstance(capacity, int) and capacity > 0 else None
+        self.weight = 1.0  # set by the index, relative to the fleet's median capacity
+        self.scraped_at_ms = stats.scraped_at_ms
+        self.fresh_until_ms = fresh_until_ms
+        self.saturated = False
+        self.models = stats.models
+        self.lora_running = stats.lora_running
+        self.lora_waiting = stats.lora_waiting
+        lora_max = stats.lora_max
+        self.lora_free = lora_max is not None and len(stats.lora_running) < lora_max
+
+    def tier(self, model: str | None, adapter: bool) -> int | None:
+        """This endpoint's affinity tier for ``model`` (lower is better), None if it does
+        not serve it. ``adapter``: the model is a LoRA adapter somewhere in the fleet; for
+        a base model, every endpoint listing it is one tier (no slot is needed)."""
+        if model is None:
+            return 2
+        if model in self.lora_running:
+            return 0
+        if model in self.lora_waiting:
+            return 1
+        if model in self.models:
+            return (2 if self.lora_free else 3) if adapter else 2
+        return None
+
+    def __repr__(self) -> str:
+        return f"Entry({self.id!r}, requests={self.requests}, weight={self.weight:.2f})"
+
+
+class Bag:
+    """Entries with O(1) add, remove and uniform draw (swap-remove over a list)."""
+
+    __slots__ = ("items", "pos", "wmax")
+
+    def __init__(self) -> None:
+        self.items: list[Entry] = []
+        self.pos: dict[str, int] = {}
+        self.wmax = 0.0  # an upper bound of the weights: rejection sampling needs no more
+
+    def add(self, entry: Entry) -> None:
+        self.pos[entry.id] = len(self.items)
+        self.items.append(entry)
+        if entry.weight > self.wmax:
+            self.wmax = entry.weight
+
+    def remove(self, endpoint_id: str) -> None:
+        at = self.pos.pop(endpoint_id, None)
+        if at is None:
+            return
+        last = self.items.pop()
+        if at < len(self.items):
+            self.items[at] = last
+            self.pos[last.id] = at
+
+
+class ModelIndex:
+    """The eligible endpoints for one model: a (not saturated, saturated) bag per tier."""
+
+    __slots__ = ("adapter", "bags", "model")
+
+    def __init__(self, model: str | None, entries: Iterable[Entry]) -> None:
+        self.model = model
+        listed = list(entries)
+        self.adapter = model is not None and any(
+            model in e.lora_running or model in e.lora_waiting for e in listed
+        )
+        self.bags = [(Bag(), Bag()) for _ in range(TIERS)]
+        for entry in listed:
+            self.put(entry)
+
+    def put(self, entry: Entry) -> bool:
+        """File ``entry`` (already dropped from the bags); False when the model turned out
+        to be an adapter, which changes the tiers of the others: rebuild then."""
+        tier = entry.tier(self.model, self.adapter)
+        if tier is None:
+            return True
+        if tier < 2 and not self.adapter:
+            return False
+        self.bags[tier][entry.saturated].add(entry)
+        return True
+
+    def drop(self, endpoint_id: str) -> None:
+        for free, saturated in self.bags:
+            free.remove(endpoint_id)
+            saturated.remove(endpoint_id)
+
+
+class Index:
+    """Every eligible endpoint of one view and the per-model bags built from them.
+
+    ``fresh_until`` says until when (Redis ms) an endpoint may be used, or None when it
+    may not (failing, stale, no stats): the source (cache or view) decides.
+    """
+
+    def __init__(
+        self,
+        views: Iterable[EndpointView],
+        fresh_until: Callable[[EndpointView], float | None],
+        max_waiting: int,
+        max_kv_cache_usage: float,
+        max_models: int = 64,
+    ) -> None:
+        self._fresh_until = fresh_until
+        self._max_waiting = max_waiting
+        self._max_kv = max_kv_cache_usage
+        self._max_models = max_models
+        self.version = -1  # the cache version the index reflects (set by its owner)
+        self.entries: dict[str, Entry] = {}
+        for view in views:
+            entry = self._entry(view)
+            if entry is not None:
+                self.entries[entry.id] = entry
+        capacities = [e.capacity for e in self.entries.values() if e.capacity is not None]
+        #: The fleet's median capacity: the unit of weights, and what unknown counts as.
+        self.median_capacity = statistics.median(capacities) if capacities else None
+        kvs = [e.kv for e in self.entries.values() if e.kv is not None]
+        #: What an unknown KV usage scores as: the fleet's median (0 when none is known,
+        #: where it cannot decide anything: every endpoint is equally unknown).
+        self.median_kv = statistics.median(kvs) if kvs else 0.0
+        for entry in self.entries.values():
+            self._weigh(entry)
+        self.models: dict[str | None, ModelIndex] = {}
+
+    def _entry(self, view: EndpointView) -> Entry | None:
+        stats = view.stats
+        if stats is None or stats.sleeping:
+            return None
+        fresh_until = self._fresh_until(view)
+        if fresh_until is None:
+            return None
+        entry = Entry(view.id, stats, fresh_until)
+        kv = entry.kv
+        entry.saturated = stats.waiting >= self._max_waiting or (
+            kv is not None and kv >= self._max_kv
+        )
+        return entry
+
+    def _weigh(self, entry: Entry) -> None:
+        median = self.median_capacity
+        if entry.capacity is None or median is None:
+            entry.weight = 1.0
+        else:
+            entry.weight = min(WEIGHT_MAX, max(WEIGHT_MIN, entry.capacity / median))
+        if entry.kv is None:
+            entry.kv = self.median_kv
+
+    def model(self, model: str | None) -> ModelIndex:
+        index = self.models.get(model)
+        if index is None:
+            if len(self.models) >= self._max_models:
+                self.models.clear()  # many one-off models: start over, never grow unbounded
+            index = self.models[model] = ModelIndex(model, self.entries.values())
+        return index
+
+    def update(self, endpoint_id: str, view: EndpointView | None) -> None:
+        """The endpoint's records changed (``view`` None: it left the registry)."""
+        entry = None if view is None else self._entry(view)
+        if entry is None:
+            self.entries.pop(endpoint_id, None)
+        else:
+            self._weigh(entry)
+            self.entries[endpoint_id] = entry
+        for name, index in list(self.models.items()):
+            index.drop(endpoint_id)
+            if entry is not None and not index.put(entry):
+                del self.models[name]  # rebuilt on the next pick of that model

@@ -1,0 +1,277 @@
+"""Where a request goes: a picker for many gateway replicas reading numbers a second old.
+
+Least-loaded on shared, stale numbers herds: every replica sees the same minimum and
+sends it everything until the next scrape (Mitzenmacher, "How useful is old
+information?", IEEE TPDS 11(1), 2000). The better of two random candidates does not, and
+the requests this replica itself started since an endpoint's scrape (``LocalLoad``)
+correct its numbers where they are oldest.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Literal
+
+from poller.errors import ConfigError
+from poller.reader.cache import ViewCache
+from poller.reader.index import INF, TIERS, Bag, Entry, Index, ModelIndex
+from poller.reader.load import LocalLoad
+from poller.reader.view import EndpointView, View
+
+__all__ = ["Picker", "WhenSaturated"]
+
+WhenSaturated = Literal["least_loaded", "none"]
+#: Draws before a pick stops sampling and lists the bag (most entries expired).
+_DRAWS = 24
+
+
+def _timed(view: EndpointView) -> float | None:
+    """Until when (Redis ms) the endpoint's stats are fresh; None: not usable at all."""
+    t = view.timing
+    if t is None:  # built by hand: its state is all there is
+        return INF if view.state == "fresh" else None
+    if t.scraped_at_ms is None:
+        return None
+    if t.failing and (t.failure_at_ms is None or t.failure_at_ms >= t.scraped_at_ms):
+        return None
+    return float(t.scraped_at_ms + t.bound_ms)
+
+
+def _as_judged(view: EndpointView) -> float | None:
+    """A snapshot's endpoints as judged at its ``now_ms``: fresh ones stay usable."""
+    return INF if view.state == "fresh" else None
+
+
+class Picker:
+    """Chooses an endpoint for each request; one per gateway replica (it keeps an index
+    of each view it is given, and its own random source).
+
+    - **Eligible**: fresh (stale, failing and unknown endpoints are not), not asleep
+      (vLLM sleep mode), and with ``model``: listing it, or running or waiting to load it
+      as a LoRA adapter. Nothing eligible: None, never an endpoint of another model.
+    - **Saturated** (``waiting >= max_waiting`` or ``kv_cache_usage >=
+      max_kv_cache_usage``, the Gateway API Inference Extension's 5 and 0.8): skipped
+      while any other is eligible. When all are, ``when_saturated="least_loaded"`` (the
+      default) chooses among them by the same rule below, ``"none"`` returns None.
+    - **LoRA affinity**, in the Inference Extension's order: endpoints running the
+      adapter, then waiting to load it, then listing it with a free adapter slot
+      (``lora_max``), then the rest listing it. A base model is one tier.
+    - **Spread**: two candidates drawn at random, each in proportion to its capacity
+      (``kv_capacity_tokens`` relative to the fleet's median; unknown counts as the
+      median); the one with the lower load wins. Load = (running + waiting + this
+      replica's requests in flight started after the endpoint's ``scraped_at_ms``, from
+      ``local``) / relative capacity. Ties go to the lower KV usage; an engine that
+      publishes none (TGI, llama.cpp) counts as the fleet's median KV, never 0 %.
+    - **Redis lost** (a cache or a view with ``healthy`` False): the last numbers, as
+      fresh as they were when Redis last answered, are used for ``stale_grace_s``
+      (default 5 s: a Sentinel failover) after that answer, then None.
+
+    Pass the ``ViewCache`` itself for speed: the picker keeps its index current from the
+    cache's change log (a pick costs a few microseconds at any fleet size). A ``View``
+    gets an index built on first pick (linear in its size) and kept while it is the one
+    given. ``rng``: a ``random.Random`` of the caller's (seeded in tests).
+
+    Threads may share one picker: a pick holds the picker's lock (a few microseconds).
+    """
+
+    def __init__(
+        self,
+        max_waiting: int = 5,
+        max_kv_cache_usage: float = 0.8,
+        when_saturated: WhenSaturated = "least_loaded",
+        stale_grace_s: float = 5.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
+            raise ConfigError(f"max_waiting must be an integer >= 1, got {max_waiting!r}")
+        if not 0.0 < max_kv_cache_usage <= 1.0:
+            raise ConfigError(f"max_kv_cache_usage must be in (0, 1], got {max_kv_cache_usage!r}")
+        if when_saturated not in ("least_loaded", "none"):
+            raise ConfigError(
+                f"when_saturated must be 'least_loaded' or 'none', got {when_saturated!r}"
+            )
+        if not (stale_grace_s >= 0.0 and math.isfinite(stale_grace_s)):
+            raise ConfigError(f"stale_grace_s must be >= 0 seconds, got {stale_grace_s!r}")
+        self.max_waiting = max_waiting
+        self.max_kv_cache_usage = max_kv_cache_usage
+        self.when_saturated: WhenSaturated = when_saturated
+        self.stale_grace_s = stale_grace_s
+        self.rng = rng if rng is not None else random.Random()
+        self._caches: weakref.WeakKeyDictionary[ViewCache, Index] = weakref.WeakKeyDictionary()
+        self._view: object = None
+        self._view_index: Index | None = None
+        self._lock = threading.Lock()
+
+    def pick(
+        self,
+        view: View | ViewCache | Mapping[str, EndpointView],
+        model: str | None = None,
+        *,
+        candidates: Iterable[str] | None = None,
+        local: LocalLoad | None = None,
+    ) -> str | None:
+        """The endpoint id for one request, or None when no endpoint may take it.
+
+        ``candidates`` limits the choice to those ids (unknown ids are ignored);
+        ``local`` is this replica's ``LocalLoad`` (see the class doc)."""
+        with self._lock:
+            return self._pick(view, model, candidates, local)
+
+    def _pick(
+        self,
+        view: View | ViewCache | Mapping[str, EndpointView],
+        model: str | None,
+        candidates: Iterable[str] | None,
+        local: LocalLoad | None,
+    ) -> str | None:
+        found = self._source(view)
+        if found is None:
+            return None
+        index, judge_ms, offset_ms = found
+        if local is not None and offset_ms is None:
+            # A view without a clock offset is taken as read just now.
+            # A bare mapping has no clock: every request in flight counts.
+            offset_ms = view.now_ms - local.now() * 1000 if isinstance(view, View) else INF
+        models = index.model(model)
+        if candidates is not None:
+            return self._among(models, index, candidates, judge_ms, local, offset_ms)
+        for saturated in (False, True):
+            if saturated and self.when_saturated == "none":
+                return None
+            for tier in range(TIERS):
+                bag = models.bags[tier][saturated]
+                if not bag.items:
+                    continue
+                first = self._draw(bag, judge_ms, models, None)
+                if first is None:
+                    continue
+                second = self._draw(bag, judge_ms, models, first)
+                return self._better(first, second, local, offset_ms).id
+        return None
+
+    # --- the view's index ---------------------------------------------------------------
+
+    def _source(
+        self, view: View | ViewCache | Mapping[str, EndpointView]
+    ) -> tuple[Index, float, float | None] | None:
+        """(index, Redis ms to judge freshness at, clock offset) or None: no numbers may
+        be used (Redis lost for longer than the grace)."""
+        if isinstance(view, ViewCache):
+            return self._from_cache(view)
+        given = view
+        if not isinstance(view, View):  # a mapping of endpoints, as judged when made
+            view = View(0, 0, view)
+        judge_ms: float = view.now_ms
+        if not view.healthy:
+            confirmed = view.now_ms if view.confirmed_ms is None else view.confirmed_ms
+            if view.now_ms - confirmed > self.stale_grace_s * 1000:
+                return None
+            judge_ms = confirmed
+        if given is not self._view or self._view_index is None:
+            fresh_until = _as_judged if view.healthy else _timed
+            self._view_index = self._index(view.endpoints.values(), fresh_until)
+            self._view = given
+        return self._view_index, judge_ms, view.offset_ms
+
+    def _from_cache(self, cache: ViewCache) -> tuple[Index, float, float | None] | None:
+        if not cache.loaded:
+            return None
+        if cache.healthy:
+            judge_ms: float = cache.now_ms()
+        else:
+            at, confirmed = cache.confirmed_at, cache.confirmed_ms()
+            if at is None or confirmed is None or time.monotonic() - at > self.stale_grace_s:
+                return None
+            judge_ms = confirmed
+        index = self._caches.get(cache)
+        changes = None if index is None else cache.changes_since(index.version)
+        if index is None or changes is None:
+            bases = (cache.base(endpoint_id) for endpoint_id in cache.ids())
+            index = self._index((b for b in bases if b is not None), _timed)
+            self._caches[cache] = index
+        else:
+            for endpoint_id in dict.fromkeys(changes):
+                index.update(endpoint_id, cache.base(endpoint_id))
+        index.version = cache.version
+        return index, judge_ms, cache.offset_ms
+
+    def _index(self, views: Iterable[EndpointView], fresh_until: object) -> Index:
+        assert callable(fresh_until)
+        return Index(views, fresh_until, self.max_waiting, self.max_kv_cache_usage)
+
+    # --- choosing -----------------------------------------------------------------------
+
+    def _draw(
+        self, bag: Bag, judge_ms: float, models: ModelIndex | None, other: Entry | None
+    ) -> Entry | None:
+        """One entry of ``bag`` other than ``other``, in proportion to its weight
+        (rejection sampling against the bag's largest weight); expired ones are dropped."""
+        rand = self.rng.random
+        items = bag.items
+        for _ in range(_DRAWS):
+            n = len(items)
+            if n == 0 or (n == 1 and items[0] is other):
+                return None
+            entry = items[int(rand() * n)]
+            if entry.fresh_until_ms < judge_ms:
+                if models is not None:
+                    models.drop(entry.id)  # its next stats write brings it back
+                else:
+                    bag.remove(entry.id)
+                continue
+            if entry is other or (entry.weight < bag.wmax and rand() * bag.wmax >= entry.weight):
+                continue
+            return entry
+        live = [e for e in items if e.fresh_until_ms >= judge_ms and e is not other]
+        if not live:
+            return None
+        return self.rng.choices(live, [e.weight for e in live])[0]
+
+    def _better(
+        self, a: Entry, b: Entry | None, local: LocalLoad | None, offset_ms: float | None
+    ) -> Entry:
+        if b is None:
+            return a
+        return a if _load(a, local, offset_ms) <= _load(b, local, offset_ms) else b
+
+    def _among(
+        self,
+        models: ModelIndex,
+        index: Index,
+        candidates: Iterable[str],
+        judge_ms: float,
+        local: LocalLoad | None,
+        offset_ms: float | None,
+    ) -> str | None:
+        """The same choice limited to ``candidates`` (a scan of them, not of the view)."""
+        groups: dict[tuple[bool, int], Bag] = {}
+        for endpoint_id in dict.fromkeys(candidates):
+            entry = index.entries.get(endpoint_id)
+            if entry is None or entry.fresh_until_ms < judge_ms:
+                continue
+            tier = entry.tier(models.model, models.adapter)
+            if tier is not None:
+                groups.setdefault((entry.saturated, tier), Bag()).add(entry)
+        if not groups:
+            return None
+        saturated, tier = min(groups)
+        if saturated and self.when_saturated == "none":
+            return None
+        bag = groups[saturated, tier]
+        first = self._draw(bag, judge_ms, None, None)
+        if first is None:
+            return None
+        return self._better(first, self._draw(bag, judge_ms, None, first), local, offset_ms).id
+
+
+def _load(entry: Entry, local: LocalLoad | None, offset_ms: float | None) -> tuple[float, float]:
+    """(requests per unit of capacity, KV usage): lower is less loaded."""
+    requests = entry.requests
+    if local is not None and offset_ms is not None:
+        requests += local.since(entry.id, (entry.scraped_at_ms - offset_ms) / 1000)
+    return requests / entry.weight, entry.kv or 0.0
