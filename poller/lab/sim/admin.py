@@ -6,6 +6,10 @@
     DELETE /admin/endpoints/<id>             remove it (its port closes)
     POST   /admin/endpoints/<id>/fault       {"mode": "slow", "delay_s": 3} -> the endpoint
     GET    /admin/endpoints/<id>/snapshot    the simulated truth (running, waiting, ...)
+    POST   /admin/endpoints/<id>/sleep       {"level": 1|2} (default 1): vLLM sleep mode
+    POST   /admin/endpoints/<id>/wake_up     awake again
+    GET    /admin/queue                      every endpoint's true queue, one call (oracle)
+    POST   /admin/queue/reset                peak_waiting back to the current queue
     GET    /admin/hits                       {"hits": {id: n}, "times": {id: [unix s, ...]}}
                                              (?id=<id> for one endpoint, ?times=0 for none)
     POST   /admin/hits/reset                 {} for all, or {"id": "..."}
@@ -101,6 +105,28 @@ class _Admin:
     async def snapshot(self, request: web.Request) -> web.Response:
         return _reply(self.sim.snapshot(request.match_info["id"])._asdict())
 
+    async def sleep(self, request: web.Request) -> web.Response:
+        endpoint_id = request.match_info["id"]
+        self.sim.spec(endpoint_id)
+        data = await _body(request)
+        level = data.get("level", 1) if isinstance(data, dict) else None
+        if level not in (1, 2) or isinstance(level, bool):
+            raise ConfigError('the body must be {} or {"level": 1} or {"level": 2}')
+        self.sim.sleep(endpoint_id, level)
+        return _reply(self.sim.describe(endpoint_id))
+
+    async def wake_up(self, request: web.Request) -> web.Response:
+        endpoint_id = request.match_info["id"]
+        self.sim.sleep(endpoint_id, 0)
+        return _reply(self.sim.describe(endpoint_id))
+
+    async def queue(self, request: web.Request) -> web.Response:
+        return _reply(self.sim.queues())
+
+    async def reset_queue(self, request: web.Request) -> web.Response:
+        self.sim.reset_peaks()
+        return _reply(self.sim.queues())
+
     async def hits(self, request: web.Request) -> web.Response:
         # A thousand endpoints' timestamps are megabytes: let callers narrow the answer.
         one = request.query.get("id")
@@ -129,6 +155,10 @@ def admin_app(sim: Simulator) -> web.Application:
     app.router.add_delete("/admin/endpoints/{id}", admin.delete_endpoint)
     app.router.add_post("/admin/endpoints/{id}/fault", admin.set_fault)
     app.router.add_get("/admin/endpoints/{id}/snapshot", admin.snapshot)
+    app.router.add_post("/admin/endpoints/{id}/sleep", admin.sleep)
+    app.router.add_post("/admin/endpoints/{id}/wake_up", admin.wake_up)
+    app.router.add_get("/admin/queue", admin.queue)
+    app.router.add_post("/admin/queue/reset", admin.reset_queue)
     app.router.add_get("/admin/hits", admin.hits)
     app.router.add_post("/admin/hits/reset", admin.reset_hits)
     app.router.add_get("/admin/registry", admin.registry)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from poller.lab.sim.model import STEP_S, EndpointLoad
+from poller.lab.sim.model import STEP_S, EndpointLoad, RankState
 from poller.lab.sim.pages_lmdeploy import lmdeploy_source
 from poller.lab.sim.pages_other import (
     LLAMACPP,
@@ -33,7 +33,8 @@ class EngineDef:
     name: str
     #: The engine name a poller registry entry uses (``vllm-v0`` is scraped as ``vllm``).
     registry_engine: str
-    source: Callable[[str, bool], str]  # (model name, has LoRA adapters) -> page source
+    #: (model name, has LoRA adapters, KV blocks) -> page source
+    source: Callable[[str, bool, int], str]
     formatter: Formatter
     #: What ``missing`` drops by default: a required signal, with its fallbacks.
     required: tuple[str, ...]
@@ -67,7 +68,7 @@ ENGINES: dict[str, EngineDef] = {
         EngineDef(
             "vllm",
             "vllm",
-            lambda model, lora: vllm_source(model, lora, v0=False),
+            lambda model, lora, blocks: vllm_source(model, lora, v0=False, kv_blocks=blocks),
             fmt_go,
             required=("vllm:kv_cache_usage_perc",),
             capacity=256,  # max_num_seqs
@@ -77,7 +78,7 @@ ENGINES: dict[str, EngineDef] = {
         EngineDef(
             "vllm-v0",
             "vllm",
-            lambda model, lora: vllm_source(model, lora, v0=True),
+            lambda model, lora, blocks: vllm_source(model, lora, v0=True, kv_blocks=blocks),
             fmt_go,
             required=("vllm:gpu_cache_usage_perc",),
             capacity=256,
@@ -86,7 +87,7 @@ ENGINES: dict[str, EngineDef] = {
         EngineDef(
             "sglang",
             "sglang",
-            lambda model, lora: sglang_source(model),
+            lambda model, lora, blocks: sglang_source(model),
             fmt_go,
             required=("sglang:token_usage", "sglang:num_used_tokens"),
             rank_label=_sglang_rank,
@@ -94,7 +95,7 @@ ENGINES: dict[str, EngineDef] = {
         EngineDef(
             "llamacpp",
             "llamacpp",
-            lambda model, lora: LLAMACPP,
+            lambda model, lora, blocks: LLAMACPP,
             fmt_plain,
             # KV usage is optional for llama.cpp (removed upstream): drop a required gauge.
             required=("llamacpp:requests_deferred",),
@@ -105,7 +106,7 @@ ENGINES: dict[str, EngineDef] = {
         EngineDef(
             "trtllm",
             "trtllm",
-            lambda model, lora: trtllm_source(model),
+            lambda model, lora, blocks: trtllm_source(model),
             fmt_go,
             required=("trtllm_kv_cache_utilization",),
             text_path="/prometheus/metrics",
@@ -115,7 +116,7 @@ ENGINES: dict[str, EngineDef] = {
         EngineDef(
             "triton",
             "triton",
-            lambda model, lora: triton_source(model),
+            lambda model, lora, blocks: triton_source(model),
             fmt_plain,
             required=("nv_trt_llm_kv_cache_block_metrics",),
             content_type="text/plain; charset=utf-8",
@@ -124,7 +125,7 @@ ENGINES: dict[str, EngineDef] = {
         EngineDef(
             "tgi",
             "tgi",
-            lambda model, lora: tgi_source(),
+            lambda model, lora, blocks: tgi_source(),
             fmt_plain,
             required=("tgi_queue_size",),
             content_type="text/plain; charset=utf-8",
@@ -134,7 +135,7 @@ ENGINES: dict[str, EngineDef] = {
         EngineDef(
             "lmdeploy",
             "lmdeploy",
-            lambda model, lora: lmdeploy_source(model),
+            lambda model, lora, blocks: lmdeploy_source(model),
             fmt_go,
             required=("lmdeploy:gpu_cache_usage_perc",),
             capacity=128,  # --max-batch-size
@@ -146,12 +147,17 @@ ENGINES: dict[str, EngineDef] = {
 
 @lru_cache(maxsize=256)
 def template_for(
-    engine: str, model: str, ranks: int, lora: bool, drop: frozenset[str] = frozenset()
+    engine: str,
+    model: str,
+    ranks: int,
+    lora: bool,
+    drop: frozenset[str] = frozenset(),
+    kv_blocks: int = 28642,
 ) -> Template:
     """The compiled page of one shape; endpoints of the same shape share it."""
     spec = ENGINES[engine]
     return compile_page(
-        spec.source(model, lora),
+        spec.source(model, lora, kv_blocks),
         ranks=ranks,
         rank_label=lambda rank: spec.rank_label(rank, ranks) if spec.rank_label else "",
         formatter=spec.formatter,
@@ -159,9 +165,11 @@ def template_for(
     )
 
 
-def iteration_stats(load: EndpointLoad, wall_offset: float) -> bytes:
+def iteration_stats(
+    load: EndpointLoad, wall_offset: float, states: Sequence[RankState] | None = None
+) -> bytes:
     """trtllm-serve's plain ``/metrics``: a JSON list of per-iteration stats, not a page."""
-    s = load.states[0]
+    s = (states or load.states)[0]
     stats = {
         "cpuMemUsage": 0,
         "gpuMemUsage": 21474836480,

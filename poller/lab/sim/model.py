@@ -65,6 +65,19 @@ class RankState:
     batch_hit_rate: float = 0.0  # the last prefill batch's hit rate (SGLang, V0 gauges)
     prompt_tps: float = 0.0
     gen_tps: float = 0.0
+    sleep_level: int = 0  # vLLM sleep mode: 0 awake, 1 weights offloaded, 2 all discarded
+
+    @property
+    def awake(self) -> int:
+        return int(self.sleep_level == 0)
+
+    @property
+    def weights_offloaded(self) -> int:
+        return int(self.sleep_level == 1)
+
+    @property
+    def discard_all(self) -> int:
+        return int(self.sleep_level == 2)
 
     @property
     def success(self) -> int:

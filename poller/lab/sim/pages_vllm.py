@@ -97,18 +97,38 @@ def _vllm_line(line: str, v0: bool) -> str:
     return f"{head} <<{key}>>" if key else line
 
 
-def vllm_source(model: str, lora: bool, v0: bool) -> str:
+#: V1's sleep-mode gauge (vllm/v1/metrics/loggers.py), after the waiting gauge; the values
+#: follow the endpoint's sleep level (``RankState.awake`` and the two levels).
+_SLEEP_STATE = """\
+# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping; \
+awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 \
+means sleep level 2.
+# TYPE vllm:engine_sleep_state gauge""" + "".join(
+    f'\nvllm:engine_sleep_state{{<<R>>model_name="{BUNDLED_MODEL}",sleep_state="{state}"}} '
+    f"<<{state}>>"
+    for state in ("awake", "weights_offloaded", "discard_all")
+)
+#: The bundled page's KV pool size, replaced per endpoint (``vllm_source(kv_blocks=)``).
+_GPU_BLOCKS = 'num_gpu_blocks="28642"'
+
+
+def vllm_source(model: str, lora: bool, v0: bool, kv_blocks: int | None = None) -> str:
+    """The page source; ``kv_blocks`` sets ``cache_config_info``'s ``num_gpu_blocks``."""
     out = [_V0_HEAD.replace('"M"', f'"{BUNDLED_MODEL}"')] if v0 else []
     for family in families(_vllm_bulk()):
         name = family_name(family[0]) or ""
         if v0 and name.startswith(_V0_SKIP):
             continue
+        if name == "vllm:cache_config_info" and kv_blocks is not None:
+            family = [line.replace(_GPU_BLOCKS, f'num_gpu_blocks="{kv_blocks}"') for line in family]
         if name == "vllm:lora_requests_info":
             # Only with --enable-lora; every adapter combination seen lingers as a series.
             if lora:
                 out.extend([*family[:2], "<<lora>>"])
             continue
         out.extend(_vllm_line(line, v0) for line in family)
+        if name == "vllm:num_requests_waiting" and not v0:
+            out.extend(_SLEEP_STATE.splitlines())
     return "\n".join(out).replace(BUNDLED_MODEL, model)
 
 

@@ -17,6 +17,16 @@ from aiohttp.web_request import BaseRequest
 
 from poller.lab.sim.endpoint import JSON, SimEndpoint
 from poller.lab.sim.faults import Fault, garbage_body, padding_block
+from poller.lab.sim.openai import (
+    COMPLETION_PATHS,
+    SLEEP_PATHS,
+    BadRequest,
+    error,
+    parse_request,
+    reply,
+    sleep_reply,
+)
+from poller.lab.sim.serving import prompt_tokens
 
 __all__ = ["Responder", "drop_connection"]
 
@@ -58,6 +68,15 @@ class Responder:
             as_json = True
         elif path in _HEALTH_PATHS:
             return web.Response(text="ok\n")
+        elif path in COMPLETION_PATHS and request.method == "POST":
+            return await self._complete(ep, request, path)
+        elif path == "/v1/models":
+            data = [{"id": m, "object": "model", "owned_by": "sim"} for m in ep.models]
+            return web.json_response({"object": "list", "data": data})
+        elif path in SLEEP_PATHS and engine.name == "vllm":
+            if (request.method == "GET") != (path == "/is_sleeping"):
+                return web.Response(status=405, text="405 method not allowed\n")
+            return sleep_reply(ep, path, dict(request.query))
         else:
             return web.Response(status=404, text="404 page not found\n")
         ep.hits += 1
@@ -65,6 +84,58 @@ class Responder:
         now = self._clock()
         fault = ep.current_fault(now)
         return await self._modes[fault.mode](ep, request, fault, as_json, now)
+
+    async def _refusal(self, ep: SimEndpoint, request: BaseRequest) -> web.StreamResponse | None:
+        """What a faulted or keyed endpoint answers a completion instead; None: serve it."""
+        fault = ep.current_fault(self._clock())
+        if fault.mode in ("down", "refuse", "hang"):
+            if fault.mode == "hang":
+                await self._stopping.wait()
+            return drop_connection(request, reset=fault.mode == "refuse")
+        if fault.mode in ("http500", "garbage"):
+            return error(500, "the simulated engine is failing")
+        if fault.mode == "http401" or not ep.authorized(request.headers.get("Authorization")):
+            return error(401, "Invalid API Key")
+        if fault.mode == "slow" and await self._pause(fault.params["delay_s"]):
+            return drop_connection(request, reset=False)
+        return None
+
+    async def _complete(
+        self, ep: SimEndpoint, request: BaseRequest, path: str
+    ) -> web.StreamResponse:
+        """One completion request, under the endpoint's fault and sleep state."""
+        refusal = await self._refusal(ep, request)
+        if refusal is not None:
+            return refusal
+        try:
+            model, prompt, max_tokens, stream = parse_request(ep, path, await request.read())
+        except BadRequest as exc:
+            return error(exc.status, exc.message, exc.param)
+        if ep.sleep_level:
+            return error(503, "The engine is sleeping (vLLM sleep mode); wake it up first.")
+        ep.advance(self._clock())
+        whole, first, last = reply(path, model, prompt_tokens(prompt), max_tokens)
+        headers = {"x-sim-endpoint": ep.spec.id}
+        if not stream:
+            await ep.queue.serve(prompt, max_tokens)
+            return web.json_response(whole, headers=headers)
+        response = web.StreamResponse(
+            headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+
+        async def started() -> None:
+            await response.prepare(request)
+            for chunk in first:
+                await response.write(chunk)
+
+        try:
+            await ep.queue.serve(prompt, max_tokens, on_start=started)
+            for chunk in last:
+                await response.write(chunk)
+            await response.write_eof()
+        except ConnectionError:
+            pass  # the client hung up; its slot is already given back
+        return response
 
     async def _page(
         self, ep: SimEndpoint, request: BaseRequest, fault: Fault, as_json: bool, now: float

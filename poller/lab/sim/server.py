@@ -25,6 +25,7 @@ from poller.lab.sim.admin import admin_app
 from poller.lab.sim.endpoint import SimEndpoint, Snapshot
 from poller.lab.sim.faults import Fault
 from poller.lab.sim.serve import Responder
+from poller.lab.sim.serving import Hold
 from poller.lab.sim.spec import EndpointSpec
 
 __all__ = ["HOST", "Simulator"]
@@ -34,6 +35,8 @@ HOST = "127.0.0.1"
 _log = logging.getLogger(__name__)
 # Bound on aiohttp's own shutdown wait, for a connection that survived force_close.
 _SHUTDOWN_S = 0.5
+#: Fault modes under which completions are still served (the others fail them).
+_SERVING = ("ok", "missing", "json", "slow", "drip", "oversized", "restart")
 _Handler = Callable[[BaseRequest], Awaitable[web.StreamResponse]]
 
 
@@ -44,6 +47,8 @@ class Simulator:
     one to move simulated time without sleeping). Hit timestamps are ``time.time()``
     seconds, comparable with other processes' clocks. A new endpoint's load starts
     ``warmup_s`` simulated seconds in the past, so its first page is already busy.
+    ``hold(seconds)`` is how long a served request keeps its slot (``asyncio.sleep``;
+    tests pass a gate of their own, so no verdict depends on speed).
     """
 
     def __init__(
@@ -57,7 +62,9 @@ class Simulator:
         clock: Callable[[], float] = time.monotonic,
         hit_history: int = 256,
         warmup_s: float = 60.0,
+        hold: Hold = asyncio.sleep,
     ) -> None:
+        self._hold = hold
         self.seed = seed
         self._warmup_s = warmup_s
         self._clock = clock
@@ -154,6 +161,8 @@ class Simulator:
             t0=self._clock() - self._warmup_s,
             history=self._history,
             wall_offset=self._wall_offset,
+            clock=self._clock,
+            hold=self._hold,
         )
         self._endpoints[spec.id] = ep
         return ep
@@ -260,6 +269,37 @@ class Simulator:
         """The load model's state now: what a correct scrape would report."""
         return self._get(endpoint_id).snapshot(self._clock())
 
+    def sleep(self, endpoint_id: str, level: int = 1) -> None:
+        """vLLM sleep mode: requests get 503 and the page says asleep; 0 wakes it up."""
+        if level not in (0, 1, 2):
+            raise ConfigError(f"sleep level must be 0 (awake), 1 or 2, got {level!r}")
+        self._get(endpoint_id).sleep_level = level
+        _log.info("endpoint %s: sleep level %d", endpoint_id, level)
+
+    def queues(self) -> dict[str, Any]:
+        """Every endpoint's true queue now (no metrics lag): what an oracle router reads.
+
+        ``{"now": clock s, "time": unix s, "endpoints": {id: {running, waiting, capacity,
+        models, serving, peak_waiting}}}``; ``serving`` is false while asleep or faulted.
+        """
+        now = self._clock()
+        out: dict[str, Any] = {}
+        for endpoint_id, ep in self._endpoints.items():
+            _, states, _ = ep.shown_states(now, lagged=False)
+            out[endpoint_id] = {
+                "running": sum(s.running for s in states),
+                "waiting": sum(s.waiting for s in states),
+                "capacity": ep.queue.capacity,
+                "models": list(ep.models),
+                "serving": ep.sleep_level == 0 and ep.current_fault(now).mode in _SERVING,
+                "peak_waiting": ep.queue.peak_waiting,
+            }
+        return {"now": now, "time": now + self._wall_offset, "endpoints": out}
+
+    def reset_peaks(self) -> None:
+        for ep in self._endpoints.values():
+            ep.queue.peak_waiting = ep.queue.state.waiting
+
     def describe(self, endpoint_id: str) -> dict[str, Any]:
         """The admin API's view of one endpoint."""
         ep = self._get(endpoint_id)
@@ -273,6 +313,11 @@ class Simulator:
             "dp": ep.spec.dp,
             "fault": ep.fault.to_dict(),
             "hits": ep.hits,
+            "models": list(ep.models),
+            "capacity": ep.queue.capacity,
+            "speed_tps": ep.spec.speed_tps,
+            "metrics_lag_s": ep.spec.metrics_lag_s,
+            "sleep_level": ep.sleep_level,
         }
 
     # --- serving -----------------------------------------------------------------------

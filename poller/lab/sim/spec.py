@@ -13,11 +13,14 @@ from poller.errors import ConfigError
 from poller.lab.sim.engines import ENGINES, SAFE_LABEL
 from poller.lab.sim.model import LoadParams
 
-__all__ = ["STYLES", "EndpointSpec", "fleet"]
+__all__ = ["KV_BLOCKS_PER_SLOT", "STYLES", "EndpointSpec", "fleet"]
 
 STYLES = ("path", "port")
 # The id is one path segment of a path-style URL (/e/<id>/metrics): no '/'.
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,99}")
+#: KV blocks (16 tokens) per running slot: the bundled vLLM page's 28642 blocks for its
+#: 256 slots, so an engine's KV capacity grows with its slots.
+KV_BLOCKS_PER_SLOT = 28642 / 256
 _ADAPTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -44,6 +47,8 @@ class EndpointSpec:
     capacity: int | None = None
     load: float | None = None
     port: int = 0
+    speed_tps: float = 30.0
+    metrics_lag_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not _ID.fullmatch(self.id):
@@ -67,6 +72,8 @@ class EndpointSpec:
         if "id" not in data:
             raise ConfigError("an endpoint spec needs an id")
         data = dict(data)
+        if isinstance(data.get("speed_tps"), int):
+            data["speed_tps"] = float(data["speed_tps"])
         if isinstance(data.get("lora"), str):  # "a,b" as on the command line
             data["lora"] = tuple(a for a in data["lora"].split(",") if a)
         try:
@@ -78,8 +85,9 @@ class EndpointSpec:
         """This endpoint's load shape: from the spec where given, else from the seed."""
         rng = random.Random(f"{seed}:{self.id}:params")
         engine = ENGINES[self.engine]
+        capacity = self.capacity or engine.capacity
         return LoadParams(
-            capacity=self.capacity or engine.capacity,
+            capacity=capacity,
             load=self.load if self.load is not None else rng.uniform(0.3, 0.9),
             service_s=rng.uniform(5.0, 12.0),
             period_s=rng.uniform(60.0, 300.0),
@@ -87,7 +95,14 @@ class EndpointSpec:
             prompt_tokens=rng.randint(300, 2000),
             hit_ratio=rng.uniform(0.1, 0.7),
             kv_fill=rng.uniform(0.6, 0.95),
+            kv_blocks=max(1, round(capacity * KV_BLOCKS_PER_SLOT)),
+            gen_tokens_per_s=self.speed_tps,
         )
+
+    @property
+    def served_model(self) -> str:
+        """The model name requests must ask for (the one on the page)."""
+        return self.model if self.model is not None else ENGINES[self.engine].model
 
 
 def _engine_problem(spec: EndpointSpec) -> str | None:
@@ -123,6 +138,12 @@ def _number_problem(spec: EndpointSpec) -> str | None:
         isinstance(load, int | float) and not isinstance(load, bool) and 0 <= load < math.inf
     ):
         return "load must be a number >= 0"
+    for name in ("speed_tps", "metrics_lag_s"):
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"{name} must be a number"
+        if not (math.isfinite(value) and (value > 0 if name == "speed_tps" else value >= 0)):
+            return f"{name} out of range: {value!r}"
     if not whole(spec.port) or not 0 <= spec.port < 65536:
         return "port must be 0 (any free port) or a port number"
     return None

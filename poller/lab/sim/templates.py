@@ -154,9 +154,15 @@ def _lora_block(load: EndpointLoad, wall_offset: float) -> bytes:
     return b"".join(lines)
 
 
-def render(template: Template, load: EndpointLoad, wall_offset: float) -> bytes:
-    """Fill the template's slots from the load's current state."""
-    states: Sequence[RankState] = load.states
+def render(
+    template: Template,
+    load: EndpointLoad,
+    wall_offset: float,
+    states: Sequence[RankState] | None = None,
+) -> bytes:
+    """Fill the template's slots from ``states`` (default: the load's current state)."""
+    if states is None:
+        states = load.states
     fmt = template.formatter
     start = fmt_go(load.started_at + wall_offset)
     pieces: list[bytes] = [template.parts[0]]
