@@ -23,6 +23,7 @@ __all__ = ["ViewSource"]
 
 log = logging.getLogger(__name__)
 
+
 class ViewSource:
     """A ``ViewCache`` for the running event loop, and the registry's URL index.
 

@@ -156,22 +156,26 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
             return self._shuffle(model, healthy, kwargs)
         routing = self.routing
         targets = routing.targets(cache, healthy)
-        mapped = [(d, t) for d, t in zip(healthy, targets, strict=True) if t.endpoint_id]
+        mapped = [
+            (d, t.endpoint_id, t)
+            for d, t in zip(healthy, targets, strict=True)
+            if t.endpoint_id is not None
+        ]
         endpoint_id = None
         if mapped:
-            served = {t.model for _, t in mapped}
+            served = {t.model for _, _, t in mapped}
             if len(served) == 1:
-                ids = [t.endpoint_id for _, t in mapped]
+                ids = [e for _, e, _ in mapped]
                 endpoint_id = routing.picker.pick(
                     cache, served.pop(), candidates=ids, local=self.local
                 )
             else:
-                ok = routing.eligible(cache, [t for _, t in mapped])
-                ids = [t.endpoint_id for (_, t), k in zip(mapped, ok, strict=True) if k]
+                ok = routing.eligible(cache, [t for _, _, t in mapped])
+                ids = [e for (_, e, _), k in zip(mapped, ok, strict=True) if k]
                 if ids:
                     endpoint_id = routing.picker.pick(cache, None, candidates=ids, local=self.local)
         if endpoint_id is not None:
-            on_it = [d for d, t in mapped if t.endpoint_id == endpoint_id]
+            on_it = [d for d, e, _ in mapped if e == endpoint_id]
             return on_it[0] if len(on_it) == 1 else self.rng.choice(on_it)
         unmapped = [d for d, t in zip(healthy, targets, strict=True) if t.endpoint_id is None]
         return self._shuffle(model, unmapped, kwargs) if unmapped else None
