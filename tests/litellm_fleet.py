@@ -1,6 +1,6 @@
 """Simulated engines, a real poller and Redis, set up for the LiteLLM integration tests.
 
-Six vLLM endpoints serve one model: three ordinary ones, one saturated (capacity 1, its
+Six vLLM endpoints (by default) serve one model: three ordinary ones, one saturated (capacity 1, its
 queue filled by requests of the test's own that hold their slot for 1,000 s), one
 failing (HTTP 500 on every path) and one asleep (vLLM sleep mode). The simulator runs
 as a process of its own (LiteLLM's work in the test's event loop must not delay its
@@ -31,7 +31,7 @@ from poller.registry import Endpoint
 # Before any import of litellm: its start-up would fetch a cost map from the internet.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-MODEL = "acme/chat-1"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 NS = "lt"
 OK = ("ok-a", "ok-b", "ok-c")
 BAD = ("saturated", "failing", "asleep")
@@ -51,6 +51,8 @@ class Fleet:
     registry: dict[str, str]  # endpoint id -> url
     redis: RedisProcess
     cache: ViewCache
+    ok: tuple[str, ...] = OK
+    bad: tuple[str, str, str] = BAD  # saturated, failing, asleep
 
     @property
     def redis_url(self) -> str:
@@ -71,12 +73,12 @@ class Fleet:
 
     def shown(self) -> bool:
         """Does the view show every endpoint as the fleet set it up?"""
-        views = {e: self.cache.get(e) for e in (*OK, *BAD)}
-        for e in OK:
+        views = {e: self.cache.get(e) for e in (*self.ok, *self.bad)}
+        for e in self.ok:
             v = views[e]
             if v is None or v.state != "fresh" or v.stats is None or v.stats.sleeping:
                 return False
-        sat, failing, asleep = (views[e] for e in BAD)
+        sat, failing, asleep = (views[e] for e in self.bad)
         return (
             sat is not None
             and sat.stats is not None
@@ -90,49 +92,50 @@ class Fleet:
         )
 
 
-def specs() -> list[dict[str, Any]]:
+def specs(ok: tuple[str, ...], bad: tuple[str, str, str]) -> list[dict[str, Any]]:
     return [
         {
             "id": e,
             "engine": "vllm",
-            "capacity": 1 if e == "saturated" else 8,
+            "capacity": 1 if e == bad[0] else 8,
             "load": 0.0,
             "model": MODEL,
             "speed_tps": SPEED_TPS,
         }
-        for e in (*OK, *BAD)
+        for e in (*ok, *bad)
     ]
 
 
 @contextlib.asynccontextmanager
-async def fleet(workdir: Path) -> AsyncIterator[Fleet]:
+async def fleet(
+    workdir: Path, ok: tuple[str, ...] = OK, bad: tuple[str, str, str] = BAD
+) -> AsyncIterator[Fleet]:
+    saturated, failing, asleep = bad
     redis = RedisProcess().start()
     sim, admin, _ = start_sim(workdir, 0, "vllm", cpu=None)
     held: list[asyncio.Task[httpx.Response]] = []
     try:
         async with httpx.AsyncClient(timeout=None, trust_env=False) as http:
-            (await http.post(admin + "/admin/endpoints", json=specs())).raise_for_status()
+            (await http.post(admin + "/admin/endpoints", json=specs(ok, bad))).raise_for_status()
             registry = (await http.get(admin + "/admin/registry")).json()
             client = aioredis.Redis.from_url(redis.url, decode_responses=True)
             store = RedisStore(client, NS)
             for entry in registry:
                 await store.put_endpoint(Endpoint(**entry))
             await client.aclose()
-            (await http.post(admin + "/admin/endpoints/asleep/sleep", json={})).raise_for_status()
-            fault = {"mode": "http500"}
-            (
-                await http.post(admin + "/admin/endpoints/failing/fault", json=fault)
-            ).raise_for_status()
+            at = admin + "/admin/endpoints/"
+            (await http.post(at + asleep + "/sleep", json={})).raise_for_status()
+            (await http.post(at + failing + "/fault", json={"mode": "http500"})).raise_for_status()
             urls = {entry["id"]: entry["url"] for entry in registry}
             body = {"model": MODEL, "messages": [{"role": "user", "content": "hold"}]}
             body["max_tokens"] = HOLD_TOKENS
-            url = urls["saturated"] + "/v1/chat/completions"
+            url = urls[saturated] + "/v1/chat/completions"
             held = [asyncio.create_task(http.post(url, json=body)) for _ in range(HELD)]
             poller = PollerProc("p0", redis.url, NS, workdir, interval_s=INTERVAL_S).start()
             try:
                 reader = StatsReader.from_url(redis.url, NS, stale_after_ms=STALE_AFTER_MS)
                 async with reader.cached() as cache:
-                    f = Fleet(admin, urls, redis, cache)
+                    f = Fleet(admin, urls, redis, cache, ok, bad)
                     await until(f.shown, 90, "the view showing the fleet's states")
                     yield f
                 await reader.aclose()
