@@ -121,7 +121,15 @@ class StoreError(PollerError):
 
 
 class SchemaMismatch(StoreError):
-    """Redis already holds data written under another schema version."""
+    """Redis already holds data written under another schema version; ``found`` is
+    that version (None: unreadable), ``expected`` the one this code speaks."""
+
+    def __init__(
+        self, message: str, *, found: str | None = None, expected: str | None = None
+    ) -> None:
+        self.found = found
+        self.expected = expected
+        super().__init__(message)
 
 
 class LeaseLost(PollerError):

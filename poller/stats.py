@@ -19,6 +19,7 @@ __all__ = [
     "EndpointStats",
     "Failure",
     "Signals",
+    "format_counts",
     "format_number",
     "prefix_hit_rate",
     "stats_fields",
@@ -58,6 +59,10 @@ class Signals:
     api_waiting: int | None = None
     #: vLLM sleep mode: True when none of the engines is awake; None where unsaid.
     sleeping: bool | None = None
+    #: KV-cache capacity in tokens (blocks x tokens per block where the engine counts blocks).
+    kv_capacity_tokens: int | None = None
+    #: Waiting requests per reason the engine gives (vLLM); empty where unpublished.
+    waiting_by_reason: dict[str, int] = field(default_factory=dict, hash=False)
     #: signal -> the metric name it was read from (for `poller check`).
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -105,6 +110,23 @@ def _int(value: str | None) -> int | None:
     return None if value is None or value == "" else int(value)
 
 
+def _counts(value: str | None) -> dict[str, int]:
+    """``reason:count`` pairs joined by commas (the schema's map form)."""
+    counts: dict[str, int] = {}
+    for pair in _split(value):
+        name, sep, count = pair.rpartition(":")
+        if not sep or not name or not count.isdigit():
+            raise ValueError(f"expected reason:count pairs, got {pair[:40]!r}")
+        counts[name] = int(count)
+    return counts
+
+
+def format_counts(counts: dict[str, int]) -> str:
+    """The map form of :func:`_counts`; names holding ``,`` or ``:`` cannot be written
+    unambiguously and are left out (no engine uses them)."""
+    return ",".join(f"{k}:{v}" for k, v in counts.items() if "," not in k and ":" not in k)
+
+
 def _bool(value: str | None) -> bool | None:
     if value is None or value == "":
         return None
@@ -143,6 +165,10 @@ class EndpointStats:
     api_waiting: int | None = None
     #: True: asleep (vLLM sleep mode), never to be routed to; None: the page does not say.
     sleeping: bool | None = None
+    #: KV-cache capacity in tokens, the engine's size; None: the engine does not publish it.
+    kv_capacity_tokens: int | None = None
+    #: Waiting requests per reason the engine gives (vLLM); empty: not published.
+    waiting_by_reason: dict[str, int] = field(default_factory=dict, hash=False)
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> EndpointStats:
@@ -167,6 +193,8 @@ class EndpointStats:
             prefix_cache_queries_total=_float(h.get("prefix_cache_queries_total")),
             api_waiting=_int(h.get("api_waiting")),
             sleeping=_bool(h.get("sleeping")),
+            kv_capacity_tokens=_int(h.get("kv_capacity_tokens")),
+            waiting_by_reason=_counts(h.get("waiting_by_reason")),
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -231,6 +259,7 @@ def stats_fields(
         "lora_max": signals.lora_max,
         "api_waiting": signals.api_waiting,
         "sleeping": None if signals.sleeping is None else int(signals.sleeping),
+        "kv_capacity_tokens": signals.kv_capacity_tokens,
     }
     for name, value in optional.items():
         if value is not None:
@@ -242,4 +271,7 @@ def stats_fields(
     ):
         if items:
             fields[name] = ",".join(items)
+    by_reason = format_counts(signals.waiting_by_reason)
+    if by_reason:
+        fields["waiting_by_reason"] = by_reason
     return fields

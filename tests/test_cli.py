@@ -308,6 +308,14 @@ CHECKED_PAGES = {
         "vllm",
         {"running": 0, "waiting": 0, "sleeping": True, "prefix_cache_hit_rate": 0.25},
     ),
+    "vllm-0.33-waiting-reasons-dp2-handwritten.txt": (
+        "vllm",
+        {
+            "waiting": 6,
+            "waiting_by_reason": {"capacity": 4, "deferred": 2},
+            "kv_capacity_tokens": 633600,
+        },
+    ),
     "llamacpp-b11434-busy-handwritten.txt": (
         "llamacpp",
         {"running": 3, "waiting": 2, "kv_cache_usage": None, "prefix_cache_hit_rate": 0.75},

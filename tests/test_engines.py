@@ -134,6 +134,18 @@ EXPECTED = {
         122880.0,
         ("Qwen/Qwen3-8B",),
     ),
+    # waiting is the total; the breakdown by reason is read beside it (test_sizing.py)
+    "vllm-0.33-waiting-reasons-dp2-handwritten.txt": (
+        "vllm",
+        14,
+        6,
+        0.71,
+        None,
+        24576.0,
+        98304.0,
+        ("Qwen/Qwen3-Next-80B-A3B-Instruct",),
+    ),
+    "trtllm-1.3-kv-blocks-handwritten.txt": ("trtllm", 5, 2, 0.25, 0.5, None, None, ()),
     # queries = cached + prompt (prompt_tokens_total excludes cached tokens now)
     "llamacpp-b11434-busy-handwritten.txt": ("llamacpp", 3, 2, None, None, 3600.0, 4800.0, ()),
     "llamacpp-b11434-real-idle.txt": ("llamacpp", 0, 0, None, None, 0.0, 0.0, ()),

@@ -279,6 +279,27 @@ def test_the_herd_eight_replicas_on_one_view_spread() -> None:
 # --- capacity -----------------------------------------------------------------------------------
 
 
+def test_capacity_weights_the_draw_and_the_load() -> None:
+    # big has 4x the median capacity: 8 requests there load it less than 4 on small
+    v = view_of(
+        entry("big", running="8", kv_capacity_tokens="400000"),
+        entry("small", running="4", kv_capacity_tokens="100000"),
+        entry("mid", running="4", kv_capacity_tokens="100000"),
+        entry("tgi", engine="tgi", running="4"),  # capacity unknown: the median
+    )
+    picker = Picker(rng=random.Random(12))
+    assert picks(picker, v, candidates=["big", "small"]) == {"big": 200}
+    # unknown capacity counts as the median: tgi ties with small, KV unknown on both
+    assert set(picks(picker, v, candidates=["small", "tgi"])) == {"small", "tgi"}
+    # candidates are drawn in proportion to capacity: big is in nearly every pair
+    idle = view_of(
+        entry("big", kv_capacity_tokens="400000", kv_cache_usage="0.1"),
+        *(entry(f"s{i}", kv_capacity_tokens="100000", kv_cache_usage="0.2") for i in range(4)),
+    )
+    counts = picks(picker, idle, n=1000)
+    assert counts["big"] > 600, counts  # uniform pairs would give it 2 in 5: 400
+
+
 # --- the outage rule ----------------------------------------------------------------------------
 
 

@@ -257,6 +257,7 @@ async def test_a_failing_endpoint_fails_requests_and_the_oracle_sees_it(
         "running",
         "waiting",
         "capacity",
+        "speed_tps",
         "models",
         "serving",
         "peak_waiting",

@@ -63,8 +63,14 @@ def sim(ctx: click.Context) -> None:
     "--section",
     "sections",
     multiple=True,
-    type=click.Choice(["scrape", "cluster", "failover", "reader", "readers"]),
+    type=click.Choice(["scrape", "cluster", "failover", "reader", "readers", "routing"]),
     help="Run only these sections (repeatable).",
+)
+@click.option(
+    "--policy",
+    "policies",
+    multiple=True,
+    help="routing: only these policies (repeatable) [every registered one].",
 )
 @click.option(
     "--page",
@@ -90,9 +96,16 @@ def bench(
     quick: bool,
     redis_url: str | None,
     as_json: bool,
+    policies: tuple[str, ...],
 ) -> None:
-    """Measure scrape cost, cluster behaviour, failover and reader latency locally."""
+    """Measure scrape cost, cluster behaviour, failover, reader latency and routing locally."""
     import dataclasses
+
+    if "routing" in sections:
+        _bench_routing(quick, duration_s, policies, redis_url, as_json)
+        sections = tuple(s for s in sections if s != "routing")
+        if not sections:
+            return
 
     from poller.lab.bench import BenchConfig, format_table, run_bench
 
@@ -116,6 +129,39 @@ def bench(
         click.echo(f"Error: bench failed: {exc}", err=True)
         sys.exit(1)
     click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+
+
+def _bench_routing(
+    quick: bool,
+    duration_s: float | None,
+    policies: tuple[str, ...],
+    redis_url: str | None,
+    as_json: bool,
+) -> None:
+    """The routing section: rows as they come (to stderr under --json), then the report."""
+    import dataclasses
+
+    from poller.errors import ConfigError
+    from poller.lab.routing import RoutingConfig
+    from poller.lab.routing.run import run_routing
+
+    cfg = RoutingConfig.quick() if quick else RoutingConfig()
+    if duration_s is not None:
+        cfg = dataclasses.replace(cfg, duration_s=duration_s)
+    if policies:
+        cfg = dataclasses.replace(cfg, policies=policies)
+    try:
+        result = run_routing(cfg, redis_url, sys.stderr if as_json else sys.stdout)
+    except ConfigError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)
+    except (RuntimeError, TimeoutError) as exc:
+        click.echo(f"Error: bench failed: {exc}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        click.echo(f"  (took {result['elapsed_s']} s)")
 
 
 @click.command()

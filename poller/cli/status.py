@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from poller.cli.common import NAMESPACE, REDIS_URL, load
-from poller.errors import StoreError
+from poller.errors import SchemaMismatch, StoreError
 
 
 @click.command()
@@ -84,6 +84,12 @@ def status(
         asyncio.run(go())
     except KeyboardInterrupt:
         pass
+    except SchemaMismatch as exc:
+        if as_json:  # a script reading stdout learns why there is no view
+            found = {"schema": exc.found, "reader_schema": exc.expected}
+            click.echo(json.dumps({"error": "schema_mismatch", "message": str(exc), **found}))
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(1)
     except StoreError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(1)

@@ -197,13 +197,16 @@ class ViewCache:
             base = self._base(endpoint_id)
             if base is not None:
                 endpoints[endpoint_id] = base.at(now, healthy)
-        view = View(now, self.rev, endpoints, list(self.pollers))
-        view.offset_ms, view.healthy, view.confirmed_ms = (
-            self._offset_ms,
-            healthy,
-            self.confirmed_ms(),
+        return View(
+            now,
+            self.rev,
+            endpoints,
+            list(self.pollers),
+            offset_ms=self._offset_ms,
+            healthy=healthy,
+            confirmed_ms=self.confirmed_ms(),
+            source=self,
         )
-        return view
 
     def written_ms(self, endpoint_id: str) -> tuple[int, int]:
         """(stats write time, failure write time) of what the cache holds; -1 if none."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from poller.reader.view import EndpointView
 from poller.stats import EndpointStats
@@ -50,8 +49,8 @@ class Entry:
         self.id = endpoint_id
         self.requests = stats.running + stats.waiting
         self.kv = stats.kv_cache_usage
-        capacity: Any = getattr(stats, "kv_capacity_tokens", None)
-        self.capacity: int | None = capacity if isinstance(capacity, int) and capacity > 0 else None
+        capacity = stats.kv_capacity_tokens
+        self.capacity = capacity if capacity is not None and capacity > 0 else None
         self.weight = 1.0  # set by the index, relative to the fleet's median capacity
         self.scraped_at_ms = stats.scraped_at_ms
         self.fresh_until_ms = fresh_until_ms
@@ -109,7 +108,7 @@ class Bag:
 class ModelIndex:
     """The eligible endpoints for one model: a (not saturated, saturated) bag per tier."""
 
-    __slots__ = ("adapter", "bags", "model")
+    __slots__ = ("adapter", "bags", "model", "where")
 
     def __init__(self, model: str | None, entries: Iterable[Entry]) -> None:
         self.model = model
@@ -118,6 +117,7 @@ class ModelIndex:
             model in e.lora_running or model in e.lora_waiting for e in listed
         )
         self.bags = [(Bag(), Bag()) for _ in range(TIERS)]
+        self.where: dict[str, Bag] = {}  # endpoint id -> the bag holding it
         for entry in listed:
             self.put(entry)
 
@@ -129,13 +129,14 @@ class ModelIndex:
             return True
         if tier < 2 and not self.adapter:
             return False
-        self.bags[tier][entry.saturated].add(entry)
+        bag = self.where[entry.id] = self.bags[tier][entry.saturated]
+        bag.add(entry)
         return True
 
     def drop(self, endpoint_id: str) -> None:
-        for free, saturated in self.bags:
-            free.remove(endpoint_id)
-            saturated.remove(endpoint_id)
+        bag = self.where.pop(endpoint_id, None)
+        if bag is not None:
+            bag.remove(endpoint_id)
 
 
 class Index:

@@ -163,6 +163,8 @@ class Picker:
         be used (Redis lost for longer than the grace)."""
         if isinstance(view, ViewCache):
             return self._from_cache(view)
+        if isinstance(view, View) and isinstance(view.source, ViewCache):
+            return self._from_cache(view.source)  # the same numbers, already indexed
         given = view
         if not isinstance(view, View):  # a mapping of endpoints, as judged when made
             view = View(0, 0, view)

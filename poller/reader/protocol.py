@@ -19,6 +19,7 @@ import logging
 from typing import Literal, NamedTuple
 
 from poller.backoff import backoff_s
+from poller.errors import SchemaMismatch
 from poller.reader.cache import ViewCache
 from poller.reader.records import json_int, parse_update, written_ms
 from poller.reader.view import View
@@ -52,6 +53,8 @@ class Protocol:
         self.next_probe = 0.0
         self.applied = 0  # updates applied without a read
         self.read_backs = 0
+        #: Why the connection was last lost (None once a snapshot arrived).
+        self.error: BaseException | None = None
 
     # --- connection lifecycle -------------------------------------------------------------
 
@@ -60,13 +63,19 @@ class Protocol:
         self.cache.load(view)
         self.cache.healthy = True
         self.failures = 0
+        self.error = None
         self.next_resync = now + self.resync_s
         self.next_probe = now + self.probe_s
 
     def lost(self, exc: BaseException) -> float:
         """The connection failed: serve the last view as unhealthy; seconds to wait."""
-        if self.cache.healthy or self.failures == 0:
+        if isinstance(exc, SchemaMismatch):
+            # Not an outage: retrying will not help until someone upgrades; say so loudly.
+            if self.error is None or self.failures == 0:
+                log.error("reader cannot read this Redis, serving the last view: %s", exc)
+        elif self.cache.healthy or self.failures == 0:
             log.warning("reader lost Redis, serving the last view: %s", exc)
+        self.error = exc
         self.cache.healthy = False
         self.failures += 1
         return backoff_s(self.failures)

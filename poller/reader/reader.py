@@ -32,13 +32,14 @@ import redis.exceptions as rexc
 from redis.asyncio.cluster import RedisCluster
 
 from poller.config import RedisSettings
-from poller.errors import StoreError
+from poller.errors import SchemaMismatch, StoreError
 from poller.reader.cache import ViewCache
 from poller.reader.feed import open_feed
 from poller.reader.protocol import Action, Protocol
 from poller.reader.replies import (
     Held,
     build_view,
+    check_schema,
     get_one_call,
     held_after,
     one_from_reply,
@@ -151,6 +152,7 @@ class StatsReader(_Reader):
         """Live poller ids, sorted (the heartbeat script with no id only reads)."""
         keys = [self.keys.members, self.keys.schema, self.keys.epoch]
         reply = await redis_call(self._members(keys=keys, args=["", 0, "", ""]), "members")
+        check_schema(reply[1])
         return sorted(str(m) for m in reply[3:])
 
     @asynccontextmanager
@@ -165,6 +167,8 @@ class StatsReader(_Reader):
                 await asyncio.wait_for(first.wait(), timeout=2.0)
             except TimeoutError:
                 pass
+            if isinstance(proto.error, SchemaMismatch):
+                raise proto.error  # a reader of another schema version must not start
             yield proto.cache
         finally:
             stop.set()
@@ -319,6 +323,8 @@ class SyncStatsReader(_Reader):
         thread.start()
         try:
             first.wait(2.0)
+            if isinstance(proto.error, SchemaMismatch):
+                raise proto.error  # a reader of another schema version must not start
             yield proto.cache
         finally:
             stop.set()

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from poller.errors import SchemaMismatch
 from poller.reader.records import FAILURE_HEADER, STATS_HEADER, split
 from poller.reader.view import EndpointView, Timing, View, _now_ms, _owner, _pairs, timing
-from poller.redis.keys import Keys
+from poller.redis.keys import SCHEMA_VERSION, Keys
 
 __all__ = [
     "Held",
@@ -21,9 +22,23 @@ __all__ = [
     "get_one_call",
     "held_after",
     "make_entry",
+    "check_schema",
     "one_from_reply",
     "snapshot_call",
 ]
+
+
+def check_schema(found: Any) -> None:
+    """Raise ``SchemaMismatch`` when Redis holds another schema version than this
+    reader's. An absent key passes: no poller has written there yet."""
+    found = "" if found is None else str(found)
+    if found and found != SCHEMA_VERSION:
+        raise SchemaMismatch(
+            f"Redis holds schema {found}, this reader reads {SCHEMA_VERSION}: upgrade "
+            "llmgw-poller on the gateway (or read another namespace)",
+            found=found,
+            expected=SCHEMA_VERSION,
+        )
 
 
 def make_entry(
@@ -158,6 +173,8 @@ def build_view(
     the script left the registry out (0), the entries are ``held``'s: the call that
     passed ``held`` to ``snapshot_call`` must pass the same one here.
     """
+    if len(reply) > 8:
+        check_schema(reply[8])
     now_ms = _now_ms(reply[0], reply[1])
     members = reply[4]
     pollers = sorted(
@@ -195,6 +212,8 @@ def one_from_reply(
     stale_after_ms: int | None = None,
 ) -> tuple[int, EndpointView | None]:
     """GET_ONE's reply -> (Redis now ms, the endpoint, or None if not registered)."""
+    if len(reply) > 6:
+        check_schema(reply[6])
     now_ms = _now_ms(reply[0], reply[1])
     if not reply[2]:
         return now_ms, None
@@ -220,6 +239,7 @@ def snapshot_call(keys: Keys, held: Held | None = None) -> tuple[list[str], list
         keys.view_stats,
         keys.view_failures,
         keys.epoch,
+        keys.schema,
     ], [held[1], held[0]] if held is not None else []
 
 
@@ -229,4 +249,5 @@ def get_one_call(keys: Keys, endpoint_id: str) -> tuple[list[str], list[str]]:
         keys.stats(endpoint_id),
         keys.failure(endpoint_id),
         keys.lease(endpoint_id),
+        keys.schema,
     ], [endpoint_id]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from poller.errors import PollerError
+from poller.redis.keys import SCHEMA_VERSION
 from poller.registry import Endpoint, endpoint_from_json
 from poller.stats import EndpointStats, Failure
 
@@ -241,6 +242,9 @@ class View:
     healthy: bool = True
     #: Redis clock of the reader's last contact with Redis (None: ``now_ms``).
     confirmed_ms: int | None = None
+    #: The ``ViewCache`` that made this view, if one did: a picker given the view picks
+    #: on the cache's index (kept current) instead of indexing the view anew.
+    source: Any = field(default=None, repr=False, compare=False)
 
     def __getitem__(self, endpoint_id: str) -> EndpointView:
         return self.endpoints[endpoint_id]
@@ -256,7 +260,7 @@ class View:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": 1,
+            "schema": int(SCHEMA_VERSION),
             "now_ms": self.now_ms,
             "rev": self.rev,
             "pollers": self.pollers,

@@ -83,6 +83,10 @@ def _signal_values(signals: Signals) -> dict[str, Any]:
         values["api_waiting"] = signals.api_waiting
     if signals.sleeping is not None:
         values["sleeping"] = signals.sleeping
+    if signals.kv_capacity_tokens is not None:
+        values["kv_capacity_tokens"] = signals.kv_capacity_tokens
+    if signals.waiting_by_reason:
+        values["waiting_by_reason"] = dict(signals.waiting_by_reason)
     return values
 
 
@@ -97,6 +101,8 @@ def _shown(name: str, value: Any) -> str:
         )
     if name == "models":
         return ", ".join(value)
+    if name == "waiting_by_reason":
+        return ", ".join(f"{reason} {count}" for reason, count in value.items())
     if name == "sleeping":
         return "yes (never picked)" if value else "no"
     return str(value)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from poller.errors import ConfigError, ContractError, ParseError
 from poller.registry import Endpoint
+from poller.scrape import sizing
 from poller.scrape.parse import Sample, Selector, decode_body, looks_like_exposition, parse
 from poller.scrape.specs import ENGINE_SPECS, EngineSpec, Metric, Ratio, Source
 from poller.stats import Signals
@@ -93,6 +94,7 @@ class EngineMapping:
                 names.update((source.used.name, source.total.name))
             else:
                 names.add(source.name)
+        names |= sizing.wanted(self.spec.kv_capacity_tokens, self.spec.waiting_by_reason)
         object.__setattr__(self, "wanted", frozenset(names))
         object.__setattr__(self, "selector", Selector(names))
         if not self.metrics_path:
@@ -149,6 +151,11 @@ class EngineMapping:
             gauge = None  # counters give a windowed rate; the gauge is then not used
         lora_running, lora_waiting, lora_max = self._lora(by_name, sources)
         assert running is not None and waiting is not None
+
+        def series(metric: Metric) -> list[Sample]:
+            return self._series(by_name, metric)
+
+        spec = self.spec
         return Signals(
             engine=self.engine,
             running=round(running),
@@ -164,6 +171,12 @@ class EngineMapping:
             models=self._models(samples),
             api_waiting=None if api_waiting is None else round(api_waiting),
             sleeping=self._sleeping(by_name, sources),
+            kv_capacity_tokens=sizing.capacity_tokens(
+                spec.kv_capacity_tokens, series, self._sum, sources
+            ),
+            waiting_by_reason=sizing.waiting_by_reason(
+                spec.waiting_by_reason, series, self._sum, sources
+            ),
             sources=sources,
         )
 

@@ -15,7 +15,16 @@ from dataclasses import dataclass
 from poller.registry import ENGINES
 from poller.scrape.parse import Sample
 
-__all__ = ["ENGINE_SPECS", "EngineSpec", "Metric", "Ratio", "Source"]
+__all__ = [
+    "ENGINE_SPECS",
+    "Capacity",
+    "EngineSpec",
+    "InfoTokens",
+    "Metric",
+    "Product",
+    "Ratio",
+    "Source",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +57,35 @@ class Ratio:
 Source = Metric | Ratio
 
 
+@dataclass(frozen=True, slots=True)
+class Product:
+    """A count in blocks times the tokens per block (TensorRT-LLM's KV capacity)."""
+
+    blocks: Metric
+    per_block: Metric
+
+    def __str__(self) -> str:
+        return f"{self.blocks}*{self.per_block}"
+
+
+@dataclass(frozen=True, slots=True)
+class InfoTokens:
+    """Tokens read from the labels of an info gauge (vLLM's ``cache_config_info``, whose
+    value is always 1): the ``tokens`` label where it holds a number, else the
+    ``blocks`` label times the ``block_size`` label."""
+
+    metric: Metric
+    tokens: str
+    blocks: str
+    block_size: str
+
+    def __str__(self) -> str:
+        return f"{self.metric}{{{self.tokens}|{self.blocks}*{self.block_size}}}"
+
+
+Capacity = Metric | Product | InfoTokens
+
+
 def _m(*names: str) -> tuple[Metric, ...]:
     return tuple(Metric(n) for n in names)
 
@@ -74,6 +112,10 @@ class EngineSpec:
     #: vLLM's ``engine_sleep_state``: the series labelled ``sleep_state="awake"``.
     awake: Metric | None = None
     model_labels: tuple[str, ...] = ()
+    #: KV-cache capacity in tokens, summed over engines like ``running``.
+    kv_capacity_tokens: tuple[Capacity, ...] = ()
+    #: Waiting requests broken down by a reason label (vLLM): (metric, label).
+    waiting_by_reason: tuple[Metric, str] | None = None
     #: (label, value of the total): where a series carries the label, only the total
     #: is read (SGLang's ``priority=""``, ``cache_source="total"``).
     totals: tuple[tuple[str, str], ...] = ()
@@ -118,6 +160,18 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
             lora=Metric("vllm:lora_requests_info"),
             awake=Metric("vllm:engine_sleep_state", (("sleep_state", "awake"),)),
             model_labels=("model_name",),
+            # One series per engine; recent versions add the group-aware kv_cache_size_tokens
+            # (num_gpu_blocks x block_size overcounts hybrid models).
+            kv_capacity_tokens=(
+                InfoTokens(
+                    Metric("vllm:cache_config_info"),
+                    tokens="kv_cache_size_tokens",
+                    blocks="num_gpu_blocks",
+                    block_size="block_size",
+                ),
+            ),
+            # capacity + deferred = vllm:num_requests_waiting.
+            waiting_by_reason=(Metric("vllm:num_requests_waiting_by_reason"), "reason"),
         ),
         EngineSpec(
             "sglang",
@@ -136,6 +190,7 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
             ),
             hits_absent_is_zero=True,
             model_labels=("model_name", "name"),
+            kv_capacity_tokens=_m("sglang:max_total_num_tokens", "sglang_max_total_num_tokens"),
             totals=(("priority", ""), ("cache_source", "total")),
             replicas=("tp_rank", "pp_rank", "moe_ep_rank"),
         ),
@@ -172,6 +227,11 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
                 ),
             ),
             model_labels=("model_name",),
+            kv_capacity_tokens=(
+                Product(
+                    Metric("trtllm_kv_cache_max_blocks"), Metric("trtllm_kv_cache_tokens_per_block")
+                ),
+            ),
             contract_hint=_TRTLLM_HINT,
         ),
         EngineSpec(
@@ -189,6 +249,15 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
                 ),
             ),
             model_labels=("model",),
+            kv_capacity_tokens=(
+                Product(
+                    Metric("nv_trt_llm_kv_cache_block_metrics", (("kv_cache_block_type", "max"),)),
+                    Metric(
+                        "nv_trt_llm_kv_cache_block_metrics",
+                        (("kv_cache_block_type", "tokens_per"),),
+                    ),
+                ),
+            ),
             contract_hint=_TRITON_HINT,
         ),
         EngineSpec(

@@ -2,7 +2,8 @@
 
 One asyncio process serves many virtual engine endpoints (vLLM V1 and V0, SGLang,
 llama.cpp, trtllm-serve, Triton, TGI, LMDeploy) with pages as large as real ones, a load that
-evolves plausibly and deterministically from a seed, and faults switchable at runtime::
+evolves plausibly and deterministically from a seed, faults switchable at runtime, and
+OpenAI-compatible completions that hold running slots and show on the pages::
 
     async with Simulator(fleet(6), seed=1) as sim:
         url = sim.base_url("vllm-0")            # what a registry entry's url is
@@ -10,8 +11,11 @@ evolves plausibly and deterministically from a seed, and faults switchable at ru
         assert sim.hits("vllm-0") == 0
 
 Modules: ``model`` (the load), ``templates`` + ``pages_*`` + ``engines`` (the pages),
-``faults``, ``spec`` (``EndpointSpec``, ``fleet``), ``server`` (``Simulator``), ``admin``
-(the JSON admin API) and ``cli`` (``python -m poller.lab.sim``).
+``faults``, ``spec`` (``EndpointSpec``, ``fleet``), ``serving`` (slots and queue of the
+served requests), ``openai`` (their request and response shapes, vLLM's sleep routes),
+``endpoint`` and ``serve`` (one endpoint's state and answers), ``server`` (``Simulator``),
+``admin`` (the JSON admin API) and ``cli`` (``python -m poller.lab.sim``). The reference
+is docs/simulator.md.
 """
 
 from __future__ import annotations

@@ -85,6 +85,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", help="guard llama.cpp endpoints with this bearer key")
     p.add_argument("--api-key-env", default=DEFAULT_KEY_ENV, help="variable named in entries")
     p.add_argument("--registry-out", metavar="FILE", help="also write the registry here")
+    p.add_argument(
+        "--spec-file",
+        metavar="FILE",
+        help="serve the endpoint specs in this JSON list instead of --endpoints/--engines "
+        "(keys as in the admin API: id, engine, capacity, load, speed_tps, metrics_lag_s, ...)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -95,7 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     engines = [e for e in args.engines.split(",") if e]
     lora = tuple(a for a in args.lora.split(",") if a)
     try:
-        specs = fleet(args.endpoints, engines, args.style, api_key=args.api_key)
+        if args.spec_file:
+            specs = _read_specs(Path(args.spec_file))
+        else:
+            specs = fleet(args.endpoints, engines, args.style, api_key=args.api_key)
         if args.dp > 1 or lora:
             specs = [_with(s, args.dp, lora) for s in specs]
     except ConfigError as exc:
@@ -116,6 +125,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     )
     return 0
+
+
+def _read_specs(path: Path) -> list[EndpointSpec]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--spec-file {path}: {exc}") from None
+    if not isinstance(data, list) or not data:
+        raise ConfigError(f"--spec-file {path}: expected a non-empty JSON list of specs")
+    return [EndpointSpec.from_dict(item) for item in data]
 
 
 def _raise_fd_limit() -> None:

@@ -97,7 +97,7 @@ def _vllm_line(line: str, v0: bool) -> str:
     return f"{head} <<{key}>>" if key else line
 
 
-#: V1's sleep-mode gauge (vllm/v1/metrics/loggers.py), after the waiting gauge; the values
+#: V1's sleep-mode gauge (vllm/v1/metrics/loggers.py); the values
 #: follow the endpoint's sleep level (``RankState.awake`` and the two levels).
 _SLEEP_STATE = """\
 # HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping; \
@@ -121,14 +121,14 @@ def vllm_source(model: str, lora: bool, v0: bool, kv_blocks: int | None = None) 
             continue
         if name == "vllm:cache_config_info" and kv_blocks is not None:
             family = [line.replace(_GPU_BLOCKS, f'num_gpu_blocks="{kv_blocks}"') for line in family]
+        if name == "vllm:kv_cache_usage_perc" and not v0:
+            out.extend(_SLEEP_STATE.splitlines())  # the sleep-mode gauge, before KV usage
         if name == "vllm:lora_requests_info":
             # Only with --enable-lora; every adapter combination seen lingers as a series.
             if lora:
                 out.extend([*family[:2], "<<lora>>"])
             continue
         out.extend(_vllm_line(line, v0) for line in family)
-        if name == "vllm:num_requests_waiting" and not v0:
-            out.extend(_SLEEP_STATE.splitlines())
     return "\n".join(out).replace(BUNDLED_MODEL, model)
 
 

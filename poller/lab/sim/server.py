@@ -280,7 +280,7 @@ class Simulator:
         """Every endpoint's true queue now (no metrics lag): what an oracle router reads.
 
         ``{"now": clock s, "time": unix s, "endpoints": {id: {running, waiting, capacity,
-        models, serving, peak_waiting}}}``; ``serving`` is false while asleep or faulted.
+        speed_tps, models, serving, peak_waiting}}}``; ``serving`` is false while asleep or faulted.
         """
         now = self._clock()
         out: dict[str, Any] = {}
@@ -290,6 +290,7 @@ class Simulator:
                 "running": sum(s.running for s in states),
                 "waiting": sum(s.waiting for s in states),
                 "capacity": ep.queue.capacity,
+                "speed_tps": ep.spec.speed_tps,
                 "models": list(ep.models),
                 "serving": ep.sleep_level == 0 and ep.current_fault(now).mode in _SERVING,
                 "peak_waiting": ep.queue.peak_waiting,

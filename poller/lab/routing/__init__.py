@@ -1,0 +1,14 @@
+"""The routing benchmark: gateway replicas choosing engines on the shared view.
+
+``fleet`` (the engines and ``RoutingConfig``), ``policies`` (the name -> factory
+registry: round-robin, random, the deterministic pick, the picker with and without local
+correction, the oracle), ``replica`` (one gateway replica process), ``report`` (figures
+and the table) and ``run`` (``run_routing``, what ``poller bench --section routing`` calls).
+"""
+
+from __future__ import annotations
+
+from poller.lab.routing.fleet import RoutingConfig
+from poller.lab.routing.policies import POLICIES, Policy, PolicyContext, register
+
+__all__ = ["POLICIES", "Policy", "PolicyContext", "RoutingConfig", "register"]

@@ -1,0 +1,150 @@
+"""Time a pick on a cached view of N endpoints (in-process, no Redis).
+
+Usage: python tests/bench/bench_pick.py [--endpoints 1000] [--picks 20000] [--json]
+
+Fills a ``ViewCache`` the way a snapshot does (registry entries and compact stats records
+as strings) with a mixed fleet: 8 models, a third of the engines without a KV figure,
+2% asleep, 2% failing, 10% saturated. Then it times one call at a time
+(wall clock and this thread's CPU time around each, garbage collector off) and prints
+p50/p99/max in us:
+
+- ``Picker.pick(cache)`` with a ``LocalLoad`` holding requests in flight, on a steady
+  cache, without and with ``model=``;
+- the same with one stats update applied to the cache before every pick (the index is
+  kept current from the change log: this is the cost of that upkeep, per update);
+- ``Picker.pick(view)`` on one ``View`` object given again and again;
+- ``pick(cache.view())``, the one-call form on a view built per request (for contrast).
+
+Timings come from whatever machine runs it, often shared and noisy: compare runs on one
+machine, not single numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # a checkout without `pip install -e .`
+    sys.path.insert(0, str(ROOT))
+
+from poller.reader import LocalLoad, Picker, ViewCache, pick  # noqa: E402
+from poller.reader.replies import LazyEndpoints  # noqa: E402
+from poller.reader.view import View  # noqa: E402
+
+MODELS = [f"org/model-{i}" for i in range(8)]
+
+
+def record(now_ms: int, rng: random.Random, i: int, seq: int = 1) -> str:
+    scraped = now_ms - rng.randrange(0, 900)
+    fields = {
+        "engine": "tgi" if i % 3 == 0 else "vllm",
+        "running": str(rng.randrange(0, 20)),
+        "waiting": str(6 if i % 10 == 0 else rng.randrange(0, 4)),
+        "interval_ms": "1000",
+        "scraped_at_ms": str(scraped),
+        "poller": "p1",
+        "token": "7",
+        "seq": str(seq),
+        "models": MODELS[i % len(MODELS)],
+    }
+    if i % 3:
+        fields["kv_cache_usage"] = str(round(rng.random() * 0.7, 3))
+    if i % 50 == 1:
+        fields["sleeping"] = "1"
+    # an hour of validity: a long run must not see the records expire
+    return f"{scraped} 1000 {now_ms + 3_600_000} p1 7|{json.dumps(fields)}"
+
+
+def fleet(n: int, now_ms: int) -> ViewCache:
+    rng = random.Random(1)
+    entries = {
+        f"ep-{i}": json.dumps({"url": f"http://10.0.{i // 250}.{i % 250}:8000"}) for i in range(n)
+    }
+    stats = {f"ep-{i}": record(now_ms, rng, i) for i in range(n)}
+    failures = {f"ep-{i}": f"{now_ms} {now_ms + 3_600_000} p1 7|{{}}" for i in range(0, n, 50)}
+    cache = ViewCache(stale_after_ms=3_600_000)  # stays fresh for the whole run
+    cache.load(View(now_ms, 1, LazyEndpoints(entries, stats, failures, now_ms)))
+    cache.healthy = True
+    return cache
+
+
+def timed(fn: Callable[[int], object], count: int) -> dict[str, float]:
+    """Wall and CPU time (this thread's) per call: on a loaded machine the wall p99 is
+    mostly time spent preempted; the CPU p99 is what a pick costs."""
+    wall, cpu = [], []
+    clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
+    gc.disable()
+    try:
+        for k in range(count):
+            start, cpu_start = clock(), cpu_clock()
+            fn(k)
+            cpu.append(cpu_clock() - cpu_start)
+            wall.append(clock() - start)
+    finally:
+        gc.enable()
+    wall.sort()
+    cpu.sort()
+    p99 = int(count * 0.99)
+    return {
+        "p50_us": wall[count // 2] / 1000,
+        "p99_us": wall[p99] / 1000,
+        "max_us": wall[-1] / 1000,
+        "cpu_p50_us": cpu[count // 2] / 1000,
+        "cpu_p99_us": cpu[p99] / 1000,
+        "mean_us": statistics.fmean(wall) / 1000,
+        "count": count,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--endpoints", type=int, default=1000)
+    parser.add_argument("--picks", type=int, default=20000)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    n, count = args.endpoints, args.picks
+    cache = fleet(n, int(time.time() * 1000))
+    local = LocalLoad()
+    for i in range(0, n, 3):  # requests in flight, some after the scrape
+        local.started(f"ep-{i}")
+    picker = Picker(rng=random.Random(2))
+    assert picker.pick(cache, local=local) is not None  # builds the index once
+    results: dict[str, dict[str, float]] = {}
+    results["pick(cache)"] = timed(lambda k: picker.pick(cache, local=local), count)
+    results["pick(cache, model=)"] = timed(
+        lambda k: picker.pick(cache, MODELS[k % len(MODELS)], local=local), count
+    )
+    rng = random.Random(3)
+    now_ms = cache.now_ms()
+    updates = [(f"ep-{i}", record(now_ms, rng, i, seq=2)) for i in rng.choices(range(n), k=count)]
+
+    def update_then_pick(k: int) -> object:
+        cache.set_stats(*updates[k])
+        return picker.pick(cache, MODELS[k % len(MODELS)], local=local)
+
+    results["update + pick(cache, model=)"] = timed(update_then_pick, count)
+    view = cache.view()
+    results["pick(view), same View"] = timed(lambda k: picker.pick(view, local=local), count)
+    results["pick(cache.view())"] = timed(lambda k: pick(cache.view()), max(20, count // 100))
+    if args.json:
+        print(json.dumps({"endpoints": n, "results": results}))
+        return
+    print(f"{n} endpoints; times per call in us ({time.strftime('%Y-%m-%d %H:%M')})")
+    print(f"{'':30} {'p50':>8} {'p99':>8} {'max':>8} {'cpu p50':>8} {'cpu p99':>8} {'calls':>6}")
+    for name, r in results.items():
+        print(
+            f"{name:30} {r['p50_us']:8.1f} {r['p99_us']:8.1f} {r['max_us']:8.1f}"
+            f" {r['cpu_p50_us']:8.1f} {r['cpu_p99_us']:8.1f} {r['count']:6}"
+        )
+
+
+if __name__ == "__main__":
+    main()
