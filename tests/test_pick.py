@@ -239,7 +239,7 @@ def test_local_load_counts_what_started_after_the_scrape() -> None:
         entry("b", running="5", kv_cache_usage="0.2"),
         offset_ms=NOW_MS - 100_000.0,
     )
-    picker = Picker(rng=random.Random(8))
+    picker = Picker(rng=random.Random(8), scale_local=False)  # counted as they are
     assert picks(picker, v, local=local) == {"a": 200}
     clock.t = 99.0  # before the scrape: the scrape counted it already
     local.started("a")
@@ -256,6 +256,25 @@ def test_local_load_counts_what_started_after_the_scrape() -> None:
         assert picks(picker, v, local=local) == {"a": 200}
     assert local.in_flight("b") == 0
     local.finished("nothing")  # no error: a retry path may report twice
+
+
+def test_recent_requests_count_for_the_replicas_like_this_one() -> None:
+    # The view shows 33 requests in all; this replica has 1 in flight: it sends ~1/17 of
+    # the fleet's requests, so its one request since a's scrape stands for ~17.
+    clock = Clock(100.0)
+    local = LocalLoad(clock)
+    v = view_of(
+        entry("a", running="16", kv_cache_usage="0.1"),
+        entry("b", running="17", kv_cache_usage="0.2"),
+        offset_ms=NOW_MS - 100_000.0,
+    )
+    local.started("a")
+    assert picks(Picker(rng=random.Random(14), scale_local=False), v, local=local) == {"a": 200}
+    assert picks(Picker(rng=random.Random(14)), v, local=local) == {"b": 200}
+    # alone in the fleet (what the view shows is ours), it counts as itself
+    for _ in range(32):
+        local.started("b")
+    assert picks(Picker(rng=random.Random(14)), v, local=local) == {"a": 200}
 
 
 def test_the_herd_eight_replicas_on_one_view_spread() -> None:
@@ -372,3 +391,85 @@ def test_sleeping_reaches_the_view_and_the_status_table() -> None:
     rows = {line.split()[0]: line for line in console.export_text().splitlines()[2:]}
     assert "fresh asleep" in rows["asleep"]
     assert "asleep" not in rows["awake"].removeprefix("awake")
+
+
+def test_the_cache_change_log_names_what_changed_and_forgets_in_bounds() -> None:
+    cache = cache_of(timed("a"), timed("b"))
+    start = cache.version
+    assert cache.changes_since(start, start) == []
+    scraped = cache.now_ms()
+    record = f"{scraped} 1000 {scraped + 3000} p 1|" + json.dumps(raw_stats())
+    cache.set_stats("a", record)
+    cache.set_failure("b", f"{scraped} {scraped + 3000} p 1|{{}}")
+    assert cache.changes_since(start, cache.version) == ["a", "b"]
+    assert cache.changes_since(start, start + 1) == ["a"]  # bounded by what was read
+    cache.load(View(NOW_MS, 2, {}))  # a snapshot replaces everything: rebuild
+    assert cache.changes_since(start, cache.version) is None
+    assert cache.changes_since(cache.version, cache.version) == []
+    before = cache.version
+    for _ in range(ViewCache.CHANGE_LOG_MAX + 1):
+        cache.set_stats("a", record)
+    assert cache.changes_since(before, cache.version) is None  # too far behind
+    assert cache.changes_since(cache.version - 1, cache.version) == ["a"]
+
+
+def test_threads_share_one_picker_and_one_local_load() -> None:
+    import threading
+
+    v = view_of(*(entry(f"e{i}", running="3") for i in range(4)), offset_ms=NOW_MS - 100_000.0)
+    picker, local = Picker(rng=random.Random(13)), LocalLoad()
+    chosen: list[str] = []
+    lock = threading.Lock()
+
+    def gateway_thread() -> None:
+        for _ in range(500):
+            target = picker.pick(v, local=local)
+            assert target is not None
+            with local.track(target):
+                with lock:
+                    chosen.append(target)
+
+    threads = [threading.Thread(target=gateway_thread) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(chosen) == 2000 and set(chosen) == {"e0", "e1", "e2", "e3"}
+    assert all(local.in_flight(f"e{i}") == 0 for i in range(4))
+
+
+def test_slowness_from_this_replicas_request_times() -> None:
+    clock = Clock(100.0)
+    local = LocalLoad(clock)
+    assert local.slowness("a") == 1.0  # nothing known: neutral
+    for _ in range(5):  # a answers in 2 s, b in 0.5 s
+        a, b = local.started("a"), local.started("b")
+        clock.t += 0.5
+        local.finished("b", b)
+        clock.t += 1.5
+        local.finished("a", a)
+    assert local.slowness("a") > 1.5 > 1.0 > local.slowness("b")
+    v = view_of(
+        entry("a", running="2", kv_cache_usage="0.1"),
+        entry("b", running="3", kv_cache_usage="0.2"),
+        offset_ms=NOW_MS - clock.t * 1000,
+    )
+    assert picks(Picker(rng=random.Random(15)), v, local=local) == {"b": 200}
+    assert picks(Picker(rng=random.Random(15), use_latency=False), v, local=local) == {"a": 200}
+    clock.t += 60.0  # a minute without news: back to neutral
+    assert local.slowness("a") == pytest.approx(1.0, abs=0.01)
+    assert picks(Picker(rng=random.Random(15)), v, local=local) == {"a": 200}
+
+
+def test_a_failed_request_makes_its_endpoint_look_slow() -> None:
+    clock = Clock(100.0)
+    local = LocalLoad(clock)
+    for _ in range(3):
+        with local.track("ok"):
+            clock.t += 1.0
+    with pytest.raises(OSError):
+        with local.track("broken"):  # fails at once: must not look fast
+            raise OSError("connection reset")
+    local.finished("broken", local.started("broken"), ok=False)
+    assert local.slowness("broken") > local.slowness("ok")
+    assert local.in_flight("broken") == 0 and local.total() == 0

@@ -26,8 +26,8 @@ class ViewCache:
     unreachable (``healthy`` False) it keeps serving the last view, ages growing, and
     reports nothing as fresh; ``confirmed_at`` says when Redis last answered.
 
-    ``version`` counts the changes; ``changes_since(version)`` names the endpoints that
-    changed since, so a picker keeps its index current without rescanning the view.
+    ``version`` counts the changes; ``changes_since(version, upto)`` names the endpoints
+    that changed in between, so a picker keeps its index current without rescanning.
     """
 
     #: Changes remembered for ``changes_since``; an index further behind rebuilds.
@@ -50,8 +50,9 @@ class ViewCache:
         #: probe answered); None before the first.
         self.confirmed_at: float | None = None
         self.version = 0
-        self._log: list[str] = []  # ids changed; _log[i] made version _log_start + i + 1
-        self._log_start = 0
+        # (start, ids changed): ids[i] made version start + i + 1. One attribute, replaced
+        # whole, so a thread reading it never pairs one log with another's start.
+        self._changes: tuple[int, list[str]] = (0, [])
 
     def _clock(self, redis_now_ms: int) -> None:
         self._offset_ms = redis_now_ms - time.monotonic() * 1000
@@ -76,17 +77,23 @@ class ViewCache:
         return None if at is None else int(at * 1000 + self._offset_ms)
 
     def _changed(self, endpoint_id: str) -> None:
+        start, log = self._changes
+        if len(log) >= self.CHANGE_LOG_MAX:
+            start, log = self.version, []
+            self._changes = (start, log)
+        log.append(endpoint_id)
+        # Counted after the append: a reader that reads ``version`` first and asks for
+        # the changes up to it never skips one (a thread may append meanwhile).
         self.version += 1
-        if len(self._log) >= self.CHANGE_LOG_MAX:
-            self._log, self._log_start = [], self.version - 1
-        self._log.append(endpoint_id)
 
-    def changes_since(self, version: int) -> list[str] | None:
-        """Endpoints changed after ``version`` (repeats possible), or None when that is
-        no longer known (a snapshot replaced everything, or too many changes since)."""
-        if version < self._log_start:
+    def changes_since(self, version: int, upto: int) -> list[str] | None:
+        """Endpoints changed after ``version`` up to ``upto`` (repeats possible), or None
+        when that is no longer known (a snapshot replaced everything, or too many
+        changes since)."""
+        start, log = self._changes
+        if version < start:
             return None
-        return self._log[version - self._log_start :]
+        return log[version - start : upto - start]
 
     def load(self, view: View) -> None:
         """Replace everything with a snapshot."""
@@ -104,8 +111,8 @@ class ViewCache:
         self.pollers = view.pollers
         self._clock(view.now_ms)
         self.loaded = True
+        self._changes = (self.version + 1, [])
         self.version += 1
-        self._log, self._log_start = [], self.version
 
     # --- changes the protocol applies (protocol.py) -------------------------------------
 

@@ -164,6 +164,8 @@ class Index:
             entry = self._entry(view)
             if entry is not None:
                 self.entries[entry.id] = entry
+        #: Requests (running + waiting) the view shows on the eligible endpoints.
+        self.requests = sum(e.requests for e in self.entries.values())
         capacities = [e.capacity for e in self.entries.values() if e.capacity is not None]
         #: The fleet's median capacity: the unit of weights, and what unknown counts as.
         self.median_capacity = statistics.median(capacities) if capacities else None
@@ -209,11 +211,13 @@ class Index:
     def update(self, endpoint_id: str, view: EndpointView | None) -> None:
         """The endpoint's records changed (``view`` None: it left the registry)."""
         entry = None if view is None else self._entry(view)
-        if entry is None:
-            self.entries.pop(endpoint_id, None)
-        else:
+        old = self.entries.pop(endpoint_id, None)
+        if old is not None:
+            self.requests -= old.requests
+        if entry is not None:
             self._weigh(entry)
             self.entries[endpoint_id] = entry
+            self.requests += entry.requests
         for name, index in list(self.models.items()):
             index.drop(endpoint_id)
             if entry is not None and not index.put(entry):

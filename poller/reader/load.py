@@ -12,6 +12,7 @@ are missing from them; ``LocalLoad`` counts them so the picker can add them back
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from bisect import bisect_right
@@ -19,6 +20,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 __all__ = ["LocalLoad"]
+
+#: Weight of one request's time in the moving averages (about the last 10 requests).
+LATENCY_ALPHA = 0.1
+#: An endpoint's slowness fades back to neutral over this many seconds without a sample,
+#: so one bad spell does not keep it out for good.
+LATENCY_FADE_S = 10.0
+#: Bounds of ``slowness``: one endpoint's times must not decide everything.
+SLOWNESS_MIN, SLOWNESS_MAX = 0.25, 8.0
+#: A failed request counts as this many times the usual request time.
+FAILED_TIMES = 4.0
 
 
 class LocalLoad:
@@ -34,7 +45,7 @@ class LocalLoad:
     see it, which only matters as much as a request that arrived a microsecond later.
     """
 
-    __slots__ = ("_clock", "_lock", "_starts")
+    __slots__ = ("_all_s", "_clock", "_lock", "_starts", "_took", "_total")
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -42,6 +53,10 @@ class LocalLoad:
         # endpoint id -> start times of the requests in flight, ascending (the clock is
         # monotonic, so appending keeps the order and bisect answers "since when").
         self._starts: dict[str, list[float]] = {}
+        self._total = 0
+        # endpoint id -> (moving average of its requests' time, s; when last updated)
+        self._took: dict[str, tuple[float, float]] = {}
+        self._all_s = 0.0  # the same over every endpoint (0: no request ended yet)
 
     def started(self, endpoint_id: str) -> float:
         """A request to ``endpoint_id`` starts now; returns its start time, which
@@ -55,38 +70,79 @@ class LocalLoad:
                 starts.append(now)
             else:  # a clock that went back (a test's): keep the list sorted
                 starts.insert(bisect_right(starts, now), now)
+            self._total += 1
         return now
 
-    def finished(self, endpoint_id: str, started_at: float | None = None) -> None:
+    def finished(
+        self, endpoint_id: str, started_at: float | None = None, *, ok: bool = True
+    ) -> None:
         """A request to ``endpoint_id`` ended. Without ``started_at`` the oldest one in
         flight counts as ended: the newer ones, which the view is least likely to show,
         stay counted. An endpoint with nothing in flight is left alone (no error: a
-        gateway's retry path may report an end twice)."""
+        gateway's retry path may report an end twice). ``ok=False`` (an error answer,
+        a broken connection) counts the request as taking ``FAILED_TIMES`` the usual
+        time: an endpoint that fails fast must not look fast until the view shows it
+        failing."""
+        now = self._clock()
         with self._lock:
             starts = self._starts.get(endpoint_id)
             if not starts:
                 return
             if started_at is None:
-                del starts[0]
+                began = starts.pop(0)
             else:
                 at = bisect_right(starts, started_at) - 1
-                del starts[at if at >= 0 and starts[at] == started_at else 0]
+                began = starts.pop(at if at >= 0 and starts[at] == started_at else 0)
+            self._total -= 1
             if not starts:
                 del self._starts[endpoint_id]
+            took_s = max(0.0, now - began)
+            if not ok:
+                took_s = max(took_s, self._all_s) * FAILED_TIMES
+            self._took_s(endpoint_id, took_s, now)
+
+    def _took_s(self, endpoint_id: str, took_s: float, now: float) -> None:
+        held = self._took.get(endpoint_id)
+        mean = took_s if held is None else held[0] + LATENCY_ALPHA * (took_s - held[0])
+        self._took[endpoint_id] = (mean, now)
+        every = self._all_s
+        self._all_s = took_s if every == 0.0 else every + LATENCY_ALPHA * (took_s - every)
+
+    def slowness(self, endpoint_id: str) -> float:
+        """How long this replica's requests to ``endpoint_id`` took lately over how long
+        its requests took anywhere (moving averages; queueing included): 1 when unknown,
+        fading back to 1 over ``LATENCY_FADE_S`` without news. It tells what no
+        engine's page does: a slow engine, or a queue that grew since the scrape."""
+        held, every = self._took.get(endpoint_id), self._all_s
+        if held is None or every <= 0.0:
+            return 1.0
+        mean, at = held
+        fade = math.exp(-max(0.0, self._clock() - at) / LATENCY_FADE_S)
+        ratio = 1.0 + (mean / every - 1.0) * fade
+        return min(SLOWNESS_MAX, max(SLOWNESS_MIN, ratio))
 
     @contextmanager
     def track(self, endpoint_id: str) -> Iterator[None]:
-        """Count one request to ``endpoint_id`` for the duration of the block."""
+        """Count one request to ``endpoint_id`` for the duration of the block (an
+        exception out of it counts as a failed request, a cancellation does not)."""
         started_at = self.started(endpoint_id)
+        failed = False
         try:
             yield
+        except Exception:  # not a cancellation: a client that left is no engine's fault
+            failed = True
+            raise
         finally:
-            self.finished(endpoint_id, started_at)
+            self.finished(endpoint_id, started_at, ok=not failed)
 
     def in_flight(self, endpoint_id: str) -> int:
         """This replica's requests to ``endpoint_id`` not finished yet."""
         starts = self._starts.get(endpoint_id)
         return 0 if starts is None else len(starts)
+
+    def total(self) -> int:
+        """This replica's requests in flight to all endpoints."""
+        return self._total
 
     def since(self, endpoint_id: str, since: float) -> int:
         """Requests in flight to ``endpoint_id`` that started after ``since`` (``clock``

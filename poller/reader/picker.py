@@ -14,7 +14,7 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
 from poller.errors import ConfigError
@@ -26,6 +26,8 @@ from poller.reader.view import EndpointView, View
 __all__ = ["Picker", "WhenSaturated"]
 
 WhenSaturated = Literal["least_loaded", "none"]
+#: The most this replica's recent requests are scaled up by (its share of the fleet's).
+SCALE_MAX = 64.0
 #: Draws before a pick stops sampling and lists the bag (most entries expired).
 _DRAWS = 24
 
@@ -63,10 +65,18 @@ class Picker:
       (``lora_max``), then the rest listing it. A base model is one tier.
     - **Spread**: two candidates drawn at random, each in proportion to its capacity
       (``kv_capacity_tokens`` relative to the fleet's median; unknown counts as the
-      median); the one with the lower load wins. Load = (running + waiting + this
-      replica's requests in flight started after the endpoint's ``scraped_at_ms``, from
-      ``local``) / relative capacity. Ties go to the lower KV usage; an engine that
-      publishes none (TGI, llama.cpp) counts as the fleet's median KV, never 0 %.
+      median); the one with the lower load wins. Load = (running + waiting + 1, the
+      request being placed, + s x this replica's requests in flight started after the
+      endpoint's ``scraped_at_ms``, from ``local``) / relative capacity: what the
+      endpoint would hold per unit of capacity with this request. ``s`` is 1 / this
+      replica's share of the fleet's requests (the view's running + waiting over its
+      own in flight, 1..64): the other replicas sent about as many since the scrape,
+      which no view can show yet (``scale_local=False``: s = 1). The load is multiplied
+      by ``local.slowness(id)``: how long this replica's requests there took lately,
+      relative to its requests anywhere (an engine slower than its size says, or a
+      queue grown since the scrape; ``use_latency=False``: 1). Ties go to the lower KV
+      usage; an engine that publishes none (TGI, llama.cpp) counts as the fleet's
+      median KV, never 0 %.
     - **Redis lost** (a cache or a view with ``healthy`` False): the last numbers, as
       fresh as they were when Redis last answered, are used for ``stale_grace_s``
       (default 5 s: a Sentinel failover) after that answer, then None.
@@ -86,6 +96,9 @@ class Picker:
         when_saturated: WhenSaturated = "least_loaded",
         stale_grace_s: float = 5.0,
         rng: random.Random | None = None,
+        *,
+        scale_local: bool = True,
+        use_latency: bool = True,
     ) -> None:
         if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
             raise ConfigError(f"max_waiting must be an integer >= 1, got {max_waiting!r}")
@@ -102,6 +115,8 @@ class Picker:
         self.when_saturated: WhenSaturated = when_saturated
         self.stale_grace_s = stale_grace_s
         self.rng = rng if rng is not None else random.Random()
+        self.scale_local = scale_local
+        self.use_latency = use_latency
         self._caches: weakref.WeakKeyDictionary[ViewCache, Index] = weakref.WeakKeyDictionary()
         self._view: object = None
         self._view_index: Index | None = None
@@ -137,9 +152,10 @@ class Picker:
             # A view without a clock offset is taken as read just now.
             # A bare mapping has no clock: every request in flight counts.
             offset_ms = view.now_ms - local.now() * 1000 if isinstance(view, View) else INF
+        score = self._scorer(index, local, offset_ms)
         models = index.model(model)
         if candidates is not None:
-            return self._among(models, index, candidates, judge_ms, local, offset_ms)
+            return self._among(models, index, candidates, judge_ms, score)
         for saturated in (False, True):
             if saturated and self.when_saturated == "none":
                 return None
@@ -151,7 +167,7 @@ class Picker:
                 if first is None:
                     continue
                 second = self._draw(bag, judge_ms, models, first)
-                return self._better(first, second, local, offset_ms).id
+                return first.id if second is None or score(first) <= score(second) else second.id
         return None
 
     # --- the view's index ---------------------------------------------------------------
@@ -190,8 +206,9 @@ class Picker:
             if at is None or confirmed is None or time.monotonic() - at > self.stale_grace_s:
                 return None
             judge_ms = confirmed
+        version = cache.version  # first: changes made meanwhile wait for the next pick
         index = self._caches.get(cache)
-        changes = None if index is None else cache.changes_since(index.version)
+        changes = None if index is None else cache.changes_since(index.version, version)
         if index is None or changes is None:
             bases = (cache.base(endpoint_id) for endpoint_id in cache.ids())
             index = self._index((b for b in bases if b is not None), _timed)
@@ -199,7 +216,7 @@ class Picker:
         else:
             for endpoint_id in dict.fromkeys(changes):
                 index.update(endpoint_id, cache.base(endpoint_id))
-        index.version = cache.version
+        index.version = version
         return index, judge_ms, cache.offset_ms
 
     def _index(self, views: Iterable[EndpointView], fresh_until: object) -> Index:
@@ -234,12 +251,26 @@ class Picker:
             return None
         return self.rng.choices(live, [e.weight for e in live])[0]
 
-    def _better(
-        self, a: Entry, b: Entry | None, local: LocalLoad | None, offset_ms: float | None
-    ) -> Entry:
-        if b is None:
-            return a
-        return a if _load(a, local, offset_ms) <= _load(b, local, offset_ms) else b
+    def _scorer(
+        self, index: Index, local: LocalLoad | None, offset_ms: float | None
+    ) -> Callable[[Entry], tuple[float, float]]:
+        """The load of an endpoint for this pick: (requests per unit of capacity, KV)."""
+        if local is None or offset_ms is None:
+            return _view_load
+        scale = 1.0
+        if self.scale_local:
+            # This replica's share of the fleet's requests, from the view's total and
+            # ours in flight: with R equal replicas ours are ~1/R of what was sent.
+            scale = min(SCALE_MAX, max(1.0, (index.requests + 1) / (local.total() + 1)))
+        since, offset_s = local.since, offset_ms / 1000
+        slowness = local.slowness if self.use_latency else _neutral
+
+        def load(entry: Entry) -> tuple[float, float]:
+            recent = since(entry.id, entry.scraped_at_ms / 1000 - offset_s)
+            requests = entry.requests + 1 + scale * recent
+            return requests / entry.weight * slowness(entry.id), entry.kv or 0.0
+
+        return load
 
     def _among(
         self,
@@ -247,8 +278,7 @@ class Picker:
         index: Index,
         candidates: Iterable[str],
         judge_ms: float,
-        local: LocalLoad | None,
-        offset_ms: float | None,
+        score: Callable[[Entry], tuple[float, float]],
     ) -> str | None:
         """The same choice limited to ``candidates`` (a scan of them, not of the view)."""
         groups: dict[tuple[bool, int], Bag] = {}
@@ -268,12 +298,13 @@ class Picker:
         first = self._draw(bag, judge_ms, None, None)
         if first is None:
             return None
-        return self._better(first, self._draw(bag, judge_ms, None, first), local, offset_ms).id
+        second = self._draw(bag, judge_ms, None, first)
+        return first.id if second is None or score(first) <= score(second) else second.id
 
 
-def _load(entry: Entry, local: LocalLoad | None, offset_ms: float | None) -> tuple[float, float]:
-    """(requests per unit of capacity, KV usage): lower is less loaded."""
-    requests = entry.requests
-    if local is not None and offset_ms is not None:
-        requests += local.since(entry.id, (entry.scraped_at_ms - offset_ms) / 1000)
-    return requests / entry.weight, entry.kv or 0.0
+def _neutral(endpoint_id: str) -> float:
+    return 1.0
+
+
+def _view_load(entry: Entry) -> tuple[float, float]:
+    return (entry.requests + 1) / entry.weight, entry.kv or 0.0

@@ -98,6 +98,8 @@ class _Reader:
 
     def _view(self, reply: Any, held: Held | None) -> View:
         view = build_view(reply, self.stale_after_intervals, self.stale_after_ms, held)
+        # The clocks side by side, so a picker places this replica's requests on the view.
+        view.offset_ms = view.now_ms - time.monotonic() * 1000
         self._held = held_after(reply, view)
         return view
 
