@@ -6,10 +6,14 @@ BIN := $(VENV)/bin
 
 .PHONY: install redis-server dnsmasq promtool chromium build-tools fmt lint test test-engines demo bench all clean clean-engines
 
-$(BIN)/poller: pyproject.toml
+# The litellm extra at the one tested version, with the LiteLLM proxy's dependencies
+# (tests/test_litellm_proxy.py runs a real proxy); constraints/litellm.txt says why.
+LITELLM_PINS := constraints/litellm.txt
+
+$(BIN)/poller: pyproject.toml $(LITELLM_PINS)
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,litellm]' -r $(LITELLM_PINS) -c $(LITELLM_PINS)
 	@touch $@
 
 install: $(BIN)/poller

@@ -44,8 +44,9 @@ class UpdateFeed(asyncio.Protocol):
     # --- asyncio.Protocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports (the LiteLLM proxy runs uvloop) implement asyncio.Transport
+        # without subclassing it: an isinstance check refuses them.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         reader = self._reader

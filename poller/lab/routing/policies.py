@@ -50,6 +50,9 @@ class PolicyContext:
     #: Mean max_tokens of the requests (the oracle's service-time estimate).
     mean_tokens: float = 20.0
     options: dict[str, Any] = field(default_factory=dict)
+    #: Endpoint id -> base URL, and the bench's Redis (for policies that send themselves).
+    urls: Mapping[str, str] = field(default_factory=dict)
+    redis_url: str | None = None
 
 
 class Policy(Protocol):
@@ -69,6 +72,8 @@ class PolicyDef:
     uses_view: bool = False
     #: The replica gives it the simulator's true queues.
     uses_oracle: bool = False
+    #: Run when no policy is named (opt-in ones need an extra, e.g. LiteLLM's).
+    default: bool = True
 
 
 POLICIES: dict[str, PolicyDef] = {}
@@ -80,9 +85,10 @@ def register(
     *,
     uses_view: bool = False,
     uses_oracle: bool = False,
+    default: bool = True,
 ) -> None:
     """Add a policy (a later registration under the same name replaces it)."""
-    POLICIES[name] = PolicyDef(factory, uses_view, uses_oracle)
+    POLICIES[name] = PolicyDef(factory, uses_view, uses_oracle, default)
 
 
 class _Base:
@@ -204,3 +210,6 @@ register("pick-deterministic", Deterministic, uses_view=True)
 register("picker-nolocal", _picker(local=False), uses_view=True)
 register("picker", _picker(local=True), uses_view=True)
 register("oracle", Oracle, uses_oracle=True)
+
+# LiteLLM's strategies, opt-in (they import litellm only when a replica builds one).
+from poller.lab.routing import litellm_policies  # noqa: E402, F401

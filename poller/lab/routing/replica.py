@@ -78,6 +78,8 @@ async def run_replica(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
             true_queues=true_queues,
             mean_tokens=cfg["mean_tokens"],
             options=dict(cfg.get("options", {})),
+            urls=urls,
+            redis_url=cfg["redis_url"],
         )
         async with _view(cfg, ctx) if definition.uses_view else contextlib.nullcontext():
             policy = definition.factory(ctx)
@@ -96,19 +98,31 @@ async def _arrivals(
 ) -> None:
     tasks: set[asyncio.Task[None]] = set()
 
+    def request(index: int) -> dict[str, Any]:
+        tokens = max(1, round(rng.expovariate(1 / cfg["mean_tokens"])))
+        return {
+            "model": ctx.model,
+            "messages": [{"role": "user", "content": f"request {index} of {cfg['seed']}"}],
+            "max_tokens": tokens,
+        }
+
     async def one(index: int) -> None:
+        send = getattr(policy, "send", None)
+        if send is not None:  # a gateway of its own (LiteLLM's Router) chooses and sends
+            sent_at = time.time()
+            chosen, status, latency_s, cpu_ns = await send(request(index))
+            record = {"sent_at": sent_at, "endpoint": chosen or "", "status": status}
+            # None: the gateway refused it (no deployment), it went nowhere.
+            record["fallback"] = chosen is None
+            records.append({**record, "latency_s": latency_s, "cpu_ns": cpu_ns})
+            return
         await policy.prepare()
         cpu0 = time.thread_time_ns()
         chosen = policy.choose()
         cpu_ns = time.thread_time_ns() - cpu0
         fallback = chosen is None
         endpoint_id = rng.choice(ctx.candidates) if chosen is None else chosen
-        tokens = max(1, round(rng.expovariate(1 / cfg["mean_tokens"])))
-        body = {
-            "model": ctx.model,
-            "messages": [{"role": "user", "content": f"request {index} of {cfg['seed']}"}],
-            "max_tokens": tokens,
-        }
+        body = request(index)
         sent_at = time.time()
         policy.started(endpoint_id)
         try:
@@ -126,6 +140,9 @@ async def _arrivals(
             }
         )
 
+    warm_up = getattr(policy, "warm_up", None)
+    if warm_up is not None:  # first calls that import and build clients: before the start
+        await warm_up()
     start_at = await asyncio.to_thread(_ready_then_go, cfg)
     await asyncio.sleep(max(0.0, start_at - time.time()))
     t0 = time.monotonic()

@@ -51,7 +51,8 @@ def summarise(
         "ok": len(ok),
         "errors": sum(1 for r in records if r["status"] not in (0, 200)),
         "unanswered": sum(1 for r in records if r["status"] == 0),
-        "wrong_model": sum(1 for r in records if r["endpoint"] not in serving),
+        # An empty endpoint: the gateway refused the request (sent nowhere).
+        "wrong_model": sum(1 for r in records if r["endpoint"] and r["endpoint"] not in serving),
         "status_404": sum(1 for r in records if r["status"] == 404),
         "fallbacks": sum(1 for r in records if r["fallback"]),
         "p50_s": _r(_q(ok, 0.5)),

@@ -185,7 +185,7 @@ async def _exited(procs: list[Proc], timeout_s: float) -> None:
 
 
 def _policies(cfg: RoutingConfig) -> list[str]:
-    names = list(cfg.policies) if cfg.policies else list(POLICIES)
+    names = list(cfg.policies) if cfg.policies else [n for n, d in POLICIES.items() if d.default]
     unknown = [n for n in names if n not in POLICIES]
     if unknown:
         raise ConfigError(f"unknown routing policies {unknown}; registered: {', '.join(POLICIES)}")

@@ -1,0 +1,67 @@
+"""``LoadAwareFilter``: the proxy's plug point, a ``CustomLogger`` that narrows
+LiteLLM's healthy deployments to those the shared view says may take the request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import litellm
+from litellm.integrations.custom_logger import CustomLogger
+
+from poller.integrations.litellm.routing import Routing
+from poller.integrations.litellm.source import ViewSource
+from poller.reader.cache import ViewCache
+from poller.reader.picker import Picker
+
+__all__ = ["LoadAwareFilter"]
+
+
+class LoadAwareFilter(CustomLogger):  # type: ignore[misc]
+    """Drops deployments whose endpoint is failing, stale, unknown, asleep, saturated
+    (while another is not), or does not serve the deployment's model: the ``Picker``'s
+    rules, with ``picker``'s options. Deployments that map to no registry endpoint (a
+    hosted provider) are kept. LiteLLM's strategy then chooses among what is left.
+
+    When the view cannot be read (no Redis URL, Redis not answering since before the
+    picker's ``stale_grace_s``), it keeps LiteLLM's list: logged once per outage, each
+    such request counted in ``fail_open_total``.
+    """
+
+    def __init__(
+        self,
+        *,
+        redis_url: str | None = None,
+        namespace: str | None = None,
+        cache: ViewCache | None = None,
+        picker: Picker | None = None,
+    ) -> None:
+        super().__init__()
+        source = ViewSource(redis_url, namespace, cache=cache)
+        self.routing = Routing(picker or Picker(), source, litellm.provider_list)
+        #: Deployments this filter removed, over all requests.
+        self.dropped_total = 0
+
+    @property
+    def fail_open_total(self) -> int:
+        return self.routing.fail_open_total
+
+    async def async_filter_deployments(
+        self,
+        model: str,
+        healthy_deployments: list[dict[str, Any]],
+        messages: Any,
+        request_kwargs: dict[str, Any] | None = None,
+        parent_otel_span: Any = None,
+    ) -> list[dict[str, Any]]:
+        if not healthy_deployments:
+            return healthy_deployments
+        cache = await self.routing.cache()
+        if cache is None:
+            return healthy_deployments
+        keep = self.routing.eligible(cache, self.routing.targets(cache, healthy_deployments))
+        kept = [d for d, ok in zip(healthy_deployments, keep, strict=True) if ok]
+        self.dropped_total += len(healthy_deployments) - len(kept)
+        return kept
+
+    async def aclose(self) -> None:
+        await self.routing.source.aclose()

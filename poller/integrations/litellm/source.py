@@ -1,0 +1,116 @@
+"""The shared view inside a LiteLLM process: a cached reader opened on first use.
+
+The proxy imports the callback module before its event loop runs, so nothing connects
+at import: the first request opens ``StatsReader.cached()`` in the loop that serves it
+(and a new loop, as in tests, gets a new one). Configuration comes from the arguments or
+from ``POLLER_REDIS_URL`` / ``POLLER_NAMESPACE``, the names the poller itself reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from poller.integrations.litellm.deployments import UrlIndex
+from poller.reader.cache import ViewCache
+from poller.reader.reader import StatsReader
+
+__all__ = ["ViewSource"]
+
+log = logging.getLogger(__name__)
+
+
+class ViewSource:
+    """A ``ViewCache`` for the running event loop, and the registry's URL index.
+
+    Give ``cache`` to use a cache the caller keeps current (an SDK gateway that already
+    runs ``StatsReader.cached()``), or a Redis URL and namespace (default: the
+    ``POLLER_REDIS_URL`` and ``POLLER_NAMESPACE`` variables, read at first use).
+    """
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        namespace: str | None = None,
+        *,
+        cache: ViewCache | None = None,
+        reader_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._url = redis_url
+        self._namespace = namespace
+        self._options = dict(reader_options or {})
+        self._cache = cache
+        self._own = cache is None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._lock: asyncio.Lock | None = None
+        self._index: UrlIndex | None = None
+        self._index_rev: int | None = None
+
+    @property
+    def cache(self) -> ViewCache | None:
+        """The cache as it is now (None before the first ``open`` of an own one)."""
+        return self._cache
+
+    def settings(self) -> tuple[str, str]:
+        """(Redis URL, namespace) this source reads; raises ValueError if none is set."""
+        url = self._url or os.environ.get("POLLER_REDIS_URL", "")
+        if not url:
+            raise ValueError(
+                "no Redis URL for the shared view: set POLLER_REDIS_URL (the poller's own "
+                "variable) or pass redis_url"
+            )
+        return url, self._namespace or os.environ.get("POLLER_NAMESPACE") or "llmgw"
+
+    async def open(self) -> ViewCache:
+        """The cache, opening the reader in this event loop on first use. Raises what
+        opening raises (a bad URL); an unreachable Redis is not an error here: the cache
+        then stays unloaded and the reader keeps retrying in the background."""
+        if not self._own:
+            assert self._cache is not None
+            return self._cache
+        loop = asyncio.get_running_loop()
+        if self._cache is not None and self._loop is loop:
+            return self._cache
+        if self._lock is None or self._loop is not loop:
+            self._lock, self._loop, self._cache, self._stack = asyncio.Lock(), loop, None, None
+        async with self._lock:
+            if self._cache is None:
+                url, namespace = self.settings()
+                stack = contextlib.AsyncExitStack()
+                reader = StatsReader.from_url(url, namespace, **self._options)
+                stack.push_async_callback(reader.aclose)
+                self._cache = await stack.enter_async_context(reader.cached())
+                self._stack = stack
+                log.info("reading the shared view from %s (namespace %s)", _safe(url), namespace)
+        return self._cache
+
+    async def aclose(self) -> None:
+        """Stop an own reader (the proxy never needs to: the process ends)."""
+        stack, self._stack, self._cache = self._stack, None, (None if self._own else self._cache)
+        if stack is not None:
+            await stack.aclose()
+
+    def urls(self, cache: ViewCache) -> UrlIndex:
+        """The registry's URL index, rebuilt when the registry's revision changed (every
+        registry change reaches the cache as a new snapshot with its revision)."""
+        if self._index is None or self._index_rev != cache.rev:
+            pairs = []
+            for endpoint_id in cache.ids():
+                view = cache.get(endpoint_id)
+                entry = None if view is None else view.entry
+                if entry is not None:
+                    pairs.append((endpoint_id, entry.url))
+            self._index, self._index_rev = UrlIndex(pairs), cache.rev
+        assert self._index is not None
+        return self._index
+
+
+def _safe(url: str) -> str:
+    """The URL without a password, for the log."""
+    head, sep, tail = url.rpartition("@")
+    return f"{head.split('//')[0]}//***@{tail}" if sep else url

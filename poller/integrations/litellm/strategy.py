@@ -1,0 +1,246 @@
+"""``LoadAwareStrategy``: the Router's plug point. LiteLLM narrows a model group to its
+healthy deployments (aliases, cooldowns, filters, tags, order); the ``Picker`` chooses
+the endpoint, with this replica's ``LocalLoad`` kept from pick to end (``tickets.py``)."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import litellm
+from litellm.integrations.custom_logger import CustomLogger
+from litellm.litellm_core_utils.core_helpers import get_parent_otel_span_from_kwargs
+from litellm.router_strategy.simple_shuffle import simple_shuffle
+from litellm.router_utils.handle_error import async_raise_no_deployment_exception
+from litellm.types.router import CustomRoutingStrategyBase
+
+from poller.integrations.litellm.routing import Routing
+from poller.integrations.litellm.source import ViewSource
+from poller.integrations.litellm.tickets import Key, Tickets
+from poller.reader.cache import ViewCache
+from poller.reader.load import LocalLoad
+from poller.reader.picker import Picker
+
+__all__ = ["LoadAwareStrategy"]
+
+log = logging.getLogger("poller.integrations.litellm")
+Deployment = dict[str, Any]
+
+
+class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignore[misc]
+    """Chooses each request's deployment with the picker over the shared view.
+
+    ``install()`` sets it on the Router (``set_custom_routing_strategy``) and registers
+    it as a LiteLLM callback, which is how it learns when a request ended. Among the
+    deployments LiteLLM considers healthy, the picker chooses an endpoint (a group whose
+    deployments name one engine model picks with that model; a mixed group keeps those
+    whose endpoint serves their own model, then picks among them); deployments sharing
+    that endpoint are chosen between at random. Nothing eligible: deployments that map
+    to no endpoint (a hosted provider) by LiteLLM's weighted shuffle, else LiteLLM's own
+    no-deployment error. The view unreadable: LiteLLM's weighted shuffle over all
+    (``fail_open_total``).
+    """
+
+    def __init__(
+        self,
+        router: litellm.Router,
+        *,
+        redis_url: str | None = None,
+        namespace: str | None = None,
+        cache: ViewCache | None = None,
+        picker: Picker | None = None,
+        local: LocalLoad | None = None,
+        max_open_s: float = 600.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        CustomLogger.__init__(self)
+        self.router = router
+        self.local = local if local is not None else LocalLoad()
+        self.tickets = Tickets(self.local, max_open_s)
+        source = ViewSource(redis_url, namespace, cache=cache)
+        self.routing = Routing(picker or Picker(rng=rng), source, litellm.provider_list)
+        self.rng = rng if rng is not None else random.Random()
+
+    def install(self) -> LoadAwareStrategy:
+        self.router.set_custom_routing_strategy(self)
+        litellm.logging_callback_manager.add_litellm_callback(self)
+        return self
+
+    def uninstall(self) -> None:
+        """Take it off the Router and out of LiteLLM's callbacks."""
+        for name in ("get_available_deployment", "async_get_available_deployment"):
+            self.router.__dict__.pop(name, None)
+        litellm.logging_callback_manager.remove_callback_from_all_lists(self)
+
+    @property
+    def fail_open_total(self) -> int:
+        return self.routing.fail_open_total
+
+    # --- choosing -----------------------------------------------------------------------
+
+    async def async_get_available_deployment(
+        self,
+        model: str,
+        messages: list[dict[str, str]] | None = None,
+        input: str | list[Any] | None = None,
+        specific_deployment: bool | None = False,
+        request_kwargs: dict[str, Any] | None = None,
+    ) -> Deployment:
+        kwargs = request_kwargs if request_kwargs is not None else {}
+        span = get_parent_otel_span_from_kwargs(kwargs)
+        healthy = await self.router.async_get_healthy_deployments(
+            model=model,
+            request_kwargs=kwargs,
+            messages=messages,
+            input=input,
+            specific_deployment=specific_deployment,
+            parent_otel_span=span,
+        )
+        if isinstance(healthy, dict):  # a specific deployment was asked for
+            deployment: Deployment | None = healthy
+        else:
+            deployment = self.choose(await self.routing.cache(), model, healthy, kwargs)
+        if deployment is None:
+            raise await async_raise_no_deployment_exception(
+                litellm_router_instance=self.router, model=model, parent_otel_span=span
+            )
+        self._opened(deployment, kwargs)
+        return deployment
+
+    def get_available_deployment(
+        self,
+        model: str,
+        messages: list[dict[str, str]] | None = None,
+        input: str | list[Any] | None = None,
+        specific_deployment: bool | None = False,
+        request_kwargs: dict[str, Any] | None = None,
+    ) -> Deployment:
+        """The sync Router path: LiteLLM's common checks (aliases, unknown models), then
+        the same choice on the cache as it is (a sync call cannot open the reader)."""
+        kwargs = request_kwargs if request_kwargs is not None else {}
+        model, healthy = self.router._common_checks_available_deployment(
+            model=model,
+            messages=messages,
+            input=input,
+            specific_deployment=specific_deployment,
+            request_kwargs=kwargs,
+        )
+        if isinstance(healthy, dict):
+            deployment: Deployment | None = healthy
+        else:
+            deployment = self.choose(self.routing.cache_now(), model, healthy, kwargs)
+        if deployment is None:
+            raise litellm.RouterRateLimitError(
+                model=model,
+                cooldown_time=0,
+                enable_pre_call_checks=self.router.enable_pre_call_checks,
+                cooldown_list=[],
+                model_ids=self.router.get_model_ids(model_name=model),
+            )
+        self._opened(deployment, kwargs)
+        return deployment
+
+    def choose(
+        self,
+        cache: ViewCache | None,
+        model: str,
+        healthy: list[Deployment],
+        kwargs: Mapping[str, Any],
+    ) -> Deployment | None:
+        """The deployment for one request among ``healthy`` (None: nothing may take it)."""
+        if not healthy:
+            return None
+        if cache is None:
+            return self._shuffle(model, healthy, kwargs)
+        routing = self.routing
+        targets = routing.targets(cache, healthy)
+        mapped = [
+            (d, t.endpoint_id, t)
+            for d, t in zip(healthy, targets, strict=True)
+            if t.endpoint_id is not None
+        ]
+        endpoint_id = None
+        if mapped:
+            served = {t.model for _, _, t in mapped}
+            if len(served) == 1:
+                ids = [e for _, e, _ in mapped]
+                endpoint_id = routing.picker.pick(
+                    cache, served.pop(), candidates=ids, local=self.local
+                )
+            else:
+                ok = routing.eligible(cache, [t for _, _, t in mapped])
+                ids = [e for (_, e, _), k in zip(mapped, ok, strict=True) if k]
+                if ids:
+                    endpoint_id = routing.picker.pick(cache, None, candidates=ids, local=self.local)
+        if endpoint_id is not None:
+            on_it = [d for d, e, _ in mapped if e == endpoint_id]
+            return on_it[0] if len(on_it) == 1 else self.rng.choice(on_it)
+        unmapped = [d for d, t in zip(healthy, targets, strict=True) if t.endpoint_id is None]
+        return self._shuffle(model, unmapped, kwargs) if unmapped else None
+
+    def _shuffle(
+        self, model: str, deployments: list[Deployment], kwargs: Mapping[str, Any]
+    ) -> Deployment:
+        chosen: Deployment = simple_shuffle(
+            resolve_model_alias=self.router.get_model_from_alias,
+            healthy_deployments=deployments,
+            model=model,
+            request_kwargs=kwargs,
+        )
+        return chosen
+
+    # --- the local correction, from pick to end ----------------------------------------
+
+    def _opened(self, deployment: Mapping[str, Any], kwargs: Mapping[str, Any]) -> None:
+        cache = self.routing.source.cache
+        if cache is None:
+            return
+        target = self.routing.targets(cache, [deployment])[0]
+        if target.endpoint_id is None:
+            return
+        key = (str(kwargs.get("litellm_trace_id", "")), _deployment_id(deployment))
+        self.tickets.open(target.endpoint_id, key, stream=bool(kwargs.get("stream")))
+
+    def _ended(self, kwargs: Mapping[str, Any]) -> None:
+        key = _callback_key(kwargs)
+        if key is not None:
+            self.tickets.close_key(key)
+
+    async def async_log_success_event(
+        self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self._ended(kwargs)
+
+    async def async_log_failure_event(
+        self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self._ended(kwargs)
+
+    def log_success_event(
+        self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self._ended(kwargs)
+
+    def log_failure_event(
+        self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self._ended(kwargs)
+
+
+def _deployment_id(deployment: Mapping[str, Any]) -> str:
+    info = deployment.get("model_info")
+    return str(info.get("id", "")) if isinstance(info, Mapping) else ""
+
+
+def _callback_key(kwargs: Mapping[str, Any]) -> Key | None:
+    """(trace id, deployment id) of the attempt a callback reports."""
+    params = kwargs.get("litellm_params")
+    if not isinstance(params, Mapping):
+        return None
+    trace = kwargs.get("litellm_trace_id") or params.get("litellm_trace_id")
+    info = params.get("model_info")
+    if trace is None or not isinstance(info, Mapping) or info.get("id") is None:
+        return None
+    return str(trace), str(info["id"])

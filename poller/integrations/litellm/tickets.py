@@ -1,0 +1,123 @@
+"""Every request a strategy routes is counted in its ``LocalLoad`` from the pick until it
+ends, exactly once, however it ends.
+
+A ticket opens at the pick. It closes at the first of:
+
+- LiteLLM's success or failure callback for that attempt (matched by the request's
+  ``litellm_trace_id`` and the deployment's id; a retry to the same deployment queues
+  behind the first);
+- the end of the asyncio task that picked it, unless the ticket is a stream the task
+  handed on (its callback closes it, when the stream ends): this covers a cancelled
+  request, and an attempt that failed before LiteLLM logged anything (a pre-call check);
+- ``max_open_s`` after it opened (an abandoned stream no callback reports), counted in
+  ``abandoned_total``.
+
+Closing twice is a no-op, so the callbacks that overlap these never count an end twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from poller.reader.load import LocalLoad
+
+__all__ = ["Ticket", "Tickets"]
+
+log = logging.getLogger("poller.integrations.litellm")
+
+Key = tuple[str, str]  # (litellm_trace_id, deployment id)
+
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    endpoint_id: str
+    key: Key
+    stream: bool
+    started_at: float
+    open: bool = field(default=True)
+
+
+class Tickets:
+    """The open tickets of one strategy (one event loop or threads; callbacks of
+    LiteLLM's logging worker run in the same loop)."""
+
+    def __init__(self, local: LocalLoad, max_open_s: float = 600.0) -> None:
+        self.local = local
+        self.max_open_s = max_open_s
+        self._by_key: dict[Key, deque[Ticket]] = {}
+        self._by_task: dict[asyncio.Task[object], list[Ticket]] = {}
+        self._order: deque[Ticket] = deque()  # by start time, for max_open_s
+        self.abandoned_total = 0
+
+    def open(self, endpoint_id: str, key: Key, *, stream: bool) -> Ticket:
+        self._expire()
+        ticket = Ticket(endpoint_id, key, stream, self.local.started(endpoint_id))
+        self._by_key.setdefault(key, deque()).append(ticket)
+        self._order.append(ticket)
+        try:
+            task: asyncio.Task[object] | None = asyncio.current_task()
+        except RuntimeError:  # no event loop: a sync Router call
+            task = None
+        if task is not None:
+            held = self._by_task.get(task)
+            if held is None:
+                self._by_task[task] = [ticket]
+                task.add_done_callback(self._task_done)
+            else:
+                held.append(ticket)
+        return ticket
+
+    def close(self, ticket: Ticket) -> None:
+        if not ticket.open:
+            return
+        ticket.open = False
+        self.local.finished(ticket.endpoint_id, ticket.started_at)
+        queue = self._by_key.get(ticket.key)
+        if queue is not None:
+            try:
+                queue.remove(ticket)
+            except ValueError:
+                pass
+            if not queue:
+                del self._by_key[ticket.key]
+
+    def close_key(self, key: Key) -> bool:
+        """A callback reported the end of an attempt: close its oldest open ticket."""
+        queue = self._by_key.get(key)
+        if not queue:
+            return False
+        self.close(queue[0])
+        return True
+
+    def in_flight(self) -> int:
+        return sum(len(q) for q in self._by_key.values())
+
+    def _task_done(self, task: asyncio.Task[object]) -> None:
+        held = self._by_task.pop(task, [])
+        # The last pick of a task that ended normally may be a stream it returned: the
+        # stream's own callback ends it. Everything else the task picked has ended.
+        handed_on = held[-1] if held and held[-1].stream and not task.cancelled() else None
+        for ticket in held:
+            if ticket is not handed_on:
+                self.close(ticket)
+
+    def _expire(self) -> None:
+        order = self._order
+        while order and not order[0].open:
+            order.popleft()
+        if not order:
+            return
+        limit = self.local.now() - self.max_open_s
+        while order and order[0].started_at < limit:
+            ticket = order.popleft()
+            if ticket.open:
+                self.abandoned_total += 1
+                log.info(
+                    "a request to %s had no end reported after %.0f s: counted as ended",
+                    ticket.endpoint_id,
+                    self.max_open_s,
+                )
+                self.close(ticket)
