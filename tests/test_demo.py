@@ -33,12 +33,15 @@ def run_demo(tmp_path: Path, path_env: str | None) -> str:
     env = {**os.environ, marker.split("=")[0]: marker.split("=")[1], "TMPDIR": str(tmp_path)}
     if path_env is not None:
         env["PATH"] = path_env
+    # The story's steps wait for the state they narrate (a loaded machine starts pollers
+    # late); --exit-after-story ends the demo when it is told, the duration is only a cap
+    # (a quiet machine takes ~25 s) and exit 1 names the step still awaited.
     result = subprocess.run(
-        [sys.executable, "-m", "poller", "demo", "--duration", "27"],
+        [sys.executable, "-m", "poller", "demo", "--exit-after-story", "--duration", "150"],
         capture_output=True,
         text=True,
         env=env,
-        timeout=120,
+        timeout=240,
         stdin=subprocess.DEVNULL,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -45,13 +45,21 @@ def _redis_url(ctx: click.Context, param: click.Parameter, value: str | None) ->
     show_default=True,
     help="Simulated endpoints the pollers share.",
 )
-def demo(redis_url: str | None, duration_s: float | None, endpoints: int) -> None:
+@click.option(
+    "--exit-after-story",
+    is_flag=True,
+    help="Stop once the kill, takeover, restart and rebalancing have been shown; exit 1 "
+    "if --duration ends first (for scripts: a slow machine tells the story later).",
+)
+def demo(
+    redis_url: str | None, duration_s: float | None, endpoints: int, exit_after_story: bool
+) -> None:
     """Three pollers share simulated engines; one is killed and restarted. Ctrl-C stops."""
     from poller.lab.demo import run_demo
 
     setup_logging("WARNING")
     try:
-        sys.exit(run_demo(redis_url, duration_s, endpoints))
+        sys.exit(run_demo(redis_url, duration_s, endpoints, exit_after_story=exit_after_story))
     except (RuntimeError, TimeoutError) as exc:
         click.echo(f"Error: demo failed: {exc}", err=True)
         sys.exit(1)

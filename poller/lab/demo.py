@@ -3,8 +3,10 @@
 Starts (all on loopback, all stopped by pid at the end): a Redis (``--redis-url``, else
 an embedded redis-server, else fakeredis's TCP server), the engine simulator with a mixed
 fleet (one endpoint failing, one missing a metric), three ``poller run`` processes, and
-shows the shared view live. About 10 s in it SIGKILLs a poller to show the takeover, and
-restarts it 10 s later to show the rebalancing, narrating each event in one line.
+shows the shared view live. About 10 s in, once all three pollers hold endpoints, it SIGKILLs
+one to show the takeover, and restarts it 10 s after the takeover was seen to show the
+rebalancing, narrating each event in one line. Each step waits for the state it narrates,
+not for the clock alone, so a slow (loaded) machine tells the same story, later.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ __all__ = ["run_demo"]
 
 NS = "demo"
 ENGINES = "vllm,sglang,llamacpp,trtllm,triton,tgi,lmdeploy,vllm-v0"
-KILL_AT_S = 10.0
-RESTART_AT_S = 20.0
+KILL_AT_S = 10.0  # the earliest kill; it also waits for poller-1 to hold endpoints
+RESTART_AFTER_S = 10.0  # after the kill, and never before the takeover was seen
 
 
 class Demo:
@@ -74,7 +76,14 @@ def _owned(view: View, poller: str) -> list[str]:
     return sorted(e.id for e in view.endpoints.values() if e.owner == poller)
 
 
-def run_demo(redis_url: str | None, duration_s: float | None, endpoints: int = 12) -> int:
+def run_demo(
+    redis_url: str | None,
+    duration_s: float | None,
+    endpoints: int = 12,
+    *,
+    exit_after_story: bool = False,
+) -> int:
+    """Run the demo; 0, or 1 when ``exit_after_story`` and the duration ended the story early."""
     console = Console()
     interactive = console.is_terminal
     if not interactive:
@@ -95,8 +104,11 @@ def run_demo(redis_url: str | None, duration_s: float | None, endpoints: int = 1
                 kind = "redis-server" if redis_proc else ("fakeredis" if redis_url is None else url)
                 say(f"redis: {kind} at {url} (namespace {NS})")
                 demo = Demo(work, url, endpoints, say)
+                script = Script(demo, say)
+                if exit_after_story:
+                    stop["story"] = True
                 try:
-                    asyncio.run(_watch(demo, console, interactive, duration_s, say, stop))
+                    asyncio.run(_watch(demo, script, console, interactive, duration_s, stop))
                 except KeyboardInterrupt:
                     pass
                 finally:
@@ -104,6 +116,9 @@ def run_demo(redis_url: str | None, duration_s: float | None, endpoints: int = 1
                     demo.stop()
     finally:
         signal.signal(signal.SIGTERM, old)
+    if exit_after_story and not script.done:
+        console.print(f"demo: the duration ended before {script.awaiting()}", highlight=False)
+        return 1
     return 0
 
 
@@ -118,10 +133,27 @@ class Script:
         self.restarted_at: float | None = None
         self.rebalanced = False
 
+    @property
+    def done(self) -> bool:
+        return self.rebalanced
+
+    def awaiting(self) -> str:
+        """What the story waits for now, for the message when it could not finish."""
+        if self.killed_at is None:
+            return "all three pollers were live with poller-1 holding endpoints (the kill)"
+        if self.victims:
+            return "the takeover of poller-1's endpoints"
+        if self.restarted_at is None:
+            return "the restart of poller-1"
+        return "the rebalancing after poller-1's restart"
+
     def step(self, view: View, elapsed_s: float) -> None:
         now = time.monotonic()
         if self.killed_at is None:
-            if elapsed_s >= KILL_AT_S:
+            # Kill a poller that holds endpoints, or there is no takeover to show: on a
+            # loaded machine the pollers may take longer than KILL_AT_S to start.
+            ready = set(self.demo.ids) <= set(view.pollers) and _owned(view, "poller-1")
+            if elapsed_s >= KILL_AT_S and ready:
                 self.victims = _owned(view, "poller-1")
                 self.demo.procs["poller-1"].signal(signal.SIGKILL)
                 self.killed_at = now
@@ -141,7 +173,8 @@ class Script:
                 )
                 self.victims = []
         if self.restarted_at is None:
-            if elapsed_s >= RESTART_AT_S:
+            # Restarting before the takeover would let poller-1 win its leases back unseen.
+            if not self.victims and now - self.killed_at >= RESTART_AFTER_S:
                 self.demo.start_poller("poller-1")
                 self.restarted_at = now
                 self.say("restarted poller-1: rendezvous hashing gives it back its share")
@@ -155,14 +188,13 @@ class Script:
 
 async def _watch(
     demo: Demo,
+    script: Script,
     console: Console,
     interactive: bool,
     duration_s: float | None,
-    say: Callable[[str], None],
     stop: dict[str, bool],
 ) -> None:
     reader = StatsReader.from_url(demo.redis_url, NS)
-    script = Script(demo, say)
     started = time.monotonic()
     last_plain = 0.0
     live = None
@@ -176,6 +208,8 @@ async def _watch(
                 break
             view = await reader.snapshot()
             script.step(view, elapsed)
+            if stop.get("story") and script.done:
+                break
             if live is not None:
                 live.update(render(view, "id"), refresh=True)
             elif time.monotonic() - last_plain >= 5.0:
