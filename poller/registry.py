@@ -228,15 +228,6 @@ class Endpoint(BaseModel):
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
-def _problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Every problem of one entry as (its key, one plain line); empty when it is valid."""
-    try:
-        Endpoint.model_validate(data)
-    except ValidationError as exc:
-        return describe_errors(exc, Endpoint)
-    return []
-
-
 def endpoint_from_dict(endpoint_id: str | None, data: Mapping[str, Any]) -> Endpoint:
     """Validate one entry; raises ConfigError naming the entry and its problems (all of
     them, joined by ``; ``), ``field`` the first one's key."""
@@ -285,12 +276,12 @@ def endpoints_from_items(items: Iterable[Any], source: str) -> dict[str, Endpoin
         if "id" not in item:
             lines.append(f"{source}: entry {index} has no id")
             continue
-        where = f"{source}: entry {index} ({item['id']!r})"
-        problems = _problems(item)
-        lines += [f"{where}: {line}" for _, line in problems]
-        if problems:
+        try:
+            endpoint = Endpoint.model_validate(item)
+        except ValidationError as exc:
+            where = f"{source}: entry {index} ({item['id']!r})"
+            lines += [f"{where}: {line}" for _, line in describe_errors(exc, Endpoint)]
             continue
-        endpoint = Endpoint.model_validate(item)
         if endpoint.id in result:
             lines.append(f"{source}: duplicate endpoint id {endpoint.id!r} (entry {index})")
         result[endpoint.id] = endpoint
