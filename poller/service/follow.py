@@ -29,6 +29,8 @@ class RegistryFollower:
         self.entries: dict[str, Endpoint] = {}
         #: Entries that failed validation: they still get a lease and a config failure.
         self.invalid: dict[str, str] = {}
+        #: Entries in the registry, whatever they are (``external`` ones included).
+        self.size = 0
         self._unusable: set[str] = set()
         self._file_mtime: float | None = None
 
@@ -66,6 +68,7 @@ class RegistryFollower:
                 continue
             invalid[endpoint_id] = error
         self.rev, self.entries, self.invalid = registry.rev, entries, invalid
+        self.size = len(registry.raw)
         if self.settings.endpoints_file and not registry.raw:
             self._file_mtime = None  # registry emptied (a Redis restart): sync again now
         return True

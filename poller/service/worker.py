@@ -181,7 +181,7 @@ class Worker:
                 return  # a pass follows at once, with a heartbeat that sees it
             if full or changed:
                 await self.registry.sync()
-                self.notices.registry(empty=not self.registry.ids())
+                self.notices.registry(empty=self.registry.size == 0)
                 if not self._started:
                     # A stable id (pod name) may find leases its previous run left:
                     # release them so they get new tokens, fencing off that run.
