@@ -148,4 +148,3 @@ class SchemaMismatch(StoreError):
         self.found = found
         self.expected = expected
         super().__init__(message)
-

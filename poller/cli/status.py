@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import click
@@ -45,7 +46,6 @@ def status(
 ) -> None:
     """Print the shared view: every endpoint, its state, load and owner."""
     from rich.console import Console, Group
-    from rich.live import Live
 
     from poller.cli.fleet import Fleet, fleet_table, read_fleet
     from poller.cli.render import render
@@ -80,26 +80,14 @@ def status(
         try:
             view, found, fleet = await read()
             if as_json:
-                members = {"members": fleet.to_json()}
-                click.echo(json.dumps({**with_entries(view), "sources": found, **members}, indent=2))
+                shown_json = {**with_entries(view), "sources": found, "members": fleet.to_json()}
+                click.echo(json.dumps(shown_json, indent=2))
                 return
             shown = draw(view, found, fleet)
-            if not watch:
-                console.print(shown)
-            elif not console.is_terminal:
-                # Piped: plain text, no cursor movement: a whole frame every second, with
-                # a blank line between frames.
-                while True:
-                    console.print(shown)
-                    console.file.flush()
-                    await asyncio.sleep(1.0)
-                    console.print()
-                    shown = await frame()
+            if watch:
+                await show_every_second(console, shown, frame)
             else:
-                with Live(shown, console=console, auto_refresh=False) as live:
-                    while True:
-                        await asyncio.sleep(1.0)
-                        live.update(await frame(), refresh=True)
+                console.print(shown)
         finally:
             await reader.aclose()
 
@@ -107,13 +95,11 @@ def status(
         asyncio.run(go())
     except KeyboardInterrupt:
         pass
-    except SchemaMismatch as exc:
-        if as_json:  # a script reading stdout learns why there is no view
+    except StoreError as exc:
+        if as_json and isinstance(exc, SchemaMismatch):
+            # a script reading stdout learns why there is no view
             found = {"schema": exc.found, "reader_schema": exc.expected}
             click.echo(json.dumps({"error": "schema_mismatch", "message": str(exc), **found}))
-        click.echo(f"Error: {exc}", err=True)
-        sys.exit(1)
-    except StoreError as exc:
         store_failure(exc)
 
 
@@ -123,3 +109,21 @@ async def sources(reader: Any) -> list[dict[str, Any]]:
 
     found: list[dict[str, Any]] = await read_sources(reader.client, reader.keys)
     return found
+
+
+async def show_every_second(console: Any, shown: Any, frame: Callable[[], Awaitable[Any]]) -> None:
+    """``--watch``: redraw in place on a terminal; piped, plain text with no cursor
+    movement, a whole frame every second and a blank line between frames."""
+    from rich.live import Live
+
+    if not console.is_terminal:
+        while True:
+            console.print(shown)
+            console.file.flush()
+            await asyncio.sleep(1.0)
+            console.print()
+            shown = await frame()
+    with Live(shown, console=console, auto_refresh=False) as live:
+        while True:
+            await asyncio.sleep(1.0)
+            live.update(await frame(), refresh=True)

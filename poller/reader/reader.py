@@ -31,7 +31,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from poller.config import RedisSettings
-from poller.errors import SchemaMismatch, StoreError
+from poller.errors import SchemaMismatch
 from poller.reader.cache import ViewCache
 from poller.reader.feed import open_feed
 from poller.reader.protocol import Action, Protocol
