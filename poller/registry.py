@@ -340,7 +340,9 @@ def check_overrides(value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, .
     each naming at least one valid metric name."""
     for signal, names in value.items():
         if signal not in SIGNALS:
-            raise ValueError(f"unknown signal {signal!r}; accepted: {', '.join(SIGNALS)}")
+            guess = closest(str(signal), SIGNALS)
+            hint = f" (did you mean {guess!r}?)" if guess else ""
+            raise ValueError(f"unknown signal {signal!r}{hint}; accepted: {', '.join(SIGNALS)}")
         if not names:
             raise ValueError(f"override for {signal!r} names no metric")
         for name in names:
