@@ -227,3 +227,16 @@ def test_endpoints_sync_reports_every_registration_problem(tmp_path: Path) -> No
     assert len(lines) == 2
     assert lines[0].startswith(f"Error: {path}: endpoint 'a': url http://10.0.0.1:8000/metrics")
     assert lines[1].startswith(f"Error: {path}: endpoint 'b': api_key_env AWS_SECRET_ACCESS_KEY")
+
+
+def test_file_syntax_errors_are_one_line(tmp_path: Path) -> None:
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text("endpoints:\n  - {id: a, url: 'http://x:1'\n  - b\n")
+    line = one_error_line(poller("endpoints", "sync", str(endpoints), "--redis-url", UNREACHABLE))
+    assert line == (
+        f"Error: {endpoints}: not valid YAML: expected ',' or '}}', but got '-' at line 3, column 3"
+    )
+    config = tmp_path / "poller.toml"
+    config.write_text("[scrape\n")
+    line = one_error_line(poller("run", "--config", str(config)))
+    assert f"config file '{config}' is not valid TOML" in line and "line 1" in line
