@@ -18,7 +18,6 @@ NO_DEFAULT = {
     "--redis-tls-cert",
     "--redis-tls-key",
     "--output",
-    "--format",
     "--duration",  # demo: runs until Ctrl-C
     "--label",
     "--version",
