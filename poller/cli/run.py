@@ -13,7 +13,6 @@ from poller.cli.register import registration_problems
 from poller.errors import ConfigError
 from poller.logs import setup_logging
 from poller.registry import endpoints_from_file
-from poller.service.serve import serve
 
 
 @click.command()
@@ -178,5 +177,8 @@ def run(
         problems = registration_problems(entries.values(), settings.scrape, where=where)
         if problems:
             raise BadInput("\n".join(problems))
+    # Imported here: the service stack is most of `poller`'s start-up, and only run needs it.
+    from poller.service.serve import serve
+
     setup_logging(settings.log_level, settings.log_format)
     sys.exit(asyncio.run(serve(settings)))
