@@ -82,7 +82,8 @@ class RegistryFollower:
         try:
             wanted = endpoints_from_file(path)
         except ConfigError as exc:
-            log.error("endpoints file not applied: %s", exc)
+            # one problem per line in the message: one log line, problems joined
+            log.error("endpoints file not applied: %s", "; ".join(str(exc).splitlines()))
             self._file_mtime = mtime  # do not retry until it changes
             return
         rev, added, changed, removed = await self.store.replace_registry(wanted)
