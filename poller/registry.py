@@ -290,6 +290,15 @@ def endpoints_from_items(items: Iterable[Any], source: str) -> dict[str, Endpoin
     return result
 
 
+def _syntax_error(exc: Exception) -> str:
+    """A parser's error on one line: PyYAML's spans several, with a caret drawing."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(exc).split())
+
+
 def endpoints_from_file(path: str | Path) -> dict[str, Endpoint]:
     """Read a YAML or TOML endpoints file: ``endpoints = [ {id, url, ...}, ... ]``.
 
@@ -310,7 +319,7 @@ def endpoints_from_file(path: str | Path) -> dict[str, Endpoint]:
             data = yaml.safe_load(text)
     except Exception as exc:  # yaml/toml syntax errors carry their own line numbers
         kind = "TOML" if path.suffix == ".toml" else "YAML"
-        raise ConfigError(f"{path}: not valid {kind}: {exc}") from None
+        raise ConfigError(f"{path}: not valid {kind}: {_syntax_error(exc)}") from None
     if data is None:
         data = []
     if isinstance(data, Mapping):
@@ -340,7 +349,9 @@ def check_overrides(value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, .
     each naming at least one valid metric name."""
     for signal, names in value.items():
         if signal not in SIGNALS:
-            raise ValueError(f"unknown signal {signal!r}; accepted: {', '.join(SIGNALS)}")
+            guess = closest(str(signal), SIGNALS)
+            hint = f" (did you mean {guess!r}?)" if guess else ""
+            raise ValueError(f"unknown signal {signal!r}{hint}; accepted: {', '.join(SIGNALS)}")
         if not names:
             raise ValueError(f"override for {signal!r} names no metric")
         for name in names:

@@ -96,16 +96,25 @@ def test_config_file_errors_come_all_at_once(tmp_path: Path) -> None:
     config.write_text(
         '[scrape]\nintervall_s = 2\ntimeout_s = "soon"\n[helth]\nport = 1\n[redis]\nurl = "x"\n'
     )
-    result = poller("run", "--config", str(config))
+    result = poller(
+        "run", "--config", str(config), "--health-port", "70000",
+        env={"POLLER_SCRAPE__JITTER_S": "abc"},
+    )  # fmt: skip
     assert result.returncode == 2 and "Traceback" not in result.stderr
+    # each line says where the value came from: the file, a variable or a flag
     assert sorted(result.stderr.splitlines()) == sorted(
         [
-            "Error: unknown key `scrape.intervall_s` (did you mean `scrape.interval_s`?)",
-            "Error: scrape.timeout_s: should be a valid number, unable to parse string as a "
-            "number, got 'soon'",
-            "Error: unknown key `helth` (did you mean `health`?)",
-            "Error: redis.url: 'x' has no scheme: use redis://HOST:PORT/DB, rediss://HOST:PORT/DB, "
-            "unix:///PATH?db=DB or redis+sentinel://HOST:PORT[,HOST:PORT]/MASTER[/DB]",
+            f"Error: {config}: unknown key `scrape.intervall_s` (did you mean "
+            "`scrape.interval_s`?)",
+            f"Error: {config}: scrape.timeout_s: should be a valid number, unable to parse "
+            "string as a number, got 'soon'",
+            f"Error: {config}: unknown key `helth` (did you mean `health`?)",
+            f"Error: {config}: redis.url: 'x' has no scheme: use redis://HOST:PORT/DB, "
+            "rediss://HOST:PORT/DB, unix:///PATH?db=DB or "
+            "redis+sentinel://HOST:PORT[,HOST:PORT]/MASTER[/DB]",
+            "Error: scrape.jitter_s: should be a valid number, unable to parse string as a "
+            "number, got 'abc' (from POLLER_SCRAPE__JITTER_S)",
+            "Error: health.port: should be less than or equal to 65535, got 70000",
         ]
     )
 
@@ -227,3 +236,16 @@ def test_endpoints_sync_reports_every_registration_problem(tmp_path: Path) -> No
     assert len(lines) == 2
     assert lines[0].startswith(f"Error: {path}: endpoint 'a': url http://10.0.0.1:8000/metrics")
     assert lines[1].startswith(f"Error: {path}: endpoint 'b': api_key_env AWS_SECRET_ACCESS_KEY")
+
+
+def test_file_syntax_errors_are_one_line(tmp_path: Path) -> None:
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text("endpoints:\n  - {id: a, url: 'http://x:1'\n  - b\n")
+    line = one_error_line(poller("endpoints", "sync", str(endpoints), "--redis-url", UNREACHABLE))
+    assert line == (
+        f"Error: {endpoints}: not valid YAML: expected ',' or '}}', but got '-' at line 3, column 3"
+    )
+    config = tmp_path / "poller.toml"
+    config.write_text("[scrape\n")
+    line = one_error_line(poller("run", "--config", str(config)))
+    assert f"config file '{config}' is not valid TOML" in line and "line 1" in line

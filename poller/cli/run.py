@@ -14,7 +14,6 @@ from poller.cli.runcheck import check_run
 from poller.errors import ConfigError
 from poller.logs import setup_logging
 from poller.registry import endpoints_from_file
-from poller.service.serve import serve
 
 
 @click.command()
@@ -188,5 +187,8 @@ def run(
             raise BadInput("\n".join(problems))
     if check:
         sys.exit(run_store_command(check_run(settings)))
+    # Imported here: the service stack is most of `poller`'s start-up, and only run needs it.
+    from poller.service.serve import serve
+
     setup_logging(settings.log_level, settings.log_format, settings.id)
     sys.exit(asyncio.run(serve(settings)))
