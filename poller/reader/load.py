@@ -2,7 +2,9 @@
 
 An engine's numbers in the view are as old as its last scrape (and engines' own
 ``/metrics`` trail their queues). The requests this replica started after that scrape
-are missing from them; ``LocalLoad`` counts them so the picker can add them back.
+are missing from them; ``LocalLoad`` counts them so the picker can add them back. It
+also times them: how long requests to an endpoint took lately tells what no page says,
+an engine slower than its size, or a queue grown since the scrape (``slowness``).
 
     local = LocalLoad()
     target = picker.pick(cache, model=model, local=local)

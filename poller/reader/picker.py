@@ -231,8 +231,9 @@ class Picker:
         self._last = (weakref.ref(cache), index)
         return index, judge_ms, cache.offset_ms
 
-    def _index(self, views: Iterable[EndpointView], fresh_until: object) -> Index:
-        assert callable(fresh_until)
+    def _index(
+        self, views: Iterable[EndpointView], fresh_until: Callable[[EndpointView], float | None]
+    ) -> Index:
         return Index(views, fresh_until, self.max_waiting, self.max_kv_cache_usage)
 
     # --- choosing -----------------------------------------------------------------------
