@@ -189,7 +189,7 @@ class JobRunner:
         if self._scheduler is None or self._scheduler.get_job(endpoint_id) is None:
             return
         self._scheduler.remove_job(endpoint_id)
-        log.debug("dropped endpoint=%s why=%s", endpoint_id, why)
+        log.debug("dropped", extra={"endpoint": endpoint_id, "why": why})
         # Per-endpoint HTTP clients (httpcore stack) are closed in the background.
         task = asyncio.get_running_loop().create_task(self.scraper.discard(endpoint_id))
         self._background.add(task)
@@ -359,7 +359,7 @@ class JobRunner:
         except StoreError as exc:
             self.metrics.redis_errors.labels(what).inc()
             self._count_missed("write_failed")
-            log.debug("%s failed endpoint=%s: %s", what, spec.endpoint_id, exc)
+            log.debug("%s failed", what, extra={"endpoint": spec.endpoint_id, "why": str(exc)})
             return False
         if not result.accepted:
             self._lease_lost(spec, result.holder)
