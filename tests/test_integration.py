@@ -125,7 +125,14 @@ async def test_paused_poller_never_writes_with_its_old_token(
         await register(store, sim)
         with pollers(2, own_redis.url, NS, tmp_path) as procs:
             await until(lambda: all_fresh(reader, 8), 15, "all endpoints fresh")
-            before = await reader.snapshot()
+
+            async def p0_writes() -> View | None:
+                # p1 may write everything before p0 joins: wait for p0's own records
+                view = await reader.snapshot()
+                return view if "p0" in owners(view).values() else None
+
+            before = await until(p0_writes, 15, "p0 writing its share")
+            assert isinstance(before, View)
             old = {e.id: e.token for e in before.endpoints.values() if e.owner == "p0"}
             assert old
             procs[0].signal(signal.SIGSTOP)
