@@ -1,6 +1,8 @@
 """One retry backoff for every loop that talks to Redis (worker, events, readers).
 
-Capped exponential backoff with full jitter. The cap is a third of the member TTL: a
+Capped exponential backoff with "equal" jitter: each wait is drawn uniformly between half
+and all of the capped exponential step, so retries spread out but never come back sooner
+than half the step (full jitter would allow 0). The cap is a third of the member TTL: a
 poller that backs off longer than its membership lives drops out of the fleet during a
 Redis blip of a couple of seconds, and every poller would do so at once.
 """

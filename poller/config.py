@@ -29,7 +29,7 @@ from poller.config_load import (
     read_toml,
     unknown_env,
 )
-from poller.config_redis import CoordinationSettings, RedisSettings
+from poller.config_redis import CoordinationSettings, RedisSettings, check_redis_url
 from poller.config_scrape import (
     DEFAULT_KEY_DIR,
     DEFAULT_TIMEOUT_S,
@@ -54,6 +54,7 @@ __all__ = [
     "RedisSettings",
     "ScrapeSettings",
     "Settings",
+    "check_redis_url",
     "default_poller_id",
     "default_timeout_s",
     "key_directory",

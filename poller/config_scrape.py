@@ -75,7 +75,7 @@ class ScrapeSettings(BaseModel):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1024**3)
     #: HTTP stack under httpx: the poller's own HTTP/1.1 transport on asyncio protocols
     #: ("asyncio", measured fastest: scrape/wire.py), one shared aiohttp session
-    #: ("aiohttp", the default before) or one httpcore pool per endpoint ("httpcore").
+    #: ("aiohttp") or one httpcore pool per endpoint ("httpcore").
     http_client: Literal["asyncio", "aiohttp", "httpcore"] = "asyncio"
     #: Engine mapping for entries that name none.
     default_engine: str = "vllm"

@@ -195,7 +195,15 @@ def test_status_json_and_plain_table(run) -> None:  # type: ignore[no-untyped-de
     assert snapshot["members"] == []  # the live pollers with their state (none here)
     assert snapshot["sources"] == []  # DNS discovery sources (none here)
     [entry] = snapshot["endpoints"]
-    assert set(entry) == {"id", "state", "engine", "age_ms", "owner", "token", "stats", "failure"}
+    assert set(entry) == {
+        *("id", "state", "engine", "age_ms", "owner", "token", "stats", "failure"),
+        *("url", "labels", "registry_engine"),  # the registry entry's
+    }
+    assert (entry["url"], entry["labels"], entry["registry_engine"]) == (
+        "http://10.0.0.1:8000",
+        {},
+        None,
+    )
     assert entry["state"] == "unknown"
 
 

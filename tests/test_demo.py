@@ -108,6 +108,14 @@ def test_bench_quick_json_has_every_field() -> None:
     assert report["scrape"]["scrapes"] > 0
     assert report["cluster"]["duplicates_per_endpoint_interval"] == 0
     assert report["failover"]["sigterm_exit_code"] == 0
+    # progress as it goes, on stderr since stdout is the JSON
+    steps = [line.split("] ", 1)[1] for line in result.stderr.splitlines() if "bench [" in line]
+    assert [step.split(":")[0] for step in steps] == [
+        "scrape",
+        "cluster and failover",
+        "reader",
+        "done",
+    ], result.stderr
 
 
 def test_poller_sim_command_is_wired() -> None:

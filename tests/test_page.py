@@ -70,6 +70,9 @@ def endpoint(
         "token": 1,
         "stats": stats,
         "failure": extra.pop("failure", None),
+        "url": extra.pop("url", "http://10.0.0.1:8000"),
+        "labels": extra.pop("labels", {}),
+        "registry_engine": extra.pop("registry_engine", engine),
     }
 
 
@@ -135,6 +138,8 @@ def test_every_untrusted_value_is_escaped() -> None:
         owner=HOSTILE,
         failure=failure,
         stats={"lora_running": [HOSTILE], "lora_max": 2},
+        url=HOSTILE,
+        labels={HOSTILE: HOSTILE},
     )
     html = render_page(
         view(hostile, sources=[{"source": HOSTILE, "targets": 3}]),
@@ -148,7 +153,9 @@ def test_every_untrusted_value_is_escaped() -> None:
     assert parser.scripts == 1  # only the page's own script file
     [row] = parser.rows
     assert row["id"] == HOSTILE
-    assert row["cells"]["id"] == row["cells"]["engine"] == row["cells"]["owner"] == HOSTILE
+    assert row["cells"]["engine"] == row["cells"]["owner"] == HOSTILE
+    # the id, then its URL and labels
+    assert row["cells"]["id"] == HOSTILE * 2 + f"{HOSTILE}={HOSTILE}"
     assert HOSTILE in row["cells"]["failure"] and HOSTILE in row["cells"]["lora"]
 
 
@@ -428,7 +435,7 @@ async def test_page_says_redis_is_unreachable_with_503() -> None:
 # --- in a real browser ---------------------------------------------------------------------
 
 ROWS_JS = """Array.from(document.querySelectorAll('tr.endpoint')).map(r => ({
-  id: r.querySelector('td.id').textContent, state: r.dataset.state,
+  id: r.querySelector('td.id').firstChild.textContent, state: r.dataset.state,
   failure: r.querySelector('td.failure').textContent,
   background: getComputedStyle(r).backgroundColor}))"""
 
@@ -498,7 +505,7 @@ async def test_in_headless_chromium(own_redis: RedisProcess, tmp_path: Path) -> 
             await client.incr(keys.endpoints_rev)
             found = await browser.wait_js(
                 "Array.from(document.querySelectorAll('tr.endpoint td.id'))"
-                f".some(td => td.textContent === {json.dumps(HOSTILE)})",
+                f".some(td => td.firstChild.textContent === {json.dumps(HOSTILE)})",
                 20,
                 "the hostile id as text",
             )
@@ -576,3 +583,26 @@ async def test_in_headless_chromium(own_redis: RedisProcess, tmp_path: Path) -> 
             poller.cleanup()
         sim.stop()
         await client.aclose()
+
+
+def test_rows_show_url_labels_and_the_registry_engine_of_a_failing_endpoint() -> None:
+    failure = {"reason": "unreachable", "detail": "refused", "since_ms": 990_000, "missing": []}
+    never_read = endpoint(
+        "a", "failing", engine=None, running=None, failure=failure, registry_engine="sglang",
+        url="http://10.0.0.9:30000", labels={"zone": "b", "pool": "x"},
+    )  # fmt: skip
+    default_engine = endpoint("b", "unknown", engine=None, running=None, registry_engine=None)
+    rows = {
+        r["id"]: r for r in rows_of(render_main(view(never_read, default_engine), FLEET, Query()))
+    }
+    assert rows["a"]["cells"]["id"] == "ahttp://10.0.0.9:30000pool=x,zone=b"
+    assert rows["a"]["cells"]["engine"] == "sglang"
+    assert rows["b"]["cells"]["engine"] == "default"  # the pollers' scrape.default_engine
+
+
+def test_ages_have_one_format() -> None:
+    from poller.service.page_format import fmt_age
+
+    assert [fmt_age(ms) for ms in (None, 0, 7_200, 12_345, 59_999, 60_000, 245_000, 7_380_000)] == [
+        "-", "0.0s", "7.2s", "12.3s", "59.9s", "1m00s", "4m05s", "2h03m",
+    ]  # fmt: skip

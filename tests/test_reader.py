@@ -60,6 +60,16 @@ async def write(store: RedisStore, endpoint_id: str, token: int, **kw: object) -
     assert result.accepted
 
 
+async def age(store: RedisStore, endpoint_id: str, by_ms: int) -> None:
+    """Make an endpoint's view record ``by_ms`` older (written and expiring that much
+    earlier), as if that time had passed: readers judge records by these times."""
+    record = await store.client.hget(store.keys.view_stats, endpoint_id)
+    header, _, body = record.partition("|")
+    scraped_ms, interval_ms, expires_ms, rest = header.split(" ", 3)
+    older = f"{int(scraped_ms) - by_ms} {interval_ms} {int(expires_ms) - by_ms} {rest}"
+    await store.client.hset(store.keys.view_stats, endpoint_id, f"{older}|{body}")
+
+
 async def fail(store: RedisStore, endpoint_id: str, token: int, reason: str = "timeout") -> None:
     result = await store.write_failure(
         endpoint_id,
@@ -97,7 +107,8 @@ async def test_states_for_every_case(rstore: RedisStore, reader: StatsReader) ->
     await rstore.write_stats(
         "expired", "p1", t["expired"], fields(), lease_ttl_ms=10_000, stats_ttl_ms=50
     )
-    await asyncio.sleep(0.1)
+    for endpoint_id in ("stale", "expired"):  # 100 ms pass, on the records' clock
+        await age(rstore, endpoint_id, 100)
 
     view = await reader.snapshot()
     states = {e: v.state for e, v in view.endpoints.items()}
@@ -150,7 +161,8 @@ async def test_freshness_bound_is_per_endpoint_and_overridable(
     t = await setup(rstore, "fast", "slow")
     await write(rstore, "fast", t["fast"], interval_ms=100)
     await write(rstore, "slow", t["slow"], interval_ms=10_000)
-    await asyncio.sleep(0.35)
+    for endpoint_id in ("fast", "slow"):
+        await age(rstore, endpoint_id, 350)
     view = await StatsReader(real_client, NS).snapshot()
     assert (view["fast"].state, view["slow"].state) == ("stale", "fresh")
     strict = await StatsReader(real_client, NS, stale_after_ms=100).snapshot()
@@ -279,6 +291,7 @@ async def test_cached_mode_follows_events_and_resyncs(
                 "{r}:lost-events",
                 k.view_stats,
                 k.view_failures,
+                "{r}:lost-updates",
             ],
             args=[
                 f"p1 {t['a']}",
@@ -568,9 +581,10 @@ def lost_keys(store: RedisStore, endpoint_id: str) -> list[str]:
         k.lease(endpoint_id),
         k.stats(endpoint_id),
         k.failure(endpoint_id),
-        "{r}:lost-events",  # the script publishes on {r}:lost-events and {r}:lost-updates
+        "{r}:lost-events",  # events and updates go to channels nobody follows
         k.view_stats,
         k.view_failures,
+        "{r}:lost-updates",
     ]
 
 

@@ -189,6 +189,8 @@ async def test_a_worker_pass_raises_the_refusal_and_readyz_explains_each_state(
     )
     try:
         assert worker.unready_reason() == "Redis not reached yet"
+        worker._redis_state(StoreUnreachable("Redis unreachable during heartbeat: refused"))
+        assert worker.unready_reason() == "Redis unreachable during heartbeat: refused"
         with pytest.raises(StoreAuthError, match="Redis refused authentication"):
             await worker.step()
     finally:

@@ -35,7 +35,8 @@ from poller.errors import StoreError
 from poller.lab.embedded import process_rss_mb
 from poller.lab.sim import Simulator, fleet
 from poller.reader import StatsReader
-from poller.reader.view import View, ViewCache
+from poller.reader.cache import ViewCache
+from poller.reader.view import View
 from poller.redis.keys import Keys
 from poller.redis.store import RedisStore
 from poller.registry import Endpoint, endpoint_from_dict

@@ -150,7 +150,6 @@ async def test_failure_keeps_since_and_counts(store: RedisStore) -> None:
         first = await store.write_failure("e1", "p1", token, reason="timeout", detail="t1", **kw)
         assert await next_event(pubsub) == "failure e1 timeout"
     f1 = await store.read_failure("e1")
-    await asyncio.sleep(0.01)
     second = await store.write_failure("e1", "p1", token, reason="timeout", detail="t2", **kw)
     f2 = await store.read_failure("e1")
     assert first.value == 1 and second.value == 2
@@ -259,7 +258,9 @@ async def test_paused_writer_is_fenced_after_its_lease_lapses(real_client: aiore
     store = RedisStore(real_client, "test")
     [a] = await store.acquire_leases("p1", ["e1"], 150)
     assert a.token is not None
-    await asyncio.sleep(0.3)  # p1 "paused" past its 150 ms lease (real TTL expiry)
+    assert 0 < await real_client.pttl("{test}:lease:e1") <= 150
+    # p1 "paused" past its 150 ms lease: Redis drops the key, as its TTL would
+    await real_client.delete("{test}:lease:e1")
     [b] = await store.acquire_leases("p2", ["e1"], 2000)
     assert b.token is not None
     assert (
@@ -273,11 +274,16 @@ async def test_paused_writer_is_fenced_after_its_lease_lapses(real_client: aiore
 
 
 async def test_stats_expire_by_themselves(real_client: aioredis.Redis) -> None:
+    """The stats hash and the lease carry the TTLs given (renewed by the write), and the
+    view record its expiry on the Redis clock: nothing outlives them."""
     store = RedisStore(real_client, "test")
     [a] = await store.acquire_leases("p1", ["e1"], 100)
+    await real_client.pexpire("{test}:lease:e1", 10)  # nearly lapsed: the write renews it
     await store.write_stats("e1", "p1", a.token or 0, FIELDS, lease_ttl_ms=100, stats_ttl_ms=150)
-    await asyncio.sleep(0.3)
-    assert await real_client.exists("{test}:stats:e1", "{test}:lease:e1") == 0
+    assert 10 < await real_client.pttl("{test}:lease:e1") <= 100
+    assert 100 < await real_client.pttl("{test}:stats:e1") <= 150
+    scraped_ms, _, expires_ms, *_ = (await real_client.hget("{test}:view:stats", "e1")).split(" ")
+    assert int(expires_ms) - int(scraped_ms) == 150
 
 
 async def test_scripts_reload_after_flush_and_restart(own_redis: RedisProcess) -> None:

@@ -20,7 +20,10 @@ from poller.cli.status import status
 __all__ = ["cli"]
 
 
-@click.group(cls=PollerGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=PollerGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
+)
 @click.version_option(__version__, prog_name="poller")
 def cli() -> None:
     """llmgw-poller: scrape LLM engines once, share their load through Redis."""

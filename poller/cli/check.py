@@ -26,12 +26,23 @@ SCRAPED_ENGINES = [name for name, spec in ENGINE_SPECS.items() if spec.scraped]
 
 @click.command()
 @click.argument("url", required=False)
-@click.option("--engine", type=click.Choice(SCRAPED_ENGINES), default="vllm", show_default=True)
+@click.option(
+    "--engine",
+    type=click.Choice(SCRAPED_ENGINES),
+    default="vllm",
+    show_default=True,
+    help="Engine mapping to read the page with.",
+)
 @click.option(
     "--api-key-env", metavar="VAR", help="Send the key in this variable as a bearer token."
 )
 @click.option("--api-key-file", metavar="FILE", help="Send the key in this file as a bearer token.")
-@click.option("--metrics-path", metavar="P", help="Path to append instead of the engine's default.")
+@click.option(
+    "--metrics-path",
+    metavar="P",
+    show_default="the engine's, e.g. /metrics",
+    help="Path (and query) to append to URL.",
+)
 @click.option(
     "--timeout",
     "timeout_s",
@@ -41,7 +52,11 @@ SCRAPED_ENGINES = [name for name, spec in ENGINE_SPECS.items() if spec.scraped]
     help="Seconds for the whole request.",
 )
 @click.option(
-    "--max-body-bytes", type=click.IntRange(1024), default=8 * 1024 * 1024, show_default=True
+    "--max-body-bytes",
+    type=click.IntRange(1024),
+    default=8 * 1024 * 1024,
+    show_default=True,
+    help="A larger page is a too_large failure (scrape.max_body_bytes).",
 )
 @click.option(
     "--tls-ca-file",

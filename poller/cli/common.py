@@ -44,15 +44,19 @@ def load(config: str | None, overrides: dict[str, Any]) -> Settings:
 REDIS_URL = click.option(
     "--redis-url",
     envvar="POLLER_REDIS_URL",
+    show_envvar=True,
+    show_default="redis://127.0.0.1:6379/0",
     metavar="URL",
-    help="redis://, rediss://, unix:// or redis+sentinel://HOST:PORT[,...]/MASTER URL "
-    "[env POLLER_REDIS_URL]",
+    help="redis://HOST:PORT/DB, rediss://, unix:///PATH or "
+    "redis+sentinel://HOST:PORT[,...]/MASTER[/DB]; user and password may be in it.",
 )
 NAMESPACE = click.option(
     "--namespace",
     envvar="POLLER_NAMESPACE",
+    show_envvar=True,
+    show_default="llmgw",
     metavar="NS",
-    help="Key namespace (prefix {NS}) [env POLLER_NAMESPACE; default llmgw]",
+    help="Key namespace: every key starts with {NS}.",
 )
 
 

@@ -27,6 +27,7 @@ CONFIG = click.option(
     "--config",
     "config_file",
     envvar="POLLER_CONFIG",
+    show_envvar=True,
     metavar="FILE",
     type=click.Path(dir_okay=False),
     help="The pollers' TOML settings file: its [redis] and [scrape] (key rules, engine "
@@ -79,14 +80,49 @@ def _labels(values: tuple[str, ...]) -> dict[str, str]:
 @click.option(
     "--engine",
     type=click.Choice(list(ENGINES)),
-    help="Engine mapping (default: the pollers' default engine, vllm unless set).",
+    show_default="the pollers' scrape.default_engine, vllm",
+    help="Engine mapping: which metrics the pollers read.",
 )
-@click.option("--metrics-path", metavar="P")
-@click.option("--api-key-env", metavar="VAR", help="Variable on the pollers holding the key.")
-@click.option("--api-key-file", metavar="F", help="File on the pollers holding the key.")
-@click.option("--interval", "interval_s", type=float, metavar="S")
-@click.option("--timeout", "timeout_s", type=float, metavar="S")
-@click.option("--label", "labels", multiple=True, metavar="K=V")
+@click.option(
+    "--metrics-path",
+    metavar="P",
+    show_default="the engine's, e.g. /metrics",
+    help="Path (and query) the pollers append to URL.",
+)
+@click.option(
+    "--api-key-env",
+    metavar="VAR",
+    help="Variable on the pollers holding the key; must start with scrape.key_env_prefix "
+    "(LLMGW_KEY_).",
+)
+@click.option(
+    "--api-key-file",
+    metavar="F",
+    help="File on the pollers holding the key; must be inside scrape.key_dir.",
+)
+@click.option(
+    "--interval",
+    "interval_s",
+    type=float,
+    metavar="S",
+    show_default="the pollers' scrape.interval_s",
+    help="Scrape interval of this endpoint in seconds.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    metavar="S",
+    show_default="the pollers' scrape.timeout_s",
+    help="Scrape timeout of this endpoint in seconds, below its interval.",
+)
+@click.option(
+    "--label",
+    "labels",
+    multiple=True,
+    metavar="K=V",
+    help="A label for readers to select by (zone=a); repeatable.",
+)
 @click.option("--replace", is_flag=True, help="Overwrite an existing entry with this id.")
 @CONFIG
 @REDIS_URL

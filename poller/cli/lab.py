@@ -11,11 +11,25 @@ import click
 from poller.logs import setup_logging
 
 
+def _redis_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """The same URL check as the settings' (one line, exit 2, not a traceback later)."""
+    from poller.config import check_redis_url
+
+    if value is None:
+        return None
+    try:
+        return check_redis_url(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @click.command()
 @click.option(
     "--redis-url",
     metavar="URL",
-    help="Use this Redis (default: an embedded redis-server, else fakeredis).",
+    callback=_redis_url,
+    show_default="an embedded redis-server, else fakeredis",
+    help="Use this Redis.",
 )
 @click.option(
     "--duration",
@@ -24,7 +38,13 @@ from poller.logs import setup_logging
     metavar="S",
     help="Stop after S seconds (default: run until Ctrl-C).",
 )
-@click.option("--endpoints", type=click.IntRange(3, 200), default=12, show_default=True)
+@click.option(
+    "--endpoints",
+    type=click.IntRange(3, 200),
+    default=12,
+    show_default=True,
+    help="Simulated endpoints the pollers share.",
+)
 def demo(redis_url: str | None, duration_s: float | None, endpoints: int) -> None:
     """Three pollers share simulated engines; one is killed and restarted. Ctrl-C stops."""
     from poller.lab.demo import run_demo
@@ -50,26 +70,45 @@ def sim(ctx: click.Context) -> None:
 
 
 @click.command()
-@click.option("--endpoints", type=click.IntRange(1, 5000), help="Simulated endpoints [200].")
-@click.option("--pollers", type=click.IntRange(1, 16), help="Pollers in the cluster section [3].")
-@click.option("--interval", "interval_s", type=click.FloatRange(0.1, 60), help="Seconds [1].")
+@click.option(
+    "--endpoints",
+    type=click.IntRange(1, 5000),
+    show_default="200; --quick: 30",
+    help="Simulated endpoints.",
+)
+@click.option(
+    "--pollers",
+    type=click.IntRange(1, 16),
+    show_default="3",
+    help="Pollers in the cluster section.",
+)
+@click.option(
+    "--interval",
+    "interval_s",
+    type=click.FloatRange(0.1, 60),
+    show_default="1",
+    help="Scrape interval in seconds.",
+)
 @click.option(
     "--duration",
     "duration_s",
     type=click.FloatRange(1, 600),
-    help="Measurement window per section, seconds [20].",
+    show_default="20; --quick: 4",
+    help="Measurement window per section, seconds.",
 )
 @click.option(
     "--section",
     "sections",
     multiple=True,
     type=click.Choice(["scrape", "cluster", "failover", "reader", "readers"]),
+    show_default="all",
     help="Run only these sections (repeatable).",
 )
 @click.option(
     "--page",
     type=click.Choice(["61k", "200k"]),
-    help="vLLM page the engines serve: 61k (one engine) or 200k (dp=4, 8 LoRA) [61k].",
+    show_default="61k",
+    help="vLLM page the engines serve: 61k (one engine) or 200k (dp=4, 8 LoRA).",
 )
 @click.option(
     "--vs-prometheus",
@@ -77,8 +116,16 @@ def sim(ctx: click.Context) -> None:
     help="Also scrape the same endpoints with a local `prometheus` binary.",
 )
 @click.option("--quick", is_flag=True, help="Small and short (CI): 30 endpoints, 4 s windows.")
-@click.option("--redis-url", metavar="URL", help="Use this Redis instead of an embedded one.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--redis-url",
+    metavar="URL",
+    callback=_redis_url,
+    show_default="an embedded redis-server",
+    help="Use this Redis (its namespace is flushed of bench keys).",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the results as JSON (progress on stderr)."
+)
 def bench(
     endpoints: int | None,
     pollers: int | None,
@@ -111,7 +158,9 @@ def bench(
         changes["sections"] = sections
     cfg = dataclasses.replace(cfg, **changes)
     try:
-        result = run_bench(cfg, redis_url)
+        # Progress on stdout at a terminal; on stderr when stdout is a file, a pipe or JSON.
+        to_stderr = as_json or not sys.stdout.isatty()
+        result = run_bench(cfg, redis_url, say=lambda line: click.echo(line, err=to_stderr))
     except (RuntimeError, TimeoutError) as exc:
         click.echo(f"Error: bench failed: {exc}", err=True)
         sys.exit(1)
@@ -127,7 +176,13 @@ def bench(
     show_default=True,
     help="Seconds to run.",
 )
-@click.option("--endpoints", type=click.IntRange(10, 5000), default=300, show_default=True)
+@click.option(
+    "--endpoints",
+    type=click.IntRange(10, 5000),
+    default=300,
+    show_default=True,
+    help="Simulated endpoints.",
+)
 @click.option(
     "--every",
     "every_s",
@@ -136,7 +191,9 @@ def bench(
     show_default=True,
     help="Seconds between disruptions.",
 )
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the summary as JSON (progress on stderr)."
+)
 def soak(duration_s: float, endpoints: int, every_s: float, as_json: bool) -> None:
     """Disrupt a local cluster for a while and check the invariants; exit 1 on a violation."""
     from poller.lab.soak import SoakConfig, format_summary, run_soak, violations

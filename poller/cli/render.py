@@ -10,24 +10,25 @@ from rich.table import Table
 from rich.text import Text
 
 from poller.reader.view import EndpointView, View
+from poller.service.page_format import fmt_age as _age
+from poller.service.page_format import labels_text
 
 __all__ = ["SORT_KEYS", "render"]
 
 _STATE_STYLE = {"fresh": "green", "stale": "yellow", "failing": "red", "unknown": "dim"}
 
 
-def _age(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    if ms < 10_000:
-        return f"{ms / 1000:.1f}s"
-    if ms < 3_600_000:
-        return f"{ms // 60_000}m{(ms // 1000) % 60:02d}s"
-    return f"{ms // 3_600_000}h{(ms // 60_000) % 60:02d}m"
-
-
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.1f}"
+
+
+def _engine(e: EndpointView) -> str:
+    """The registry's engine, else the one the stats were read with, else ``default``
+    (the entry names none: the pollers' scrape.default_engine); as on the page."""
+    entry = e.entry
+    if entry is None and e.stats is None:
+        return "-"
+    return (entry.engine if entry is not None else None) or e.engine or "default"
 
 
 def _num(e: EndpointView, name: str) -> float:
@@ -38,7 +39,7 @@ def _num(e: EndpointView, name: str) -> float:
 
 SORT_KEYS: dict[str, Callable[[EndpointView], Any]] = {
     "id": lambda e: e.id,
-    "engine": lambda e: (e.engine or "", e.id),
+    "engine": lambda e: (_engine(e), e.id),
     "state": lambda e: (["failing", "stale", "unknown", "fresh"].index(e.state), e.id),
     "owner": lambda e: (e.owner or "", e.id),
     "running": lambda e: (-_num(e, "running"), e.id),
@@ -86,6 +87,8 @@ def render(
         ("HIT%", "right"),
         ("LORA", "left"),
         ("AGE", "right"),
+        ("URL", "left"),
+        ("LABELS", "left"),
         ("FAILURE", "left"),
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
@@ -106,7 +109,7 @@ def render(
             state.append(" asleep", style="magenta")  # vLLM sleep mode: never picked
         table.add_row(
             e.id,
-            e.engine or "-",
+            _engine(e),
             state,
             e.owner or "-",
             "-" if stats is None else str(stats.running),
@@ -115,6 +118,8 @@ def render(
             _pct(stats.prefix_cache_hit_rate if stats else None),
             lora,
             _age(e.age_ms),
+            e.entry.url if e.entry is not None else "-",
+            labels_text(e.entry.labels if e.entry is not None else None),
             failing,
         )
     return Group(Text(header(view)), table, *tail)

@@ -22,9 +22,10 @@ from poller.service.serve import serve
     "--config",
     "config_file",
     envvar="POLLER_CONFIG",
+    show_envvar=True,
     metavar="FILE",
     type=click.Path(dir_okay=False),
-    help="TOML settings file [env POLLER_CONFIG]",
+    help="TOML settings file; flags and POLLER_* variables win over it.",
 )
 @REDIS_URL
 @NAMESPACE
@@ -32,74 +33,104 @@ from poller.service.serve import serve
     "--id",
     "poller_id",
     envvar="POLLER_ID",
+    show_envvar=True,
+    show_default="HOSTNAME-PID",
     metavar="ID",
-    help="Stable poller id, e.g. the pod name [env POLLER_ID; default hostname-pid]",
+    help="Stable poller id, e.g. the pod name.",
 )
 @click.option(
     "--interval",
     "interval_s",
     envvar="POLLER_INTERVAL",
+    show_envvar=True,
+    show_default="2",
     type=float,
     metavar="S",
-    help="Default scrape interval in seconds [env POLLER_INTERVAL]",
+    help="Default scrape interval in seconds (scrape.interval_s); an entry's own wins.",
 )
 @click.option(
     "--timeout",
     "timeout_s",
     envvar="POLLER_TIMEOUT",
+    show_envvar=True,
+    show_default="1, or half the interval if that is not below it",
     type=float,
     metavar="S",
-    help="Default scrape timeout, below the interval [env POLLER_TIMEOUT]",
+    help="Default scrape timeout in seconds (scrape.timeout_s), below the interval.",
 )
 @click.option(
     "--health-port",
     envvar="POLLER_HEALTH_PORT",
+    show_envvar=True,
+    show_default="9464, on 0.0.0.0",
     type=int,
     metavar="N",
-    help="Port for /healthz, /readyz, /metrics; 0 disables [env POLLER_HEALTH_PORT]",
+    help="Port for /healthz, /readyz, /metrics and the operator's page (health.port, "
+    "on health.host); 0 disables.",
 )
 @click.option(
     "--endpoints-file",
     envvar="POLLER_ENDPOINTS_FILE",
+    show_envvar=True,
+    show_default="none",
     metavar="FILE",
-    help="Keep the registry equal to this YAML/TOML file [env POLLER_ENDPOINTS_FILE]",
+    help="Keep the registry equal to this YAML/JSON/TOML file (as `endpoints sync`).",
 )
 @click.option(
     "--discover",
     "discover",
     envvar="POLLER_DISCOVER",
+    show_envvar=True,
+    show_default="the settings' [[discovery]]",
     multiple=True,
     metavar="URI",
     help="Discover endpoints through DNS: dns+srv://NAME?engine=vllm or "
-    "dns+a://NAME:PORT?engine=vllm; repeatable; replaces the settings' [[discovery]] "
-    "[env POLLER_DISCOVER, space-separated]",
+    "dns+a://NAME:PORT?engine=vllm; repeatable (space-separated in the variable).",
 )
 @click.option(
     "--redis-tls-ca",
+    envvar="POLLER_REDIS__TLS_CA_FILE",
+    show_envvar=True,
+    show_default="the system trust store",
     metavar="FILE",
-    help="rediss: CA bundle to verify Redis with [env POLLER_REDIS__TLS_CA_FILE; "
-    "default: the system trust store]",
+    help="rediss: CA bundle to verify Redis with.",
 )
 @click.option(
     "--redis-tls-cert",
+    envvar="POLLER_REDIS__TLS_CERT_FILE",
+    show_envvar=True,
     metavar="FILE",
-    help="rediss: client certificate (PEM) [env POLLER_REDIS__TLS_CERT_FILE]",
+    help="rediss: client certificate (PEM), for servers with tls-auth-clients.",
 )
 @click.option(
     "--redis-tls-key",
+    envvar="POLLER_REDIS__TLS_KEY_FILE",
+    show_envvar=True,
     metavar="FILE",
-    help="rediss: client certificate's key [env POLLER_REDIS__TLS_KEY_FILE]",
+    help="rediss: the client certificate's key, when not in the certificate's file.",
 )
 @click.option(
     "--redis-tls-insecure",
+    envvar="POLLER_REDIS__TLS_INSECURE",
+    show_envvar=True,
     is_flag=True,
-    help="rediss: do not verify the Redis certificate [env POLLER_REDIS__TLS_INSECURE]",
+    help="rediss: do not verify the Redis certificate (logged as a WARNING).",
 )
-@click.option("--log-format", envvar="POLLER_LOG_FORMAT", type=click.Choice(["text", "json"]))
+@click.option(
+    "--log-format",
+    envvar="POLLER_LOG_FORMAT",
+    show_envvar=True,
+    show_default="text",
+    type=click.Choice(["text", "json"]),
+    help="text: key=value lines for a terminal or journal; json: one object per line.",
+)
 @click.option(
     "--log-level",
     envvar="POLLER_LOG_LEVEL",
+    show_envvar=True,
+    show_default="INFO",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    help="Least severe level logged; INFO logs lease changes and failures once each.",
 )
 @click.option(
     "--check",

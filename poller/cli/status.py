@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import click
@@ -16,18 +17,24 @@ from poller.errors import StoreError
 @REDIS_URL
 @NAMESPACE
 @click.option("--json", "as_json", is_flag=True, help="Print the snapshot as JSON.")
-@click.option("--watch", is_flag=True, help="Refresh every second until Ctrl-C.")
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Refresh every second until Ctrl-C; piped, print a plain frame every second.",
+)
 @click.option(
     "--sort",
     type=click.Choice(["id", "engine", "state", "owner", "running", "waiting", "kv", "hit", "age"]),
     default="id",
     show_default=True,
+    help="Order the rows by this column.",
 )
 @click.option(
     "--stale-after-ms",
     type=click.IntRange(1),
     metavar="MS",
-    help="Freshness bound (default: 2 intervals of each endpoint).",
+    show_default="2 intervals of each endpoint",
+    help="Stats older than this are stale.",
 )
 def status(
     redis_url: str | None,
@@ -39,13 +46,12 @@ def status(
 ) -> None:
     """Print the shared view: every endpoint, its state, load and owner."""
     from rich.console import Console, Group
-    from rich.live import Live
 
     from poller.cli.fleet import Fleet, fleet_table, read_fleet
     from poller.cli.render import render
     from poller.reader.reader import StatsReader
     from poller.reader.view import View
-    from poller.redis.discovery import read_sources
+    from poller.service.page_format import with_entries
 
     settings = load(None, {"redis.url": redis_url, "redis.namespace": namespace})
     console = Console()
@@ -58,30 +64,30 @@ def status(
 
         async def read() -> tuple[View, list[dict[str, Any]], Fleet]:
             view = await reader.snapshot()
-            found = await read_sources(reader.client, reader.keys)
+            found = await sources(reader)
             return view, found, await read_fleet(reader.client, reader.keys)
 
         def draw(view: View, found: list[dict[str, Any]], fleet: Fleet) -> Group:
             return render(view, sort, found, [fleet_table(fleet)] if fleet.members else [])
 
+        async def frame() -> Any:
+            """The next frame: the tables, or the error of this read (the watch goes on)."""
+            try:
+                return draw(*await read())
+            except StoreError as exc:
+                return f"[red]Error: {exc}[/red]"
+
         try:
             view, found, fleet = await read()
             if as_json:
-                members = {"members": fleet.to_json()}
-                click.echo(json.dumps({**view.to_dict(), "sources": found, **members}, indent=2))
+                snapshot = {**with_entries(view), "sources": found, "members": fleet.to_json()}
+                click.echo(json.dumps(snapshot, indent=2))
                 return
+            shown = draw(view, found, fleet)
             if not watch:
-                console.print(draw(view, found, fleet))
-                return
-            with Live(draw(view, found, fleet), console=console, auto_refresh=False) as live:
-                while True:
-                    await asyncio.sleep(1.0)
-                    try:
-                        view, found, fleet = await read()
-                    except StoreError as exc:
-                        live.update(f"[red]{exc}[/red]", refresh=True)
-                        continue
-                    live.update(draw(view, found, fleet), refresh=True)
+                console.print(shown)
+            else:
+                await _watch(console, shown, frame)
         finally:
             await reader.aclose()
 
@@ -91,3 +97,30 @@ def status(
         pass
     except StoreError as exc:
         store_failure(exc)
+
+
+async def _watch(console: Any, shown: Any, frame: Callable[[], Awaitable[Any]]) -> None:
+    """A new frame every second until Ctrl-C."""
+    from rich.live import Live
+
+    if not console.is_terminal:
+        # Piped: plain text, no cursor movement: a whole frame every second, with a blank
+        # line between frames.
+        while True:
+            console.print(shown)
+            console.file.flush()
+            await asyncio.sleep(1.0)
+            console.print()
+            shown = await frame()
+    with Live(shown, console=console, auto_refresh=False) as live:
+        while True:
+            await asyncio.sleep(1.0)
+            live.update(await frame(), refresh=True)
+
+
+async def sources(reader: Any) -> list[dict[str, Any]]:
+    """The DNS discovery sources, for the table under the endpoints."""
+    from poller.redis.discovery import read_sources
+
+    found: list[dict[str, Any]] = await read_sources(reader.client, reader.keys)
+    return found

@@ -26,6 +26,7 @@ import shutil
 import signal
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 from poller.lab.bench_fleet import (
@@ -259,9 +260,17 @@ def bench_readers_section(fleet: Fleet) -> dict[str, Any]:
             p.stop()
 
 
-def run_bench(cfg: BenchConfig, redis_url: str | None = None) -> dict[str, Any]:
-    """Run the selected sections; returns every figure (JSON-ready)."""
+def run_bench(
+    cfg: BenchConfig, redis_url: str | None = None, say: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Run the selected sections; returns every figure (JSON-ready). ``say`` gets a line
+    as each step starts (a run takes minutes: the operator sees where it is)."""
     started = time.monotonic()
+
+    def step(what: str) -> None:
+        if say is not None:
+            say(f"bench [{time.monotonic() - started:6.1f}s] {what}")
+
     result: dict[str, Any] = {
         "config": {
             "endpoints": cfg.endpoints,
@@ -274,10 +283,13 @@ def run_bench(cfg: BenchConfig, redis_url: str | None = None) -> dict[str, Any]:
     with workdir("poller-bench-") as work:
         with redis_for(work, redis_url) as (url, proc):
             fleet = Fleet(work, cfg, url, proc)
+            window = f"{cfg.endpoints} endpoints, {cfg.duration_s:g} s window"
             try:
                 if "scrape" in cfg.sections:
+                    step(f"scrape: one poller, {window}")
                     result["scrape"] = bench_scrape(fleet)
                 if cfg.vs_prometheus:
+                    step(f"prometheus: the same endpoints, {window}")
                     prom = bench_prometheus(fleet)
                     result["prometheus"] = prom
                     ours = result.get("scrape", {}).get("cpu_ms_per_scrape")
@@ -294,14 +306,18 @@ def run_bench(cfg: BenchConfig, redis_url: str | None = None) -> dict[str, Any]:
                             sum(o for o, _ in rounds) / sum(q for _, q in rounds), 3
                         )
                 if "cluster" in cfg.sections or "failover" in cfg.sections:
+                    step(f"cluster and failover: {cfg.pollers} pollers, {window}")
                     result.update(bench_cluster_and_failover(fleet, "failover" in cfg.sections))
                 if "reader" in cfg.sections:
+                    step("reader: snapshot and pick latency")
                     result["reader"] = bench_reader(fleet)
                 if "readers" in cfg.sections:
+                    step("readers: cached readers following the update feed")
                     result["readers"] = bench_readers_section(fleet)
             finally:
                 fleet.close()
     result["elapsed_s"] = round(time.monotonic() - started, 1)
+    step("done")
     return result
 
 

@@ -41,24 +41,13 @@ def _hook_cache(seen: list[float]) -> None:
     import poller.reader
 
     cls: Any = poller.reader.ViewCache
-    if hasattr(cls, "set_stats"):
-        original = cls.set_stats
+    original = cls.set_stats
 
-        def set_stats(self: Any, endpoint_id: str, record: str) -> None:
-            original(self, endpoint_id, record)
-            seen.append(time.time() * 1000 - int(record[: record.find(" ")]))
+    def set_stats(self: Any, endpoint_id: str, record: str) -> None:
+        original(self, endpoint_id, record)
+        seen.append(time.time() * 1000 - int(record[: record.find(" ")]))
 
-        cls.set_stats = set_stats
-    else:  # a reader that re-reads the endpoint each event names
-        original_apply = cls.apply
-
-        def apply(self: Any, endpoint_id: str, now_ms: int, entry: Any) -> None:
-            original_apply(self, endpoint_id, now_ms, entry)
-            timing = getattr(entry, "timing", None)
-            if timing is not None and timing.scraped_at_ms is not None:
-                seen.append(time.time() * 1000 - timing.scraped_at_ms)
-
-        cls.apply = apply
+    cls.set_stats = set_stats
 
 
 def _reader_process(url: str, namespace: str, ready: Any, go: Any, done: Any, out: Any) -> None:

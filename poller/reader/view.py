@@ -24,7 +24,6 @@ __all__ = [
     "EndpointView",
     "State",
     "View",
-    "judge",
 ]
 
 State = Literal["fresh", "stale", "failing", "unknown"]
@@ -103,17 +102,6 @@ def timing(
         int(at) if at.isdigit() else None,
         bool(failure_raw),
     )
-
-
-def judge(
-    stats_raw: Mapping[str, str],
-    failure_raw: Mapping[str, str],
-    now_ms: int,
-    stale_after_intervals: float = 2.0,
-    stale_after_ms: int | None = None,
-) -> tuple[State, int | None]:
-    """(state, age of the stats in ms) from the two hashes and the Redis clock."""
-    return timing(stats_raw, failure_raw, stale_after_intervals, stale_after_ms).state_at(now_ms)
 
 
 class EndpointView:
@@ -259,16 +247,3 @@ class View:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
-
-
-def __getattr__(name: str) -> Any:
-    # Moved to cache.py and replies.py (which build on this module); old imports work.
-    if name == "ViewCache":
-        from poller.reader.cache import ViewCache
-
-        return ViewCache
-    from poller.reader import replies
-
-    if name in replies.__all__:
-        return getattr(replies, name)
-    raise AttributeError(name)

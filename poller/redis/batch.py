@@ -18,9 +18,10 @@ class WriteBatcher:
     """Sends the fenced writes that arrive within ``window_s`` as one pipeline.
 
     A lone command costs redis-py ~0.2 ms of CPU, mostly the send/recv system calls; in
-    a pipeline it is ~0.03 ms (PERFORMANCE.md). Scrapes finish at random moments, so
-    waiting a few milliseconds gathers several writes per round trip at a few hundred
-    endpoints per second, at no cost to the data (a write is late by at most the window).
+    a pipeline it is ~0.03 ms (tests/bench/bench_batch.py measures it). Scrapes finish at
+    random moments, so waiting a few milliseconds gathers several writes per round trip at
+    a few hundred endpoints per second, at no cost to the data (a write is late by at most
+    the window).
     EVALSHA is sent directly, not through redis-py's pipeline script support, which would
     add a SCRIPT EXISTS round trip per batch; a NOSCRIPT reply is retried one by one
     through ``Script``, which loads the script.
@@ -28,10 +29,10 @@ class WriteBatcher:
 
     def __init__(self, client: Any, window_s: float = 0.005, max_batch: int = 256) -> None:
         self.client = client
-        # perf (issue 13): on a plain redis-py client the batch is packed by hiredis (C)
-        # and sent on one pooled connection; redis-py's Pipeline packs each argument in
-        # Python (~5% of a scrape's CPU at 300 endpoints). Any other client (a fake one
-        # in tests, a subclass) goes through the Pipeline.
+        # On a plain redis-py client the batch is packed by hiredis (C) and sent on one
+        # pooled connection; redis-py's Pipeline packs each argument in Python (~5% of a
+        # scrape's CPU at 300 endpoints). Any other client (a fake one in tests, a
+        # subclass) goes through the Pipeline.
         self._packed = type(client) is aioredis.Redis
         self.window_s = window_s
         self.max_batch = max_batch

@@ -80,6 +80,7 @@ class RegistryCalls:
             self.keys.events,
             self.keys.view_stats,
             self.keys.view_failures,
+            self.keys.updates,
         ]
         for e in remove:
             keys += [self.keys.stats(e), self.keys.failure(e), self.keys.lease(e)]

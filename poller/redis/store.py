@@ -248,7 +248,10 @@ class RedisStore:
         for e in ids:
             args += [_fenced_value(poller_id, held[e]), e]
         reply = await self._call(
-            self._release(keys=[self.keys.events, *(self.keys.lease(e) for e in ids)], args=args),
+            self._release(
+                keys=[self.keys.events, self.keys.updates, *(self.keys.lease(e) for e in ids)],
+                args=args,
+            ),
             "release leases",
         )
         return int(reply)
@@ -302,6 +305,7 @@ class RedisStore:
             self.keys.events,
             self.keys.view_stats,
             self.keys.view_failures,
+            self.keys.updates,
         ]
         ok, value = await self._call(self._run(self._write_stats, keys, args), "write stats")
         if int(ok):
@@ -325,6 +329,7 @@ class RedisStore:
             self.keys.failure(endpoint_id),
             self.keys.events,
             self.keys.view_failures,
+            self.keys.updates,
         ]
         args: list[str | int] = [
             _fenced_value(poller_id, token),

@@ -16,13 +16,33 @@ from html import escape
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-__all__ = ["COLUMNS", "STATES", "Fleet", "Query", "parse_query", "render_page"]
+from poller.service.page_format import (
+    fmt_age,
+    labels_text,
+    lora_text,
+    pct,
+    registry_engine,
+    shown_state,
+    stat,
+    with_entries,
+)
+
+__all__ = [
+    "COLUMNS",
+    "STATES",
+    "Fleet",
+    "Query",
+    "fmt_age",
+    "parse_query",
+    "render_page",
+    "with_entries",
+]
 
 #: The reader's states, plus ``sleeping`` (fresh numbers that say the engine sleeps).
 STATES = ("fresh", "stale", "failing", "unknown", "sleeping")
 COLUMNS = ("id", "engine", "state", "owner", "running", "waiting", "kv", "hit", "lora", "age")
 _COLUMN_TITLES = {
-    "id": "endpoint",
+    "id": "endpoint, URL, labels",
     "kv": "KV %",
     "hit": "prefix hit %",
     "lora": "LoRA adapters",
@@ -98,57 +118,16 @@ class Fleet:
     drains: Set[str] = frozenset()
 
 
-# --- formatting (the same figures as `poller status`) ---------------------------------
-
-
-def fmt_age(ms: float | None) -> str:
-    if ms is None:
-        return "-"
-    ms = int(ms)
-    if ms < 10_000:
-        return f"{ms / 1000:.1f}s"
-    if ms < 3_600_000:
-        return f"{ms // 60_000}m{(ms // 1000) % 60:02d}s"
-    return f"{ms // 3_600_000}h{(ms // 60_000) % 60:02d}m"
-
-
-def _pct(value: Any) -> str:
-    return "-" if value is None else f"{float(value) * 100:.1f}"
-
-
-def shown_state(endpoint: Mapping[str, Any]) -> str:
-    """The reader's state, or ``sleeping`` for fresh stats that say the engine sleeps."""
-    stats = endpoint.get("stats") or {}
-    if endpoint["state"] == "fresh" and str(stats.get("sleeping", "")) in ("1", "True"):
-        return "sleeping"
-    return str(endpoint["state"])
-
-
-def _stat(endpoint: Mapping[str, Any], name: str) -> Any:
-    stats = endpoint.get("stats")
-    return None if not stats else stats.get(name)
-
-
-def _lora(endpoint: Mapping[str, Any]) -> str:
-    stats = endpoint.get("stats") or {}
-    if stats.get("lora_max") is None and not stats.get("lora_running"):
-        return "-"
-    running = ", ".join(str(a) for a in stats.get("lora_running") or ()) or "none"
-    waiting = stats.get("lora_waiting") or ()
-    text = running + (f" (waiting: {', '.join(str(a) for a in waiting)})" if waiting else "")
-    return text + (f" / max {stats['lora_max']}" if stats.get("lora_max") is not None else "")
-
-
 _SORT_KEYS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "id": lambda e: e["id"],
     "engine": lambda e: e.get("engine"),
     "state": lambda e: _STATE_ORDER.get(shown_state(e), 9),
     "owner": lambda e: e.get("owner"),
-    "running": lambda e: _stat(e, "running"),
-    "waiting": lambda e: _stat(e, "waiting"),
-    "kv": lambda e: _stat(e, "kv_cache_usage"),
-    "hit": lambda e: _stat(e, "prefix_cache_hit_rate"),
-    "lora": lambda e: len(_stat(e, "lora_running") or ()) if e.get("stats") else None,
+    "running": lambda e: stat(e, "running"),
+    "waiting": lambda e: stat(e, "waiting"),
+    "kv": lambda e: stat(e, "kv_cache_usage"),
+    "hit": lambda e: stat(e, "prefix_cache_hit_rate"),
+    "lora": lambda e: len(stat(e, "lora_running") or ()) if e.get("stats") else None,
     "age": lambda e: e.get("age_ms"),
 }
 
@@ -275,17 +254,20 @@ def _failure(e: Mapping[str, Any], now_ms: int) -> str:
 
 def _row(e: Mapping[str, Any], now_ms: int) -> str:
     state = shown_state(e)
+    labels = e.get("labels")
     classes = f"endpoint state-{state}"
     cells = [
-        f'<td class="id">{_e(e["id"])}</td>',
-        f'<td class="engine">{_e(e.get("engine") or "-")}</td>',
+        f'<td class="id">{_e(e["id"])}<div class="url">{_e(e.get("url") or "-")}</div>'
+        + (f'<div class="labels">{_e(labels_text(labels))}</div>' if labels else "")
+        + "</td>",
+        f'<td class="engine">{_e(registry_engine(e))}</td>',
         f'<td class="state"><span class="badge">{_e(state)}</span></td>',
         f'<td class="owner">{_e(e.get("owner") or "-")}</td>',
-        f'<td class="num running">{_e(_plain(_stat(e, "running")))}</td>',
-        f'<td class="num waiting">{_e(_plain(_stat(e, "waiting")))}</td>',
-        f'<td class="num kv">{_pct(_stat(e, "kv_cache_usage"))}</td>',
-        f'<td class="num hit">{_pct(_stat(e, "prefix_cache_hit_rate"))}</td>',
-        f'<td class="lora">{_e(_lora(e))}</td>',
+        f'<td class="num running">{_e(_plain(stat(e, "running")))}</td>',
+        f'<td class="num waiting">{_e(_plain(stat(e, "waiting")))}</td>',
+        f'<td class="num kv">{pct(stat(e, "kv_cache_usage"))}</td>',
+        f'<td class="num hit">{pct(stat(e, "prefix_cache_hit_rate"))}</td>',
+        f'<td class="lora">{_e(lora_text(e))}</td>',
         f'<td class="num age">{_e(fmt_age(e.get("age_ms")))}</td>',
         _failure(e, now_ms),
         f'<td class="load" data-id="{_e(e["id"])}"></td>',

@@ -302,7 +302,7 @@ class Worker:
                 log.warning("redis unreachable: %s", error)
         self._refused = refused
         if error is not None:
-            self._redis_problem = str(error) if refused else f"redis unreachable: {error}"
+            self._redis_problem = str(error)  # names it: unreachable, refused, rejected
         self.redis_ok = ok
         self.metrics.redis_up.set(1 if ok else 0)
 

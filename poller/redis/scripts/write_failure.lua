@@ -1,9 +1,9 @@
--- KEYS: lease, failure, events, view failures
+-- KEYS: lease, failure, events, view failures, updates
 -- ARGV: lease value, lease ttl ms, failure ttl ms, endpoint id, reason, detail, missing
--- Fenced like WRITE_STATS. Keeps since_ms and counts while the reason stays the same;
+-- Fenced like write_stats. Keeps since_ms and counts while the reason stays the same;
 -- leaves the last good stats alone; mirrors the failure as one record in the view hash.
 -- Publishes "failure <id> <reason>" on events, and the record as
--- "failure <id> <count> <view record>" on the shard channel P:updates (as WRITE_STATS).
+-- "failure <id> <count> <view record>" on the shard channel updates (as write_stats).
 -- Returns {1, count} accepted, or {0, current lease value or ""} rejected.
 local cur = redis.call('GET', KEYS[1])
 if cur ~= ARGV[1] then return {0, cur or ''} end
@@ -31,6 +31,6 @@ local expires = string.format('%.0f', tonumber(now) + tonumber(ARGV[3]))
 local view = now .. ' ' .. expires .. ' ' .. poller .. ' ' .. token .. '|' .. cjson.encode(record)
 redis.call('HSET', KEYS[4], ARGV[4], view)
 redis.call('PUBLISH', KEYS[3], 'failure ' .. ARGV[4] .. ' ' .. ARGV[5])
-redis.call('SPUBLISH', string.sub(KEYS[3], 1, -7) .. 'updates',
+redis.call('SPUBLISH', KEYS[5],
            'failure ' .. ARGV[4] .. ' ' .. count .. ' ' .. view)
 return {1, count}

@@ -1,11 +1,10 @@
--- KEYS: lease, stats, failure, events, view stats, view failures
+-- KEYS: lease, stats, failure, events, view stats, view failures, updates
 -- ARGV: lease value, lease ttl ms, stats ttl ms, endpoint id, then field/value pairs
 -- Fenced: only if the lease still holds our value. Renews the lease, replaces the stats
 -- hash (so fields the engine stopped publishing disappear), stamps scraped_at_ms from
 -- TIME, bumps seq, sets the TTL, clears the failure, mirrors the stats as one record in
 -- the view hash and publishes "stats <id> <seq>" on events, and the record itself as
--- "stats <id> <seq> <view record>" on the shard channel P:updates (the events key with
--- "updates" for its last 6 characters "events": same hash tag, so the same slot).
+-- "stats <id> <seq> <view record>" on the shard channel updates (P:updates).
 -- Returns {1, seq} accepted, or {0, current lease value or ""} rejected.
 local cur = redis.call('GET', KEYS[1])
 if cur ~= ARGV[1] then return {0, cur or ''} end
@@ -34,6 +33,6 @@ local view = now .. ' ' .. (record['interval_ms'] or '0') .. ' ' .. expires .. '
 redis.call('HSET', KEYS[5], ARGV[4], view)
 redis.call('HDEL', KEYS[6], ARGV[4])
 redis.call('PUBLISH', KEYS[4], 'stats ' .. ARGV[4] .. ' ' .. seq)
-redis.call('SPUBLISH', string.sub(KEYS[4], 1, -7) .. 'updates',
+redis.call('SPUBLISH', KEYS[7],
            'stats ' .. ARGV[4] .. ' ' .. seq .. ' ' .. view)
 return {1, seq}
