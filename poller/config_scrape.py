@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from poller.allowlist import HostAllowlist
+from poller.config_errors import closest
 
 __all__ = [
     "DEFAULT_KEY_DIR",
@@ -22,6 +23,13 @@ __all__ = [
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+def _hint(engine: str) -> str:
+    from poller.registry import ENGINES
+
+    guess = closest(engine, [e for e in ENGINES if e != "external"])
+    return f" (did you mean {guess!r}?)" if guess else ""
 
 
 class EngineSettings(BaseModel):
@@ -97,7 +105,8 @@ class ScrapeSettings(BaseModel):
             if engine not in ENGINES or engine == "external":
                 accepted = ", ".join(e for e in ENGINES if e != "external")
                 raise ValueError(
-                    f"unknown engine {engine!r} in [scrape.engines]; accepted: {accepted}"
+                    f"unknown engine {engine!r} in [scrape.engines]{_hint(engine)}; "
+                    f"accepted: {accepted}"
                 )
         return value
 
@@ -157,7 +166,8 @@ class ScrapeSettings(BaseModel):
         if self.default_engine not in ENGINES or self.default_engine == "external":
             accepted = ", ".join(e for e in ENGINES if e != "external")
             raise ValueError(
-                f"unknown default_engine {self.default_engine!r}; accepted: {accepted}"
+                f"unknown default_engine {self.default_engine!r}{_hint(self.default_engine)}; "
+                f"accepted: {accepted}"
             )
         return self
 

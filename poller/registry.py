@@ -228,15 +228,6 @@ class Endpoint(BaseModel):
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
-def _problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Every problem of one entry as (its key, one plain line); empty when it is valid."""
-    try:
-        Endpoint.model_validate(data)
-    except ValidationError as exc:
-        return describe_errors(exc, Endpoint)
-    return []
-
-
 def endpoint_from_dict(endpoint_id: str | None, data: Mapping[str, Any]) -> Endpoint:
     """Validate one entry; raises ConfigError naming the entry and its problems (all of
     them, joined by ``; ``), ``field`` the first one's key."""
@@ -285,18 +276,27 @@ def endpoints_from_items(items: Iterable[Any], source: str) -> dict[str, Endpoin
         if "id" not in item:
             lines.append(f"{source}: entry {index} has no id")
             continue
-        where = f"{source}: entry {index} ({item['id']!r})"
-        problems = _problems(item)
-        lines += [f"{where}: {line}" for _, line in problems]
-        if problems:
+        try:
+            endpoint = Endpoint.model_validate(item)
+        except ValidationError as exc:
+            where = f"{source}: entry {index} ({item['id']!r})"
+            lines += [f"{where}: {line}" for _, line in describe_errors(exc, Endpoint)]
             continue
-        endpoint = Endpoint.model_validate(item)
         if endpoint.id in result:
             lines.append(f"{source}: duplicate endpoint id {endpoint.id!r} (entry {index})")
         result[endpoint.id] = endpoint
     if lines:
         raise ConfigError("\n".join(lines))
     return result
+
+
+def _syntax_error(exc: Exception) -> str:
+    """A parser's error on one line: PyYAML's spans several, with a caret drawing."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(exc).split())
 
 
 def endpoints_from_file(path: str | Path) -> dict[str, Endpoint]:
@@ -319,7 +319,7 @@ def endpoints_from_file(path: str | Path) -> dict[str, Endpoint]:
             data = yaml.safe_load(text)
     except Exception as exc:  # yaml/toml syntax errors carry their own line numbers
         kind = "TOML" if path.suffix == ".toml" else "YAML"
-        raise ConfigError(f"{path}: not valid {kind}: {exc}") from None
+        raise ConfigError(f"{path}: not valid {kind}: {_syntax_error(exc)}") from None
     if data is None:
         data = []
     if isinstance(data, Mapping):
@@ -349,7 +349,9 @@ def check_overrides(value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, .
     each naming at least one valid metric name."""
     for signal, names in value.items():
         if signal not in SIGNALS:
-            raise ValueError(f"unknown signal {signal!r}; accepted: {', '.join(SIGNALS)}")
+            guess = closest(str(signal), SIGNALS)
+            hint = f" (did you mean {guess!r}?)" if guess else ""
+            raise ValueError(f"unknown signal {signal!r}{hint}; accepted: {', '.join(SIGNALS)}")
         if not names:
             raise ValueError(f"override for {signal!r} names no metric")
         for name in names:

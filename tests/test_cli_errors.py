@@ -64,6 +64,12 @@ def test_a_malformed_redis_url_from_the_environment_is_one_line() -> None:
     assert line == "Error: redis.url: 'redis//h:1' is not a URL: did you mean 'redis://h:1'?"
 
 
+@pytest.mark.parametrize("command", [["demo"], ["bench", "--quick"]])
+def test_the_lab_commands_check_their_redis_url_too(command: list[str]) -> None:
+    line = one_error_line(poller(*command, "--redis-url", "redis//127.0.0.1:6379"))
+    assert "did you mean 'redis://127.0.0.1:6379'?" in line and "--redis-url" in line
+
+
 def test_a_password_in_a_bad_redis_url_is_not_printed() -> None:
     line = one_error_line(poller("status", "--redis-url", "redis://u:s3cret@h:x/0"))
     assert "s3cret" not in line and "u:***@h" in line
@@ -150,13 +156,18 @@ UNREACHABLE = "redis://127.0.0.1:1/0"  # the checks come before Redis
     [
         (
             ["x", "http://h:8000/metrics"],
-            "url http://h:8000/metrics ends in the metrics path /metrics, which the pollers "
-            "append: register the base URL http://h:8000",
+            "url http://h:8000/metrics ends in the metrics path /metrics, while the pollers "
+            "append /metrics: register the base URL http://h:8000",
         ),
         (
             ["x", "http://h:8000/v1/prometheus/metrics/", "--engine", "trtllm"],
-            "ends in the metrics path /prometheus/metrics, which the pollers append: register "
-            "the base URL http://h:8000/v1",
+            "ends in the metrics path /prometheus/metrics, while the pollers append "
+            "/prometheus/metrics: register the base URL http://h:8000/v1",
+        ),
+        (
+            ["x", "http://h:8000/metrics", "--engine", "trtllm"],
+            "ends in the metrics path /metrics, while the pollers append /prometheus/metrics: "
+            "register the base URL http://h:8000",
         ),
         (
             ["x", "http://h:8000", "--api-key-env", "HOME"],
@@ -216,3 +227,16 @@ def test_endpoints_sync_reports_every_registration_problem(tmp_path: Path) -> No
     assert len(lines) == 2
     assert lines[0].startswith(f"Error: {path}: endpoint 'a': url http://10.0.0.1:8000/metrics")
     assert lines[1].startswith(f"Error: {path}: endpoint 'b': api_key_env AWS_SECRET_ACCESS_KEY")
+
+
+def test_file_syntax_errors_are_one_line(tmp_path: Path) -> None:
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text("endpoints:\n  - {id: a, url: 'http://x:1'\n  - b\n")
+    line = one_error_line(poller("endpoints", "sync", str(endpoints), "--redis-url", UNREACHABLE))
+    assert line == (
+        f"Error: {endpoints}: not valid YAML: expected ',' or '}}', but got '-' at line 3, column 3"
+    )
+    config = tmp_path / "poller.toml"
+    config.write_text("[scrape\n")
+    line = one_error_line(poller("run", "--config", str(config)))
+    assert f"config file '{config}' is not valid TOML" in line and "line 1" in line

@@ -563,7 +563,7 @@ def test_settings_sit_between_the_engine_and_the_entry() -> None:
         ({"vllm": {"overrides": {"running": []}}}, "names no metric"),
         ({"vllm": {"overrides": {"running": ["bad name"]}}}, "not a metric name"),
         ({"vllm": {"metrics_path": "metrics"}}, "must start with '/'"),
-        ({"vllm": {"path": "/m"}}, "Extra inputs"),
+        ({"vllm": {"path": "/m"}}, "unknown key `scrape.engines.vllm.path`"),
     ],
 )
 def test_engine_settings_are_validated(engines: dict[str, object], message: str) -> None:

@@ -46,6 +46,13 @@ def test_registry_fields_match_the_model() -> None:
     assert sorted(documented) == sorted(f for f in Endpoint.model_fields if f != "id")
 
 
+def test_the_registry_engine_list_names_every_engine() -> None:
+    from poller.registry import ENGINES
+
+    row = next(line for line in DOC.splitlines() if line.startswith("| `engine` | string |"))
+    assert re.findall(r"`([a-z]+)`", row.split("|")[3]) == [*ENGINES, "vllm"]  # + the default
+
+
 def test_failure_reasons_are_all_documented() -> None:
     section = DOC[DOC.index("Reasons:") :].split("\n\n")[0]
     assert sorted(re.findall(r"`([a-z_]+)`", section)) == sorted(FAILURE_REASONS)

@@ -15,7 +15,13 @@ from poller.cli.register import registration_problems
 from poller.config import ScrapeSettings, effective_timeout_s
 from poller.errors import ConfigError
 from poller.redis.registry_calls import sync_diff
-from poller.registry import ENGINES, Endpoint, endpoint_from_dict, endpoints_from_file
+from poller.registry import (
+    ENGINES,
+    Endpoint,
+    endpoint_from_dict,
+    endpoints_from_file,
+    validate_endpoint_id,
+)
 
 
 @click.group()
@@ -176,15 +182,16 @@ def endpoints_add(
 @NAMESPACE
 def endpoints_rm(endpoint_id: str, redis_url: str | None, namespace: str | None) -> None:
     """Remove an endpoint with its stats, failure and lease."""
+    try:
+        validate_endpoint_id(endpoint_id)  # before Redis: a bad id is the mistake to name
+    except ConfigError as exc:
+        raise BadInput(str(exc)) from None
 
     async def go() -> int | None:
         async with store_session(redis_url, namespace) as store:
             return await store.remove_endpoint(endpoint_id)
 
-    try:
-        rev = run_store_command(go())
-    except ConfigError as exc:
-        raise BadInput(str(exc)) from None
+    rev = run_store_command(go())
     if rev is None:
         click.echo(f"Error: no endpoint {endpoint_id!r}", err=True)
         sys.exit(1)

@@ -89,7 +89,10 @@ def endpoints_export(
         )
         text = head + yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
     if output:
-        Path(output).write_text(text, encoding="utf-8")
+        try:
+            Path(output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {output}: {exc.strerror}") from None
     else:
         click.echo(text, nl=False)
     skipped = len(registry.endpoints) - len(entries)

@@ -34,13 +34,19 @@ def _metrics_path(endpoint: Endpoint, scrape: ScrapeSettings) -> str | None:
 
 def _url_problem(endpoint: Endpoint, scrape: ScrapeSettings) -> str | None:
     path = _metrics_path(endpoint, scrape)
-    parts = urlsplit(endpoint.url)
-    if not path or not parts.path.rstrip("/").endswith(path):
+    if not path:
         return None
-    base = parts._replace(path=parts.path.rstrip("/").removesuffix(path)).geturl()
+    parts = urlsplit(endpoint.url)
+    own = parts.path.rstrip("/")
+    # The engine's path, or the usual /metrics under an engine whose path differs (a trtllm
+    # entry at http://h:8000/metrics would be scraped at /metrics/prometheus/metrics).
+    found = next((p for p in (path, "/metrics") if own.endswith(p)), None)
+    if found is None:
+        return None
+    base = parts._replace(path=own.removesuffix(found)).geturl()
     return (
-        f"url {endpoint.url} ends in the metrics path {path}, which the pollers append: "
-        f"register the base URL {base}"
+        f"url {endpoint.url} ends in the metrics path {found}, while the pollers append "
+        f"{path}: register the base URL {base}"
     )
 
 

@@ -44,7 +44,8 @@ class Demo:
         http_json(f"{self.admin}/admin/endpoints/{self.failing}/fault", {"mode": "http500"})
         http_json(f"{self.admin}/admin/endpoints/{self.missing}/fault", {"mode": "missing"})
         self.say(
-            f"simulator: {len(ids)} engines ({ENGINES}); {self.failing} answers HTTP 500, "
+            f"simulator: {len(ids)} endpoints, in turn of {len(ENGINES.split(','))} engine "
+            f"kinds ({ENGINES}); {self.failing} answers HTTP 500, "
             f"{self.missing} lacks its KV-cache metric"
         )
         self.ids = ["poller-0", "poller-1", "poller-2"]
