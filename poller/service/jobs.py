@@ -24,6 +24,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from poller.config import Settings
 from poller.errors import ScrapeError, StoreError
+from poller.logs import count
 from poller.redis.store import RedisStore, WriteResult
 from poller.scrape.http import Scraper
 from poller.service.metrics import PollerMetrics, Surprises
@@ -143,7 +144,8 @@ class JobRunner:
         if tasks:
             done, pending = await asyncio.wait(tasks, timeout=timeout_s)
             if pending:
-                log.warning("%d scrapes did not stop within %.1f s", len(pending), timeout_s)
+                n = count(len(pending), "scrape")
+                log.warning("%s did not stop within %.1f s", n, timeout_s)
         await asyncio.gather(*self._background, return_exceptions=True)
 
     # --- what runs ---------------------------------------------------------------------
