@@ -22,6 +22,7 @@ from redisproc import RedisProcess
 from poller.reader.reader import StatsReader
 from poller.redis.discovery import DiscoveryStore
 from poller.redis.lua import lua
+from poller.redis.members import request_drain
 from poller.redis.store import RedisStore
 from poller.registry import Endpoint
 
@@ -89,6 +90,10 @@ async def test_every_script_touches_only_what_its_keys_declare(client: DeclaredK
     await store.ensure_schema()
     await store.heartbeat("p1", 5000)
     await store.live_members()  # the heartbeat script in its read-only form
+    assert await request_drain(client, store.keys, "p1", "cli") == "requested"
+    assert await request_drain(client, store.keys, "p1", "cli") == "already"
+    assert await request_drain(client, store.keys, "nobody", "cli") == "not live"
+    assert (await store.heartbeat("p1", 5000)).draining == ("p1",)  # info says draining
     e1 = Endpoint(id="e1", url="http://e1.test")
     await store.put_endpoint(e1)
     await store.put_endpoint(Endpoint(id="e2", url="http://e2.test"))

@@ -85,7 +85,7 @@ def status(
                 return
             shown = draw(view, found, fleet)
             if watch:
-                await show_every_second(console, shown, frame)
+                await _watch(console, shown, frame)
             else:
                 console.print(shown)
         finally:
@@ -103,20 +103,13 @@ def status(
         store_failure(exc)
 
 
-async def sources(reader: Any) -> list[dict[str, Any]]:
-    """The DNS discovery sources, for the table under the endpoints."""
-    from poller.redis.discovery import read_sources
-
-    found: list[dict[str, Any]] = await read_sources(reader.client, reader.keys)
-    return found
-
-
-async def show_every_second(console: Any, shown: Any, frame: Callable[[], Awaitable[Any]]) -> None:
-    """``--watch``: redraw in place on a terminal; piped, plain text with no cursor
-    movement, a whole frame every second and a blank line between frames."""
+async def _watch(console: Any, shown: Any, frame: Callable[[], Awaitable[Any]]) -> None:
+    """A new frame every second until Ctrl-C."""
     from rich.live import Live
 
     if not console.is_terminal:
+        # Piped: plain text, no cursor movement: a whole frame every second, with a blank
+        # line between frames.
         while True:
             console.print(shown)
             console.file.flush()
@@ -127,3 +120,11 @@ async def show_every_second(console: Any, shown: Any, frame: Callable[[], Awaita
         while True:
             await asyncio.sleep(1.0)
             live.update(await frame(), refresh=True)
+
+
+async def sources(reader: Any) -> list[dict[str, Any]]:
+    """The DNS discovery sources, for the table under the endpoints."""
+    from poller.redis.discovery import read_sources
+
+    found: list[dict[str, Any]] = await read_sources(reader.client, reader.keys)
+    return found

@@ -24,6 +24,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from poller.config import Settings
 from poller.errors import ScrapeError, StoreAuthError, StoreError
+from poller.logs import count
 from poller.redis.store import RedisStore, WriteResult
 from poller.scrape.http import Scraper
 from poller.service.metrics import PollerMetrics, Surprises
@@ -144,7 +145,8 @@ class JobRunner:
         if tasks:
             done, pending = await asyncio.wait(tasks, timeout=timeout_s)
             if pending:
-                log.warning("%d scrapes did not stop within %.1f s", len(pending), timeout_s)
+                n = count(len(pending), "scrape")
+                log.warning("%s did not stop within %.1f s", n, timeout_s)
         await asyncio.gather(*self._background, return_exceptions=True)
 
     # --- what runs ---------------------------------------------------------------------
@@ -190,7 +192,7 @@ class JobRunner:
         if self._scheduler is None or self._scheduler.get_job(endpoint_id) is None:
             return
         self._scheduler.remove_job(endpoint_id)
-        log.debug("dropped endpoint=%s why=%s", endpoint_id, why)
+        log.debug("dropped", extra={"endpoint": endpoint_id, "why": why})
         # Per-endpoint HTTP clients (httpcore stack) are closed in the background.
         task = asyncio.get_running_loop().create_task(self.scraper.discard(endpoint_id))
         self._background.add(task)
@@ -360,13 +362,14 @@ class JobRunner:
         except StoreError as exc:
             self.metrics.redis_errors.labels(what).inc()
             self._count_missed("write_failed")
+            fields = {"endpoint": spec.endpoint_id, "why": str(exc)}
             if isinstance(exc, StoreAuthError) and not self._refusal_logged:
                 # An ACL that lets the heartbeat through but not the writes (a key, the
                 # update channel): every write fails the same way; say it once, loudly.
                 self._refusal_logged = True
-                log.error("%s failed endpoint=%s: %s", what, spec.endpoint_id, exc)
+                log.error("%s failed", what, extra=fields)
             else:
-                log.debug("%s failed endpoint=%s: %s", what, spec.endpoint_id, exc)
+                log.debug("%s failed", what, extra=fields)
             return False
         if not result.accepted:
             self._lease_lost(spec, result.holder)
