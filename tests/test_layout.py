@@ -24,7 +24,8 @@ ALLOWED = {
     "reader": {"reader", "redis.keys", "redis.lua", "redis.connection", "redis.errors"},
     "service": {"scrape", "redis", "reader", "service"},
     "cli": {"scrape", "redis", "reader", "service", "cli", "lab"},
-    "lab": {"scrape", "redis", "reader", "service", "cli", "lab"},
+    "lab": {"scrape", "redis", "reader", "service", "cli", "lab", "integrations"},
+    "integrations": {"reader", "integrations"},
     "__main__": {"cli"},
 }
 

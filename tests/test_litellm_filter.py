@@ -38,8 +38,9 @@ def deployments() -> list[dict[str, object]]:
     ]
 
 
-async def publish(url: str) -> None:
-    """Endpoint h:1 eligible, h:2 asleep, as a poller would have written them."""
+async def publish(url: str, interval_ms: int = 60_000) -> None:
+    """Endpoint h:1 eligible, h:2 asleep, as a poller would have written them (fresh for
+    two intervals)."""
     client = aioredis.Redis.from_url(url, decode_responses=True)
     store = RedisStore(client, NS)
     await store.heartbeat("p1", 60_000)
@@ -48,7 +49,10 @@ async def publish(url: str) -> None:
     for acquired in await store.acquire_leases("p1", ["e1", "e2"], 60_000):
         assert acquired.token is not None
         stats = {"engine": "vllm", "running": "0", "waiting": "0", "models": MODEL}
-        stats |= {"interval_ms": "60000", "sleeping": "1" if acquired.endpoint_id == "e2" else "0"}
+        stats |= {
+            "interval_ms": str(interval_ms),
+            "sleeping": "1" if acquired.endpoint_id == "e2" else "0",
+        }
         written = await store.write_stats(
             acquired.endpoint_id, "p1", acquired.token, stats, lease_ttl_ms=60_000,
             stats_ttl_ms=120_000,
@@ -126,3 +130,27 @@ async def test_redis_absent_then_present_then_lost(
     finally:
         await f.aclose()
         server.cleanup()
+
+
+async def test_no_current_numbers_for_any_endpoint_fails_open(
+    no_env: None, own_redis: RedisProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The pollers stopped: every endpoint's numbers went stale. The view says nothing
+    about them any more, so LiteLLM's list stands (the asleep one included)."""
+    await publish(own_redis.url, interval_ms=10)  # stale 20 ms after the write
+    f = LoadAwareFilter(redis_url=own_redis.url, namespace=NS)
+    given = deployments()
+    try:
+        with caplog.at_level(logging.WARNING, LOG):
+            cache = await f.routing.source.open()
+            await until(lambda: cache.loaded, 60, "the first snapshot")
+            await until(
+                lambda: all((v := cache.get(e)) and v.state == "stale" for e in ("e1", "e2")),
+                60,
+                "the numbers going stale",
+            )
+            assert await f.async_filter_deployments("chat", given, None) == given
+        assert f.fail_open_total == 1
+        assert warnings_of(caplog, "cannot be read (no current numbers for e1, e2)") == 1
+    finally:
+        await f.aclose()

@@ -23,8 +23,9 @@ class LoadAwareFilter(CustomLogger):  # type: ignore[misc]
     hosted provider) are kept. LiteLLM's strategy then chooses among what is left.
 
     When the view cannot be read (no Redis URL, Redis not answering since before the
-    picker's ``stale_grace_s``), it keeps LiteLLM's list: logged once per outage, each
-    such request counted in ``fail_open_total``.
+    picker's ``stale_grace_s``), or has no current numbers for any of the deployments'
+    endpoints (all stale or unknown: the pollers are down), it keeps LiteLLM's list:
+    logged once per outage, each such request counted in ``fail_open_total``.
     """
 
     def __init__(
@@ -58,8 +59,11 @@ class LoadAwareFilter(CustomLogger):  # type: ignore[misc]
         cache = await self.routing.cache()
         if cache is None:
             return healthy_deployments
-        keep = self.routing.eligible(cache, self.routing.targets(cache, healthy_deployments))
+        targets = self.routing.targets(cache, healthy_deployments)
+        keep = self.routing.eligible(cache, targets)
         kept = [d for d, ok in zip(healthy_deployments, keep, strict=True) if ok]
+        if len(kept) < len(healthy_deployments) and self.routing.without_numbers(cache, targets):
+            return healthy_deployments
         self.dropped_total += len(healthy_deployments) - len(kept)
         return kept
 

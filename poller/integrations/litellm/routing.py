@@ -86,6 +86,23 @@ class Routing:
         at = cache.confirmed_at
         return at is not None and time.monotonic() - at <= self.picker.stale_grace_s
 
+    def without_numbers(self, cache: ViewCache, targets: Sequence[Target]) -> bool:
+        """True when none of these endpoints has current numbers in the view (all stale or
+        unknown: the pollers are down or far behind). Failing ones count as current: a
+        failure is news. Then the view says nothing about them: fail open (said once)."""
+        mapped = [t.endpoint_id for t in targets if t.endpoint_id is not None]
+        if not mapped:
+            return False
+        for endpoint_id in mapped:
+            view = cache.get(endpoint_id)
+            if view is not None and view.state in ("fresh", "failing"):
+                return False
+        self._fail_open(f"no current numbers for {', '.join(sorted(set(mapped))[:5])}")
+        return True
+
+    def fail_open(self, why: str) -> None:
+        self._fail_open(why)
+
     def _fail_open(self, why: str) -> None:
         self.fail_open_total += 1
         if not self._failing_open:

@@ -39,7 +39,8 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
     whose endpoint serves their own model, then picks among them); deployments sharing
     that endpoint are chosen between at random. Nothing eligible: deployments that map
     to no endpoint (a hosted provider) by LiteLLM's weighted shuffle, else LiteLLM's own
-    no-deployment error. The view unreadable: LiteLLM's weighted shuffle over all
+    no-deployment error. The view unreadable, or without current numbers for any of the
+    group's endpoints (the pollers are down): LiteLLM's weighted shuffle over all
     (``fail_open_total``).
     """
 
@@ -177,6 +178,8 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
         if endpoint_id is not None:
             on_it = [d for d, e, _ in mapped if e == endpoint_id]
             return on_it[0] if len(on_it) == 1 else self.rng.choice(on_it)
+        if routing.without_numbers(cache, targets):
+            return self._shuffle(model, healthy, kwargs)
         unmapped = [d for d, t in zip(healthy, targets, strict=True) if t.endpoint_id is None]
         return self._shuffle(model, unmapped, kwargs) if unmapped else None
 

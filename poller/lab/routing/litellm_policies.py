@@ -18,6 +18,7 @@ LiteLLM refuses (no deployment) is recorded as a fallback sent nowhere.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -27,6 +28,8 @@ from urllib.parse import urlsplit
 from poller.lab.routing.policies import Policy, PolicyContext, register
 
 __all__ = ["LiteLLMPolicy"]
+
+log = logging.getLogger(__name__)
 
 #: How long a request may take through the Router (as the replica's own bound).
 TIMEOUT_S = 120.0
@@ -89,10 +92,13 @@ class LiteLLMPolicy:
     async def warm_up(self) -> None:
         """One call through the whole Router with a canned answer (no engine is asked):
         LiteLLM's first call imports and builds what the measured ones then reuse."""
-        await self.router.acompletion(
-            model=self.ctx.model, messages=[{"role": "user", "content": "warm up"}],
-            mock_response="ok",
-        )  # fmt: skip
+        try:
+            await self.router.acompletion(
+                model=self.ctx.model, messages=[{"role": "user", "content": "warm up"}],
+                mock_response="ok",
+            )  # fmt: skip
+        except Exception as exc:  # the measured requests will say what is wrong
+            log.warning("LiteLLM warm-up call failed: %s", exc)
         self._picked.pop(asyncio.current_task(), None)
 
     def choose(self) -> str | None:

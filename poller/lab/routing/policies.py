@@ -210,6 +210,3 @@ register("pick-deterministic", Deterministic, uses_view=True)
 register("picker-nolocal", _picker(local=False), uses_view=True)
 register("picker", _picker(local=True), uses_view=True)
 register("oracle", Oracle, uses_oracle=True)
-
-# LiteLLM's strategies, opt-in (they import litellm only when a replica builds one).
-from poller.lab.routing import litellm_policies  # noqa: E402, F401
