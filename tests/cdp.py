@@ -81,13 +81,13 @@ class Browser:
 
     async def _connect(self) -> None:
         port_file = self.profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60  # a loaded machine
         while not (port_file.exists() and len(port_file.read_text().splitlines()) >= 2):
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise RuntimeError(f"chromium exited with {self.proc.returncode} at start")
             if time.monotonic() > deadline:
-                raise RuntimeError("chromium did not open its DevTools port within 30 s")
+                raise RuntimeError("chromium did not open its DevTools port within 60 s")
             await asyncio.sleep(0.05)
         port, path = port_file.read_text().splitlines()[:2]
         self._http = aiohttp.ClientSession()
@@ -127,7 +127,7 @@ class Browser:
         if session:
             message["sessionId"] = self.session
         await self._ws.send_str(json.dumps(message))
-        reply = await asyncio.wait_for(future, 30)
+        reply = await asyncio.wait_for(future, 60)
         if "error" in reply:
             raise RuntimeError(f"{method}: {reply['error']}")
         result: dict[str, Any] = reply.get("result", {})
@@ -156,7 +156,7 @@ class Browser:
                 raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
             await asyncio.sleep(0.1)
 
-    async def goto(self, url: str, timeout_s: float = 20) -> None:
+    async def goto(self, url: str, timeout_s: float = 60) -> None:
         await self.send("Page.navigate", session=True, url=url)
         await self.wait_js(
             f"location.href === {json.dumps(url)} && document.readyState === 'complete'",

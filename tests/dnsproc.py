@@ -91,13 +91,13 @@ class DnsProcess:
         self.proc = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
         )
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # milliseconds when idle; a loaded machine: seconds
         while not self._answers():
             if self.proc.poll() is not None:
                 err = self.proc.stderr.read().decode() if self.proc.stderr else ""
                 raise RuntimeError(f"dnsmasq exited with {self.proc.returncode}: {err.strip()}")
             if time.monotonic() > deadline:
-                raise RuntimeError("dnsmasq did not answer within 10 s")
+                raise RuntimeError(f"dnsmasq on port {self.port} did not answer within 60 s")
             time.sleep(0.05)
         return self
 

@@ -63,7 +63,7 @@ class PollerProc:
         assert self.proc is not None
         os.kill(self.proc.pid, sig)
 
-    def wait(self, timeout_s: float = 10.0) -> int:
+    def wait(self, timeout_s: float = 30.0) -> int:
         assert self.proc is not None
         return self.proc.wait(timeout_s)
 
@@ -75,12 +75,13 @@ class PollerProc:
             assert self.proc is not None
             os.kill(self.proc.pid, signal.SIGCONT)
             self.proc.kill()
-            self.proc.wait(10)
+            self.proc.wait(30)
 
     def get(self, path: str) -> tuple[int, str]:
         url = f"http://127.0.0.1:{self.health_port}{path}"
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:
+            # Generous: single-shot checks read through here on a loaded machine too.
+            with urllib.request.urlopen(url, timeout=15) as response:
                 return response.status, response.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from poller.lab.embedded import free_port, wait_until
 
+START_TIMEOUT_S = 60.0  # a process start on a loaded 2-core machine: ample headroom
 INSTALL_HINT = (
     "redis-server not found on PATH: the integration tests need it. "
     "Install it (Debian/Ubuntu: apt-get install redis-server) or run `make test`, "
@@ -100,24 +101,30 @@ class RedisProcess:
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
+            # Starting takes milliseconds; a loaded CI machine can take seconds.
             wait_until(
                 lambda: _ping(self.port) or self.proc.poll() is not None,
-                10,
-                what=f"redis-server on port {self.port}",
+                START_TIMEOUT_S,
+                what=f"redis-server on port {self.port} to answer PING",
             )
-        except TimeoutError:
+        except TimeoutError as exc:
             self.stop()
-            raise
+            raise TimeoutError(f"{exc}; its log ends:\n{self._log_tail()}") from None
         if self.proc.poll() is not None:
-            log = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"redis-server exited at start:\n{log}")
+            raise RuntimeError(f"redis-server exited at start:\n{self._log_tail()}")
         return self
+
+    def _log_tail(self) -> str:
+        try:
+            return (self.dir / "redis.log").read_text(errors="replace")[-2000:]
+        except OSError:
+            return "(no log)"
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.resume()
             self.proc.kill()
-            self.proc.wait(10)
+            self.proc.wait(30)
         self.proc = None
 
     def restart(self) -> None:
@@ -185,7 +192,7 @@ class RedisCluster:
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            timeout=60,
+            timeout=120,
         )
 
         def ok() -> bool:
@@ -193,11 +200,11 @@ class RedisCluster:
                 [cli, "-p", str(self.nodes[0].port), "cluster", "info"],
                 capture_output=True,
                 text=True,
-                timeout=5,
+                timeout=30,
             ).stdout
             return "cluster_state:ok" in out
 
-        wait_until(ok, 30, "cluster_state:ok", 0.1)
+        wait_until(ok, 90, "cluster_state:ok", 0.1)
 
         def replicas_linked() -> bool:
             for node in self.nodes:
@@ -205,13 +212,13 @@ class RedisCluster:
                     [cli, "-p", str(node.port), "info", "replication"],
                     capture_output=True,
                     text=True,
-                    timeout=5,
+                    timeout=30,
                 ).stdout
                 if "role:slave" in info and "master_link_status:up" not in info:
                     return False
             return True
 
-        wait_until(replicas_linked, 30, "replicas in sync", 0.1)
+        wait_until(replicas_linked, 90, "replicas in sync", 0.1)
         return self
 
     def node(self, port: int) -> RedisProcess:

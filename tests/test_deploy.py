@@ -836,7 +836,7 @@ class _Redis:
             except OSError:
                 return False
 
-        wait_until(up, 10, what=f"redis-server {args[:1]}")
+        wait_until(up, 60, what=f"redis-server {args[:1]}")  # seconds on a loaded machine
         if self.proc.poll() is not None:
             log = (cwd / "redis.log").read_text(errors="replace")[-2000:]
             raise AssertionError(f"redis-server {args} exited at start:\n{log}")
@@ -959,7 +959,7 @@ def test_a_poller_and_a_reader_run_as_the_acl_users(acl_redis: _Redis, tmp_path:
             reader = StatsReader.from_url(acl_redis.url(GATEWAY))
             await worker.start()
             try:
-                deadline = time.monotonic() + 10
+                deadline = time.monotonic() + 30  # start-up: ample for a loaded machine
                 while True:
                     view = (await reader.snapshot()).to_dict()
                     states = {e["id"]: e["state"] for e in view["endpoints"]}
@@ -1027,7 +1027,7 @@ def test_every_redis_config_starts_and_replication_and_sentinel_authenticate(
         started.append(replica)
         wait_until(
             lambda: replica.client().info("replication").get("master_link_status") == "up",
-            10,
+            60,
             what="the replica to sync as the `replica` user",
         )
         text = (configs / "sentinel" / "sentinel.conf").read_text(encoding="utf-8")
@@ -1043,7 +1043,7 @@ def test_every_redis_config_starts_and_replication_and_sentinel_authenticate(
             state = sentinel.client(None).sentinel_master(name)
             return bool(state["flags"] == "master" and state["num-slaves"] >= 1)
 
-        wait_until(watched, 10, what="Sentinel to see the primary and its replica")
+        wait_until(watched, 60, what="Sentinel to see the primary and its replica")
         for server in (primary, replica):
             assert not server.client().execute_command("ACL", "LOG"), "Sentinel or replica refused"
     finally:

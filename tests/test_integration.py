@@ -62,7 +62,8 @@ async def test_one_scrape_per_interval_balance_and_sigkill_takeover(
     async with Simulator(fleet(30), seed=1) as sim:
         await register(store, sim)
         with pollers(3, own_redis.url, NS, tmp_path) as procs:
-            view = await until(lambda: all_fresh(reader, 30), 15, "all endpoints fresh")
+            # Process start on a loaded machine takes seconds: the start-up waits are ample.
+            view = await until(lambda: all_fresh(reader, 30), 60, "all endpoints fresh")
             assert isinstance(view, View) and sorted(view.pollers) == ["p0", "p1", "p2"]
             await asyncio.sleep(1.0)
             sim.reset_hits()
@@ -88,7 +89,7 @@ async def test_one_scrape_per_interval_balance_and_sigkill_takeover(
                         taken[e] = s.scraped_at_ms / 1000 - t0
                 return len(taken) == len(victims)
 
-            await until(all_taken, 10, "takeover of p0's endpoints")
+            await until(all_taken, 30, "takeover of p0's endpoints")  # bound asserted below
             assert max(taken.values()) < 3.5, sorted(taken.values())
 
 
@@ -99,14 +100,14 @@ async def test_sigterm_hands_over_without_missing_an_interval(
     async with Simulator(fleet(15, engines=("vllm",)), seed=2) as sim:
         await register(store, sim)
         with pollers(3, own_redis.url, NS, tmp_path) as procs:
-            await until(lambda: all_fresh(reader, 15), 15, "all endpoints fresh")
+            await until(lambda: all_fresh(reader, 15), 60, "all endpoints fresh")
             await asyncio.sleep(1.5)
             mine = [e for e, o in owners(await reader.snapshot()).items() if o == "p1"]
             assert mine
             sim.reset_hits()
             await asyncio.sleep(1.0)
             procs[1].signal(signal.SIGTERM)
-            assert await asyncio.to_thread(procs[1].wait, 10) == 0
+            assert await asyncio.to_thread(procs[1].wait, 30) == 0
             assert "left the members: released" in procs[1].log()
             await asyncio.sleep(3.0)
             for e in mine:
@@ -167,8 +168,8 @@ async def test_registry_changes_are_followed_within_a_second(
     store, reader = env
     async with Simulator(fleet(4, engines=("vllm",)), seed=4) as sim:
         await register(store, sim)
-        with pollers(2, own_redis.url, NS, tmp_path):
-            await until(lambda: all_fresh(reader, 4), 15, "all endpoints fresh")
+        with pollers(2, own_redis.url, NS, tmp_path) as procs:
+            await until(lambda: all_fresh(reader, 4), 60, "all endpoints fresh")
             await sim.add(EndpointSpec("late", "sglang"))
             t0 = time.monotonic()
             await store.put_endpoint(
@@ -176,13 +177,19 @@ async def test_registry_changes_are_followed_within_a_second(
                     None, {"id": "late", "url": sim.base_url("late"), "engine": "sglang"}
                 )
             )
-            await until(lambda: store.lease_holder("late"), 3, "lease on the new endpoint")
-            assert time.monotonic() - t0 < 1.5
-            await until(lambda: all_fresh(reader, 5), 5, "new endpoint fresh")
+            await until(lambda: store.lease_holder("late"), 10, "lease on the new endpoint")
+            assert time.monotonic() - t0 < 1.5  # bound of the behaviour: events, not polling
+            await until(lambda: all_fresh(reader, 5), 30, "new endpoint fresh")
 
             gone = sim.ids[0]
+            marks = [len(p.log()) for p in procs]
             await store.remove_endpoint(gone)
-            await asyncio.sleep(1.0)
+
+            def job_dropped() -> bool:  # its holder logs the drop of the job
+                logs = [p.log()[m:] for p, m in zip(procs, marks, strict=True)]
+                return any(f"dropped endpoint={gone} " in log for log in logs)
+
+            await until(job_dropped, 30, f"the job of {gone} dropped")
             sim.reset_hits(gone)
             await asyncio.sleep(2.0)
             assert sim.hits(gone) == 0
@@ -210,7 +217,7 @@ async def test_engine_faults_are_written_with_their_reason(
     async with Simulator(specs, seed=5) as sim:
         await register(store, sim)
         with pollers(1, own_redis.url, NS, tmp_path, extra_args=("--timeout", "0.5")) as procs:
-            await until(lambda: all_fresh(reader, len(FAULTS)), 15, "all endpoints fresh")
+            await until(lambda: all_fresh(reader, len(FAULTS)), 60, "all endpoints fresh")
             for endpoint_id, (mode, params, _) in FAULTS.items():
                 await sim.set_fault(endpoint_id, mode, **params)
             seen: dict[str, tuple[str, bool]] = {}
@@ -223,10 +230,10 @@ async def test_engine_faults_are_written_with_their_reason(
                         seen[e] = (failure.reason, snap[e].stats is not None)
                 return len(seen) == len(FAULTS)
 
-            await until(all_failing, 10, "every fault recorded")
+            await until(all_failing, 30, "every fault recorded")
             assert {e: r for e, (r, _) in seen.items()} == {e: f[2] for e, f in FAULTS.items()}
             assert all(kept for _, kept in seen.values()), seen  # last good stats kept
             assert "reason=contract" in procs[0].log() and "WARNING" in procs[0].log()
             for endpoint_id in FAULTS:
                 await sim.set_fault(endpoint_id, "ok")
-            await until(lambda: all_fresh(reader, len(FAULTS)), 10, "recovery")
+            await until(lambda: all_fresh(reader, len(FAULTS)), 30, "recovery")

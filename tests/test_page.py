@@ -440,6 +440,11 @@ ROWS_JS = """Array.from(document.querySelectorAll('tr.endpoint')).map(r => ({
   background: getComputedStyle(r).backgroundColor}))"""
 
 
+# Chromium and a poller process on a loaded 2-core machine: every wait for the page to
+# change gets ample headroom (each is milliseconds to a second when idle).
+PAGE_WAIT_S = 60
+
+
 @pytest.mark.slow
 async def test_in_headless_chromium(own_redis: RedisProcess, tmp_path: Path) -> None:
     ns = "page"
@@ -462,12 +467,14 @@ async def test_in_headless_chromium(own_redis: RedisProcess, tmp_path: Path) -> 
             states = (await reader.snapshot()).counts()
             return states["fresh"] == 5 and states["failing"] == 1
 
-        await until(settled, 30, "five fresh endpoints and one failing")
+        await until(settled, PAGE_WAIT_S, "five fresh endpoints and one failing")
         url = f"http://127.0.0.1:{poller.health_port}/"
         async with Browser() as browser:
             await browser.goto(url)
             await browser.wait_js(
-                "document.getElementById('live').className === 'ok'", 20, "the first refresh"
+                "document.getElementById('live').className === 'ok'",
+                PAGE_WAIT_S,
+                "the first refresh",
             )
             # The page and `poller status --json` agree (both move: compare until they meet,
             # since a loaded machine may flip a state between the two reads).
@@ -482,7 +489,7 @@ async def test_in_headless_chromium(own_redis: RedisProcess, tmp_path: Path) -> 
                 return {i: r["state"] for i, r in rows.items()} == expected
 
             try:
-                await until(agree, 20, "the page to show the reader's states", 0.5)
+                await until(agree, PAGE_WAIT_S, "the page to show the reader's states", 0.5)
             except AssertionError:
                 raise AssertionError(f"page {rows} vs reader {expected}") from None
             assert rows[failing]["state"] == "failing"
@@ -496,7 +503,7 @@ async def test_in_headless_chromium(own_redis: RedisProcess, tmp_path: Path) -> 
             await store.put_endpoint(Endpoint.model_validate(late))
             await browser.wait_js(
                 f"!!document.querySelector('tr.endpoint[data-id=\"{late['id']}\"]')",
-                20,
+                PAGE_WAIT_S,
                 "the new endpoint's row",
             )
             # A foreign writer's id carrying markup is text, never code.
@@ -506,7 +513,7 @@ async def test_in_headless_chromium(own_redis: RedisProcess, tmp_path: Path) -> 
             found = await browser.wait_js(
                 "Array.from(document.querySelectorAll('tr.endpoint td.id'))"
                 f".some(td => td.firstChild.textContent === {json.dumps(HOSTILE)})",
-                20,
+                PAGE_WAIT_S,
                 "the hostile id as text",
             )
             assert found
@@ -517,7 +524,7 @@ async def test_in_headless_chromium(own_redis: RedisProcess, tmp_path: Path) -> 
             await browser.wait_js(
                 "Array.from(document.querySelectorAll('td.load svg polyline.run'))"
                 ".some(p => p.getAttribute('points').split(' ').length >= 3)",
-                20,
+                PAGE_WAIT_S,
                 "a load picture with three samples",
             )
             # Sorting by a header link: in place, shareable in the address bar.
@@ -525,7 +532,7 @@ async def test_in_headless_chromium(own_redis: RedisProcess, tmp_path: Path) -> 
             await browser.wait_js(
                 "location.search === '?sort=running&order=desc' && "
                 "document.querySelector('th.running a').textContent.includes('▼')",
-                20,
+                PAGE_WAIT_S,
                 "the table sorted by running",
             )
             running = await browser.js(
@@ -541,14 +548,16 @@ async def test_in_headless_chromium(own_redis: RedisProcess, tmp_path: Path) -> 
             await browser.wait_js(
                 "location.search === '?state=failing&sort=running&order=desc' && "
                 "document.querySelectorAll('tr.endpoint').length === 1",
-                20,
+                PAGE_WAIT_S,
                 "only the failing row",
             )
             assert await browser.js("document.querySelector('tr.endpoint').dataset.id") == failing
             assert await browser.js("window.__marker") == 42
             await browser.js("history.back()")
             await browser.wait_js(
-                "document.querySelectorAll('tr.endpoint').length === 8", 20, "every row again"
+                "document.querySelectorAll('tr.endpoint').length === 8",
+                PAGE_WAIT_S,
+                "every row again",
             )
             shot = await browser.screenshot(tmp_path / "operator-page.png")
             assert shot.stat().st_size > 10_000
@@ -564,7 +573,7 @@ async def test_in_headless_chromium(own_redis: RedisProcess, tmp_path: Path) -> 
             assert await browser.js("typeof window.__inline") == "undefined"
             await until(
                 lambda: any("Content Security Policy" in line for line in browser.log),
-                10,
+                PAGE_WAIT_S,
                 "Chromium's report of the blocked inline script",
             )
 

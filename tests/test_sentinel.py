@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
+import redis.asyncio as aioredis
 from procs import PollerProc, until
 from redisproc import RedisProcess, redis_server_binary, wait_until
 
@@ -31,7 +34,7 @@ class SentinelSet:
         self.replica = RedisProcess(
             extra_args=["--replicaof", "127.0.0.1", str(self.master.port)]
         ).start()
-        wait_until(self._linked, 10, "the replica in sync")
+        wait_until(self._linked, 60, "the replica in sync")
         self.sentinels: list[RedisProcess] = []
         for i in range(3):
             conf = work / f"sentinel-{i}.conf"
@@ -44,13 +47,22 @@ class SentinelSet:
             self.sentinels.append(RedisProcess(config_file=conf, extra_args=["--sentinel"]).start())
 
     def _linked(self) -> bool:
-        import redis
-
         client = redis.Redis(port=self.replica.port, decode_responses=True)
         try:
             return bool(client.info("replication").get("master_link_status") == "up")
         finally:
             client.close()
+
+    async def promoted(self) -> bool:
+        """A sentinel names the replica as the master now."""
+        client = aioredis.Redis(port=self.sentinels[0].port, decode_responses=True)
+        try:
+            addr = await client.execute_command("SENTINEL", "get-master-addr-by-name", "mymaster")
+        except redis.exceptions.RedisError:
+            return False
+        finally:
+            await client.aclose()
+        return bool(addr) and int(addr[1]) == self.replica.port
 
     @property
     def url(self) -> str:
@@ -82,27 +94,30 @@ async def test_failover_is_followed(sentinels: SentinelSet, tmp_path: Path) -> N
     store = RedisStore.from_settings(RedisSettings(url=sentinels.url, namespace=NS))
     reader = StatsReader(store.client, NS)
     async with Simulator(fleet(6, engines=("vllm",)), seed=11) as sim:
-        await until(lambda: _ping(store), 15, "the master through the sentinels")
+        await until(lambda: _ping(store), 30, "the master through the sentinels")
         await store.replace_registry({e["id"]: endpoint_from_dict(None, e) for e in sim.registry()})
         procs = [PollerProc(f"p{i}", sentinels.url, NS, tmp_path).start() for i in range(2)]
         try:
 
-            async def fresh() -> bool:
+            async def fresh(since_ms: float = 0) -> bool:
                 try:
                     view = await reader.snapshot()
                 except StoreError:
                     return False
                 return len(view.endpoints) == 6 and all(
-                    e.state == "fresh" for e in view.endpoints.values()
+                    e.state == "fresh" and e.stats is not None and e.stats.scraped_at_ms > since_ms
+                    for e in view.endpoints.values()
                 )
 
-            await until(fresh, 20, "fresh through the master")
+            await until(fresh, 60, "fresh through the master")  # two process starts
             sentinels.master.stop()  # the master dies; a sentinel promotes the replica
             loop = asyncio.get_running_loop()
             started = loop.time()
-            await asyncio.sleep(1.5)
-            await until(fresh, 20, "fresh again through the new master")
-            assert loop.time() - started < 15
+            await until(sentinels.promoted, 30, "a sentinel promoting the replica")
+            promoted_ms = time.time() * 1000
+            # written again after the promotion: only the new master can have taken that
+            await until(lambda: fresh(promoted_ms), 30, "fresh again through the new master")
+            assert loop.time() - started < 15  # the failover's own bound (1 s down-after)
             for p in procs:
                 assert p.running()
         finally:

@@ -152,7 +152,8 @@ def embedded_redis(workdir: Path) -> Iterator[tuple[str, Proc | None]]:
     if binary is not None:
         proc = start_redis_server(workdir, port, cpu=1)
         try:
-            wait_until(lambda: _port_open(port) or not proc.alive(), 10, "redis-server")
+            # milliseconds when idle; seconds on a loaded machine
+            wait_until(lambda: _port_open(port) or not proc.alive(), 30, "redis-server")
             if not proc.alive():
                 raise RuntimeError(f"redis-server exited: see {proc.log}")
             yield f"redis://127.0.0.1:{port}/0", proc
@@ -223,8 +224,8 @@ def start_sim(
     )
     wait_until(
         lambda: registry.exists() and registry.stat().st_size > 0 or not proc.alive(),
-        30,
-        "the simulator",
+        60,
+        "the simulator to write its registry file",
     )
     if not proc.alive():
         raise RuntimeError(f"simulator exited: see {proc.log}")
