@@ -136,7 +136,8 @@ from poller.service.serve import serve
     "--check",
     is_flag=True,
     help="Validate the settings, reach Redis (schema version, live pollers, registry "
-    "size) and exit without serving: 0 ok, 2 bad settings, 1 Redis unreachable",
+    "size) and exit without serving or writing: 0 ok, 2 bad settings or credentials, "
+    "1 Redis unreachable or another schema version",
 )
 def run(
     config_file: str | None,
