@@ -3,11 +3,13 @@ and exit 2 from every command, an ERROR in the poller's log, the reason in /read
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 import redis.asyncio as aioredis
@@ -209,3 +211,48 @@ async def test_a_worker_pass_raises_the_refusal_and_readyz_explains_each_state(
         assert worker.unready_reason().startswith("heartbeat stale: last written 3600")
     finally:
         await worker.stop()
+
+
+async def test_writes_an_acl_refuses_are_one_error_in_the_log(
+    locked: RedisProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An ACL that lets the heartbeat and the leases through but not the update channel:
+    every fenced write fails the same way, logged once at ERROR, not per scrape."""
+    admin = aioredis.Redis(port=locked.port, password=PASSWORD, decode_responses=True)
+    await admin.acl_setuser(
+        "nopub",
+        enabled=True,
+        passwords=["+nopub-pw"],
+        commands=["+@all"],
+        keys=["*"],
+        channels=[f"{{{NS}}}:events"],
+        reset_channels=True,
+    )
+    await admin.hset(f"{{{NS}}}:endpoints", "e1", '{"url": "http://e1.test"}')
+    await admin.incr(f"{{{NS}}}:endpoints:rev")
+    client = aioredis.Redis(
+        port=locked.port, username="nopub", password="nopub-pw", decode_responses=True
+    )
+    page = (
+        b"vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.5\n"
+    )
+    worker = Worker(
+        Settings(id="p1", redis={"namespace": NS}),
+        RedisStore(client, NS),
+        transport_factory=lambda _: httpx.MockTransport(
+            lambda r: httpx.Response(200, content=page)
+        ),
+    )
+    try:
+        await worker.step()
+        assert "e1" in worker.owned
+        with caplog.at_level(logging.DEBUG, logger="poller.service.jobs"):
+            for _ in range(3):
+                await worker.scrape_once("e1")
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and "Redis refused permission (ACL) during write stats" in errors[0]
+        assert worker.metrics.redis_errors.labels("write_stats")._value.get() == 3
+    finally:
+        await worker.stop()
+        await admin.delete(f"{{{NS}}}:endpoints", f"{{{NS}}}:endpoints:rev")
+        await admin.aclose()

@@ -742,9 +742,10 @@ async def test_late_rejection_of_an_old_token_keeps_the_reacquired_lease(
     poller still holds the lease in Redis. Expected: only the stale Owned is discarded.
     Observed: the endpoint is no longer scraped until the lease lapses again and a later
     reconcile takes it back (a gap of ~2-3 intervals)."""
-    page, release = _vllm_page(), asyncio.Event()
+    page, release, asked = _vllm_page(), asyncio.Event(), asyncio.Event()
 
     async def slow_engine(request: httpx.Request) -> httpx.Response:
+        asked.set()
         await release.wait()
         return httpx.Response(200, content=page)
 
@@ -758,7 +759,7 @@ async def test_late_rejection_of_an_old_token_keeps_the_reacquired_lease(
         await worker.step()
         t1 = worker.owned["x"].token
         scrape = asyncio.create_task(worker.scrape_once("x"))  # in flight with t1
-        await asyncio.sleep(0.1)
+        await asyncio.wait_for(asked.wait(), 10)
         await client.delete(KEYS.lease("x"))  # lapsed while the scrape was slow
         await worker.step()  # renewal fails, the endpoint is re-acquired
         t2 = worker.owned["x"].token

@@ -130,14 +130,19 @@ class Soak:
     def healthy_ids(self) -> list[str]:
         return [e for e in self.entries if e not in self.faulted]
 
-    def wait_recovered(self, what: str, started: float, since_ms: int) -> None:
-        deadline = started + self.cfg.recovery_bound_s + 20
+    def wait_recovered(
+        self, what: str, started: float, since_ms: int, *, bound_s: float | None = None
+    ) -> None:
+        """Wait until every healthy endpoint is written again; a recovery slower than
+        ``bound_s`` (default: the configured bound) counts as a violation."""
+        bound_s = self.cfg.recovery_bound_s if bound_s is None else bound_s
+        deadline = started + bound_s + 20
         while time.monotonic() < deadline:
             self.checks.check()
             if self.checks.written_since(since_ms):
                 took = time.monotonic() - started
                 self.tally.disruptions.append((what, round(took, 2)))
-                if took > self.cfg.recovery_bound_s:
+                if took > bound_s:
                     self.tally.slow_recoveries += 1
                 return
             time.sleep(0.1)
@@ -205,7 +210,9 @@ def run_soak(cfg: SoakConfig, say: Callable[[str], None]) -> dict[str, Any]:
         soak = Soak(work, cfg)
         try:
             started = time.monotonic()
-            soak.wait_recovered("start", started, 0)
+            # Start is not a disruption: booting the processes takes what the machine
+            # gives it, so it only has to finish (within a minute), not within the bound.
+            soak.wait_recovered("start", started, 0, bound_s=60.0)
             rss_start = {p: process_rss_mb(proc.pid) for p, proc in soak.pollers.items()}
             schedule: list[Callable[[], str]] = [
                 lambda: soak.kill_poller(signal.SIGKILL),

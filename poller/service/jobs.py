@@ -23,7 +23,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from poller.config import Settings
-from poller.errors import ScrapeError, StoreError
+from poller.errors import ScrapeError, StoreAuthError, StoreError
 from poller.logs import count
 from poller.redis.store import RedisStore, WriteResult
 from poller.scrape.http import Scraper
@@ -110,6 +110,7 @@ class JobRunner:
         self._wake = wake
         self._scheduler: AsyncIOScheduler | None = None
         self._stopping = False
+        self._refusal_logged = False
         self._background: set[asyncio.Task[None]] = set()
         # Label children resolved once, not per scrape: (engine, result) -> counter child.
         self._scrape_counters: dict[tuple[str, str], Any] = {}
@@ -361,7 +362,14 @@ class JobRunner:
         except StoreError as exc:
             self.metrics.redis_errors.labels(what).inc()
             self._count_missed("write_failed")
-            log.debug("%s failed", what, extra={"endpoint": spec.endpoint_id, "why": str(exc)})
+            fields = {"endpoint": spec.endpoint_id, "why": str(exc)}
+            if isinstance(exc, StoreAuthError) and not self._refusal_logged:
+                # An ACL that lets the heartbeat through but not the writes (a key, the
+                # update channel): every write fails the same way; say it once, loudly.
+                self._refusal_logged = True
+                log.error("%s failed", what, extra=fields)
+            else:
+                log.debug("%s failed", what, extra=fields)
             return False
         if not result.accepted:
             self._lease_lost(spec, result.holder)
