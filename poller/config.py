@@ -102,6 +102,16 @@ class Settings(BaseModel):
             raise ValueError(str(exc)) from None
 
 
+def _holds(tree: dict[str, Any], path: list[str]) -> bool:
+    """Whether ``tree`` sets the key at ``path`` (or a section there)."""
+    node: Any = tree
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
 def load_settings(
     config_file: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
@@ -117,14 +127,24 @@ def load_settings(
     is the first one's key.
     """
     env = dict(os.environ if environ is None else environ)
-    data: dict[str, Any] = {} if config_file is None else read_toml(config_file)
-    data = merge(data, env_overrides(env, Settings))
-    data = merge(data, flag_overrides(overrides))
+    from_file: dict[str, Any] = {} if config_file is None else read_toml(config_file)
+    from_env = env_overrides(env, Settings)
+    from_flags = flag_overrides(overrides)
     problems = [("env", line) for line in unknown_env(env, Settings, flat_env)]
     try:
-        settings = Settings.model_validate(data)
+        settings = Settings.model_validate(merge(merge(from_file, from_env), from_flags))
     except ValidationError as exc:
-        problems += describe_errors(exc, Settings)
+        for key, line in describe_errors(exc, Settings):
+            # Say where a bad value came from when it was not a flag (those name themselves).
+            path = key.split(".")
+            if _holds(from_flags, path):
+                problems.append((key, line))
+            elif _holds(from_env, path):
+                problems.append((key, f"{line} (from POLLER_{'__'.join(path).upper()})"))
+            elif config_file is not None and _holds(from_file, path):
+                problems.append((key, f"{config_file}: {line}"))
+            else:
+                problems.append((key, line))
     if problems:
         error = ConfigError("\n".join(line for _, line in problems))
         error.field = problems[0][0]  # set after: the lines name their keys themselves

@@ -96,16 +96,25 @@ def test_config_file_errors_come_all_at_once(tmp_path: Path) -> None:
     config.write_text(
         '[scrape]\nintervall_s = 2\ntimeout_s = "soon"\n[helth]\nport = 1\n[redis]\nurl = "x"\n'
     )
-    result = poller("run", "--config", str(config))
+    result = poller(
+        "run", "--config", str(config), "--health-port", "70000",
+        env={"POLLER_SCRAPE__JITTER_S": "abc"},
+    )  # fmt: skip
     assert result.returncode == 2 and "Traceback" not in result.stderr
+    # each line says where the value came from: the file, a variable or a flag
     assert sorted(result.stderr.splitlines()) == sorted(
         [
-            "Error: unknown key `scrape.intervall_s` (did you mean `scrape.interval_s`?)",
-            "Error: scrape.timeout_s: should be a valid number, unable to parse string as a "
-            "number, got 'soon'",
-            "Error: unknown key `helth` (did you mean `health`?)",
-            "Error: redis.url: 'x' has no scheme: use redis://HOST:PORT/DB, rediss://HOST:PORT/DB, "
-            "unix:///PATH?db=DB or redis+sentinel://HOST:PORT[,HOST:PORT]/MASTER[/DB]",
+            f"Error: {config}: unknown key `scrape.intervall_s` (did you mean "
+            "`scrape.interval_s`?)",
+            f"Error: {config}: scrape.timeout_s: should be a valid number, unable to parse "
+            "string as a number, got 'soon'",
+            f"Error: {config}: unknown key `helth` (did you mean `health`?)",
+            f"Error: {config}: redis.url: 'x' has no scheme: use redis://HOST:PORT/DB, "
+            "rediss://HOST:PORT/DB, unix:///PATH?db=DB or "
+            "redis+sentinel://HOST:PORT[,HOST:PORT]/MASTER[/DB]",
+            "Error: scrape.jitter_s: should be a valid number, unable to parse string as a "
+            "number, got 'abc' (from POLLER_SCRAPE__JITTER_S)",
+            "Error: health.port: should be less than or equal to 65535, got 70000",
         ]
     )
 

@@ -18,7 +18,6 @@ NO_DEFAULT = {
     "--redis-tls-cert",
     "--redis-tls-key",
     "--output",
-    "--format",
     "--duration",  # demo: runs until Ctrl-C
     "--label",
     "--version",
@@ -71,3 +70,19 @@ def test_run_help_shows_the_defaults_an_operator_asked_about() -> None:
         "--log-level [debug|info|warning|error] Least severe level logged",
     ):
         assert words in text, words
+
+
+def test_every_option_variable_is_a_known_name() -> None:
+    """`load_settings` without the command line (``poller check --config``) refuses unknown
+    ``POLLER_*`` names: every option's variable must be known to it."""
+    from poller.config import FLAT_ENV, Settings
+    from poller.config_errors import locate_unknown
+
+    for where, command, _ in commands(cli):  # type: ignore[arg-type]
+        for param in command.params:
+            name = getattr(param, "envvar", None)
+            if not name:
+                continue
+            path = name.removeprefix("POLLER_").lower().split("__")
+            known = name in FLAT_ENV or ("__" in name and locate_unknown(Settings, path) is None)
+            assert known, f"{where} {param.opts[-1]}: {name} is not in config_load.FLAT_ENV"

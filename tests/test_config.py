@@ -229,9 +229,9 @@ def test_unknown_variables_and_keys_are_all_reported_with_suggestions(tmp_path: 
         "unknown environment variable POLLER_SCRAPE__TIMEOUT (did you mean "
         "POLLER_SCRAPE__TIMEOUT_S?)",
         "unknown environment variable POLLER_ZZZZZZ (see docs/operations.md)",
-        "unknown key `scrape.engines.vllm.metric_path` (did you mean "
+        f"{config}: unknown key `scrape.engines.vllm.metric_path` (did you mean "
         "`scrape.engines.vllm.metrics_path`?)",
-        "unknown key `scrape.intervall_s` (did you mean `scrape.interval_s`?)",
+        f"{config}: unknown key `scrape.intervall_s` (did you mean `scrape.interval_s`?)",
     ]
     # known flat names (the command line's) and real nested ones pass
     ok = {"POLLER_REDIS_URL": "x", "POLLER_SCRAPE__ENGINES__SGLANG__METRICS_PATH": "/m"}

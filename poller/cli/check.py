@@ -15,8 +15,7 @@ from poller.cli.oneline import BadInput
 from poller.config import ScrapeSettings, load_settings
 from poller.errors import ConfigError
 from poller.registry import Endpoint, endpoint_from_dict
-from poller.scrape.check import check_endpoint, format_report, serve_example
-from poller.scrape.engines import ENGINE_SPECS
+from poller.scrape.specs import ENGINE_SPECS
 
 SCRAPED_ENGINES = [name for name, spec in ENGINE_SPECS.items() if spec.scraped]
 
@@ -103,6 +102,9 @@ def check(
     is appended. Exit status 0 when the page satisfies the engine's contract, 1 when it
     does not or the scrape failed, 2 for bad arguments.
     """
+    # Imported here: the HTTP stack is most of `poller`'s start-up, and only check needs it.
+    from poller.scrape.check import check_endpoint, format_report, serve_example
+
     if bool(url) == example:
         raise click.UsageError("give a URL or --example (not both)")
     scrape: ScrapeSettings | None = None

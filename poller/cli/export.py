@@ -52,7 +52,8 @@ def _format_of(output: str | None, chosen: str | None) -> str:
     "--format",
     "fmt",
     type=click.Choice(["yaml", "json"]),
-    help="Output format  [default: from the FILE suffix, else yaml]",
+    show_default="yaml, or json for a .json FILE",
+    help="Output format.",
 )
 @click.option(
     "--include-discovered",

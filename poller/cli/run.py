@@ -10,11 +10,9 @@ import click
 from poller.cli.common import NAMESPACE, REDIS_URL, load, run_store_command
 from poller.cli.oneline import BadInput
 from poller.cli.register import registration_problems
-from poller.cli.runcheck import check_run
 from poller.errors import ConfigError
 from poller.logs import setup_logging
 from poller.registry import endpoints_from_file
-from poller.service.serve import serve
 
 
 @click.command()
@@ -188,6 +186,11 @@ def run(
         if problems:
             raise BadInput("\n".join(problems))
     if check:
+        from poller.cli.runcheck import check_run
+
         sys.exit(run_store_command(check_run(settings)))
+    # Imported here: the service stack is most of `poller`'s start-up, and only run needs it.
+    from poller.service.serve import serve
+
     setup_logging(settings.log_level, settings.log_format, settings.id)
     sys.exit(asyncio.run(serve(settings)))

@@ -87,7 +87,9 @@ class RegistryFollower:
         try:
             wanted = endpoints_from_file(path)
         except ConfigError as exc:
-            log.error("endpoints file not applied", extra={"file": path, "why": str(exc)})
+            # one problem per line in the message: one log field, problems joined
+            why = "; ".join(str(exc).splitlines())
+            log.error("endpoints file not applied", extra={"file": path, "why": why})
             self._file_mtime = mtime  # do not retry until it changes
             return
         rev, added, changed, removed = await self.store.replace_registry(wanted)
