@@ -973,6 +973,18 @@ def test_a_poller_and_a_reader_run_as_the_acl_users(acl_redis: _Redis, tmp_path:
                         assert time.monotonic() < deadline + 10, "no update reached the cache"
                         await asyncio.sleep(0.05)
                     assert cache.healthy
+                # Drain as the poller user: the CLI's request and wait, the undo, and the
+                # poller writing its own request (SIGUSR1).
+                drain = ["drain", "acl-poller", "--redis-url", acl_redis.url(POLLER)]
+                invoke = CliRunner().invoke
+                drained = await asyncio.to_thread(invoke, cli, [*drain, "--force", "--wait", "10"])
+                assert drained.exit_code == 0 and "holds no lease" in drained.output, drained.output
+                undone = await asyncio.to_thread(invoke, cli, [*drain, "--undo"])
+                assert undone.exit_code == 0, undone.output
+                worker.drain.request()
+                while not worker.draining:
+                    assert time.monotonic() < deadline + 30, "the poller's own drain request"
+                    await asyncio.sleep(0.05)
             finally:
                 await worker.stop()
                 await reader.aclose()

@@ -36,6 +36,7 @@ __all__ = ["drain"]
     "wait_s",
     type=click.FloatRange(0, 3600),
     metavar="S",
+    show_default="do not wait",
     help="Wait up to S seconds until the poller holds no lease; exit 1 if it still does.",
 )
 @REDIS_URL

@@ -4,6 +4,7 @@ each holds, its heartbeat and version (what the operator's page shows as its fle
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +30,10 @@ class Fleet:
         return [{**m.to_dict(), "leases": self.leases.get(m.id, 0)} for m in self.members]
 
 
-async def read_fleet(client: Client, keys: Keys) -> Fleet:
+async def read_fleet(client: Client, keys: Keys, endpoint_ids: Iterable[str]) -> Fleet:
+    """The live pollers, and how many of ``endpoint_ids``' leases each holds."""
     now_ms, members = await read_members(client, keys)
-    held = Counter((await lease_holders(client, keys)).values())
+    held = Counter((await lease_holders(client, keys, endpoint_ids)).values())
     return Fleet(now_ms, members, dict(held))
 
 

@@ -10,7 +10,6 @@ import click
 from poller.cli.common import NAMESPACE, REDIS_URL, load, run_store_command
 from poller.cli.oneline import BadInput
 from poller.cli.register import registration_problems
-from poller.cli.runcheck import check_run
 from poller.errors import ConfigError
 from poller.logs import setup_logging
 from poller.registry import endpoints_from_file
@@ -135,7 +134,8 @@ from poller.registry import endpoints_from_file
     "--check",
     is_flag=True,
     help="Validate the settings, reach Redis (schema version, live pollers, registry "
-    "size) and exit without serving: 0 ok, 2 bad settings, 1 Redis unreachable",
+    "size) and exit without serving or writing: 0 ok, 2 bad settings or credentials, "
+    "1 Redis unreachable or another schema version",
 )
 def run(
     config_file: str | None,
@@ -186,6 +186,8 @@ def run(
         if problems:
             raise BadInput("\n".join(problems))
     if check:
+        from poller.cli.runcheck import check_run
+
         sys.exit(run_store_command(check_run(settings)))
     # Imported here: the service stack is most of `poller`'s start-up, and only run needs it.
     from poller.service.serve import serve

@@ -65,7 +65,7 @@ def status(
         async def read() -> tuple[View, list[dict[str, Any]], Fleet]:
             view = await reader.snapshot()
             found = await sources(reader)
-            return view, found, await read_fleet(reader.client, reader.keys)
+            return view, found, await read_fleet(reader.client, reader.keys, view.endpoints)
 
         def draw(view: View, found: list[dict[str, Any]], fleet: Fleet) -> Group:
             return render(view, sort, found, [fleet_table(fleet)] if fleet.members else [])

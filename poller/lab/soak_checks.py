@@ -10,8 +10,10 @@ from random import Random
 
 import redis
 
+from poller.config import CoordinationSettings, ScrapeSettings, default_timeout_s
 from poller.lab.embedded import Proc, http_json
 from poller.redis.errors import REDIS_ERRORS
+from poller.service.ttl import stats_ttl_ms
 
 __all__ = ["Checker", "Tally"]
 
@@ -70,7 +72,8 @@ class Checker:
             self.tally.tokens[endpoint_id] = max(token, self.tally.tokens.get(endpoint_id, 0))
 
     def check_ttls(self) -> None:
-        """Sampled: every stats hash has a TTL and is younger than it (3 intervals)."""
+        """Sampled: every stats hash has a TTL and is younger than it (the TTL the
+        pollers set: 3 intervals, at least a takeover; service/ttl.py)."""
         try:
             now_s, now_us = self.client.time()
             keys = list(self.client.scan_iter(f"{{{NS}}}:stats:*", count=1000))
@@ -86,7 +89,7 @@ class Checker:
         for ttl, (scraped, interval) in zip(replies[::2], replies[1::2], strict=True):
             if ttl == -1:
                 self.tally.no_ttl += 1
-            elif scraped and interval and now_ms - int(scraped) > 3 * int(interval) + 250:
+            elif scraped and interval and now_ms - int(scraped) > _ttl_ms(int(interval)) + 250:
                 self.tally.old_stats += 1
 
     def _leases_and_jobs(self) -> set[tuple[str, str, int]]:
@@ -155,3 +158,11 @@ class Checker:
             if record is None or int(record.partition(" ")[0]) <= since_ms:
                 return False
         return True
+
+
+def _ttl_ms(interval_ms: int) -> int:
+    """The stats TTL of the soak's pollers (default settings but the interval)."""
+    interval_s = interval_ms / 1000
+    ttl_intervals = ScrapeSettings.model_fields["stats_ttl_intervals"].default
+    coordination = CoordinationSettings()
+    return stats_ttl_ms(interval_s, default_timeout_s(interval_s), coordination, ttl_intervals)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,9 +113,17 @@ async def cancel_drain(client: Client, keys: Keys, poller_id: str) -> bool:
     return bool(removed)
 
 
-async def lease_holders(client: Client, keys: Keys) -> dict[str, str]:
-    """Registered endpoint id -> the poller holding its lease now (unheld ones absent)."""
-    ids = sorted(str(e) for e in await redis_call(client.hkeys(keys.endpoints), "HKEYS"))
+async def lease_holders(
+    client: Client, keys: Keys, endpoint_ids: Iterable[str] | None = None
+) -> dict[str, str]:
+    """Endpoint id -> the poller holding its lease now (unheld ones absent), for
+    ``endpoint_ids`` or else every registered endpoint. Only commands the gateway's and
+    the poller's ACL users have (deploy/redis/users.acl): no HKEYS."""
+    if endpoint_ids is None:
+        registry = await redis_call(client.hgetall(keys.endpoints), "HGETALL endpoints")
+        ids = sorted(str(e) for e in registry)
+    else:
+        ids = sorted(endpoint_ids)
     if not ids:
         return {}
     values = await redis_call(client.mget([keys.lease(e) for e in ids]), "MGET leases")

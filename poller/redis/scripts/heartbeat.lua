@@ -41,12 +41,14 @@ local out = {now, schema or '', epoch or ''}
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf')
 for _, m in ipairs(live) do out[#out + 1] = m end
 if KEYS[5] then
+  -- HGETALL, not HMGET: the poller's ACL user (deploy/redis/users.acl) has no HMGET,
+  -- and the hash holds a few entries at most
   out[#out + 1] = ''
-  if #live > 0 then
-    local requested = redis.call('HMGET', KEYS[5], unpack(live))
-    for i, m in ipairs(live) do
-      if requested[i] then out[#out + 1] = m end
-    end
+  local requested = {}
+  local flat = redis.call('HGETALL', KEYS[5])
+  for i = 1, #flat, 2 do requested[flat[i]] = true end
+  for _, m in ipairs(live) do
+    if requested[m] then out[#out + 1] = m end
   end
 end
 return out
