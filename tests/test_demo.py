@@ -65,6 +65,7 @@ def check_story(out: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # the subprocess's own 240 s bound fails first
 def test_demo_with_redis_server(tmp_path: Path) -> None:
     out = run_demo(tmp_path, None)
     assert "> redis: redis-server at" in out
@@ -72,6 +73,7 @@ def test_demo_with_redis_server(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # the subprocess's own 240 s bound fails first
 def test_demo_falls_back_to_fakeredis(tmp_path: Path) -> None:
     out = run_demo(tmp_path, "")  # no redis-server (nor anything else) on PATH
     assert "> redis: fakeredis at" in out
@@ -79,6 +81,7 @@ def test_demo_falls_back_to_fakeredis(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(240)  # the subprocess's own 180 s bound fails first
 def test_bench_quick_json_has_every_field() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "poller", "bench", "--quick", "--json"],
