@@ -171,17 +171,21 @@ class JobRunner:
         self._scheduler.start(paused=paused)
 
     async def stop(self, timeout_s: float = 3.0) -> None:
-        """No new runs; cancel the scrapes in flight and wait for them to end."""
+        """No new runs; let the scrapes in flight finish, cancelling those still running
+        after ``timeout_s``. The engine has been asked already: its answer, written under
+        the lease still held, gives the next owner the rhythm (cancelled, the next owner
+        would find the previous scrape's time and ask again at once)."""
         self._stopping = True
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
         tasks = [t for ts in self._inflight.values() for t in ts]
-        for task in tasks:
-            task.cancel()
         if tasks:
-            done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+            _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+            for task in pending:
+                task.cancel()
             if pending:
-                log.warning("%d scrapes did not stop within %.1f s", len(pending), timeout_s)
+                await asyncio.wait(pending, timeout=timeout_s)
+                log.warning("%d scrapes did not finish within %.1f s", len(pending), timeout_s)
         self._specs.clear()
         self._windows.clear()
 
