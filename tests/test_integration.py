@@ -47,6 +47,13 @@ async def all_fresh(reader: StatsReader, n: int) -> View | None:
     return view if ok else None
 
 
+async def fresh_and_shared(reader: StatsReader, n: int, ids: set[str]) -> View | None:
+    """All ``n`` endpoints fresh and every poller of ``ids`` owning some: on a loaded
+    machine one poller may start seconds after the others, which scrape everything."""
+    view = await all_fresh(reader, n)
+    return view if view and set(owners(view).values()) == ids else None
+
+
 def owners(view: View) -> dict[str, str]:
     return {e.id: e.stats.poller for e in view.endpoints.values() if e.stats is not None}
 
@@ -63,7 +70,11 @@ async def test_one_scrape_per_interval_balance_and_sigkill_takeover(
         await register(store, sim)
         with pollers(3, own_redis.url, NS, tmp_path) as procs:
             # Process start on a loaded machine takes seconds: the start-up waits are ample.
-            view = await until(lambda: all_fresh(reader, 30), 60, "all endpoints fresh")
+            view = await until(
+                lambda: fresh_and_shared(reader, 30, {"p0", "p1", "p2"}),
+                60,
+                "every endpoint fresh, every poller owning some",
+            )
             assert isinstance(view, View) and sorted(view.pollers) == ["p0", "p1", "p2"]
             await asyncio.sleep(1.0)
             sim.reset_hits()
@@ -100,7 +111,11 @@ async def test_sigterm_hands_over_without_missing_an_interval(
     async with Simulator(fleet(15, engines=("vllm",)), seed=2) as sim:
         await register(store, sim)
         with pollers(3, own_redis.url, NS, tmp_path) as procs:
-            await until(lambda: all_fresh(reader, 15), 60, "all endpoints fresh")
+            await until(
+                lambda: fresh_and_shared(reader, 15, {"p0", "p1", "p2"}),
+                60,
+                "every endpoint fresh, every poller owning some",
+            )
             await asyncio.sleep(1.5)
             mine = [e for e, o in owners(await reader.snapshot()).items() if o == "p1"]
             assert mine
@@ -125,15 +140,12 @@ async def test_paused_poller_never_writes_with_its_old_token(
     async with Simulator(fleet(8, engines=("vllm",)), seed=3) as sim:
         await register(store, sim)
         with pollers(2, own_redis.url, NS, tmp_path) as procs:
-
-            async def shared() -> View | None:
-                # Both pollers own a share: on a loaded machine one may start seconds
-                # before the other and hold everything at first.
-                view = await all_fresh(reader, 8)
-                return view if view and set(owners(view).values()) == {"p0", "p1"} else None
-
             mark = len(procs[0].log())
-            before = await until(shared, 45, "all endpoints fresh, shared by p0 and p1")
+            before = await until(
+                lambda: fresh_and_shared(reader, 8, {"p0", "p1"}),
+                60,
+                "every endpoint fresh, every poller owning some",
+            )
             assert isinstance(before, View)
             old = {e.id: e.token for e in before.endpoints.values() if e.owner == "p0"}
             assert old

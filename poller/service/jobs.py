@@ -134,19 +134,23 @@ class JobRunner:
         self._scheduler.start(paused=paused)
 
     async def stop(self, timeout_s: float = 3.0) -> None:
-        """No new runs; cancel the scrapes in flight and wait for them to end (the
-        records stay: the worker releases their leases next)."""
+        """No new runs; let the scrapes in flight finish, cancelling those still running
+        after ``timeout_s`` (the records stay: the worker releases their leases next). The
+        engine has been asked already: its answer, written under the lease still held,
+        gives the next owner the rhythm (cancelled, the next owner would find the previous
+        scrape's time and ask again at once)."""
         self._stopping = True
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
         tasks = [t for r in self.holdings.records() for t in r.tasks]
-        for task in tasks:
-            task.cancel()
         if tasks:
-            done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+            _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+            for task in pending:
+                task.cancel()
             if pending:
+                await asyncio.wait(pending, timeout=timeout_s)
                 n = count(len(pending), "scrape")
-                log.warning("%s did not stop within %.1f s", n, timeout_s)
+                log.warning("%s did not finish within %.1f s", n, timeout_s)
         await asyncio.gather(*self._background, return_exceptions=True)
 
     # --- what runs ---------------------------------------------------------------------

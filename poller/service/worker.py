@@ -105,8 +105,8 @@ class Worker:
         ]
 
     async def stop(self, timeout_s: float = 3.0) -> None:
-        """Stop the loops, cancel and await the scrapes in flight, then leave membership,
-        release every lease and close the clients."""
+        """Stop the loops, let the scrapes in flight finish (cancelled after ``timeout_s``),
+        then leave membership, release every lease and close the clients."""
         self._stopping.set()
         self._wake.set()
         for task in self._tasks:
