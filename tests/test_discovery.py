@@ -164,10 +164,11 @@ def test_poller_discover_env_is_space_separated() -> None:
         captured["sources"] = [x.name for x in s.discovery]
         return 0
 
-    import poller.cli.run as run_module
+    # `poller run` imports the service stack when it runs: patch it where it lives
+    import poller.service.serve as serve_module
 
-    original = run_module.serve
-    run_module.serve = fake_serve  # type: ignore[assignment]
+    original = serve_module.serve
+    serve_module.serve = fake_serve  # type: ignore[assignment]
     try:
         result = CliRunner().invoke(
             run,
@@ -175,7 +176,7 @@ def test_poller_discover_env_is_space_separated() -> None:
             env={"POLLER_DISCOVER": "dns+srv://c.test?engine=vllm  dns+a://d.test:80"},
         )
     finally:
-        run_module.serve = original
+        serve_module.serve = original
     assert captured.get("sources") == ["c.test", "d.test"], result.output
 
 

@@ -19,6 +19,7 @@ from redisproc import RedisProcess
 
 from poller.config import Settings
 from poller.errors import StoreAuthError, StoreError, StoreUnreachable
+from poller.logs import text_of
 from poller.redis.errors import reply_error, store_error
 from poller.redis.store import RedisStore
 from poller.service.worker import Worker
@@ -249,7 +250,7 @@ async def test_writes_an_acl_refuses_are_one_error_in_the_log(
         with caplog.at_level(logging.DEBUG, logger="poller.service.jobs"):
             for _ in range(3):
                 await worker.scrape_once("e1")
-        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        errors = [text_of(r) for r in caplog.records if r.levelno == logging.ERROR]
         assert len(errors) == 1 and "Redis refused permission (ACL) during write stats" in errors[0]
         assert worker.metrics.redis_errors.labels("write_stats")._value.get() == 3
     finally:

@@ -302,8 +302,8 @@ def test_a_config_naming_another_http_stack_is_refused(tmp_path: Path, value: st
     with pytest.raises(ConfigError) as err:
         load_settings(config)
     assert str(err.value) == (
-        f"scrape.http_client: {value!r} is not available: the poller has one HTTP stack, "
-        "'asyncio' (remove scrape.http_client or set it to 'asyncio')"
+        f"{config}: scrape.http_client: {value!r} is not available: the poller has one HTTP "
+        "stack, 'asyncio' (remove scrape.http_client or set it to 'asyncio')"
     )
     config.write_text('[scrape]\nhttp_client = "asyncio"\n')
     assert load_settings(config).scrape.http_client == "asyncio"

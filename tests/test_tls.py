@@ -23,6 +23,7 @@ from httpserver import HTTPServer, Request, answer
 from redisproc import RedisProcess, redis_server_binary
 
 import poller.cli.run as run_module
+import poller.service.serve as serve_module
 from poller.cli.app import cli
 from poller.config import RedisSettings, Settings, load_settings
 from poller.errors import ConfigError, FetchError, StoreError
@@ -343,7 +344,8 @@ def test_run_flags_reach_the_settings(
         seen.append(settings)
         return 0
 
-    monkeypatch.setattr(run_module, "serve", fake_serve)
+    # `poller run` imports the service stack when it runs: patch it where it lives
+    monkeypatch.setattr(serve_module, "serve", fake_serve)
     monkeypatch.setattr(run_module, "setup_logging", lambda *a: None)
     base = ["run", "--redis-url", "rediss://127.0.0.1:6380/0", "--health-port", "0"]
     runner = CliRunner()

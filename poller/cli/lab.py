@@ -116,7 +116,8 @@ def sim(ctx: click.Context) -> None:
     "--policy",
     "policies",
     multiple=True,
-    help="routing: only these policies (repeatable) [every registered one].",
+    show_default="every registered one",
+    help="routing: only these policies (repeatable).",
 )
 @click.option(
     "--page",
