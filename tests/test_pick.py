@@ -367,7 +367,10 @@ def test_a_cache_pick_follows_changes_and_freshness_running_out() -> None:
     assert picks(picker, cache) == {"a": 200}
     # a goes to sleep; b gets new stats: the index follows the change log
     scraped = cache.now_ms()
-    cache.apply("a", scraped, timed("a", sleeping="1"))
+    asleep = f"{scraped} 1000 {scraped + 3000} p 1|" + json.dumps(
+        raw_stats(scraped_at_ms=str(scraped), sleeping="1")
+    )
+    cache.set_stats("a", asleep)
     record = f"{scraped} 1000 {scraped + 3000} p 1|" + json.dumps(
         raw_stats(scraped_at_ms=str(scraped))
     )

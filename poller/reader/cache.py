@@ -153,17 +153,6 @@ class ViewCache:
             else:
                 table.pop(endpoint_id, None)
 
-    def apply(self, endpoint_id: str, now_ms: int, entry: EndpointView | None) -> None:
-        """Put one endpoint as a reader built it (None: it left the registry)."""
-        if entry is None:
-            for table in (self._entries, self._stats, self._failures, self._built):
-                table.pop(endpoint_id, None)
-        else:
-            self._entries.setdefault(endpoint_id, "")
-            self._built[endpoint_id] = entry
-        self._clock(now_ms)
-        self._changed(endpoint_id)
-
     # --- reads ----------------------------------------------------------------------------
 
     def base(self, endpoint_id: str) -> EndpointView | None:
