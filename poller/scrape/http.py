@@ -66,13 +66,10 @@ class Scraper:
         self,
         *,
         max_body_bytes: int,
-        http_client: str = "asyncio",
         transport_factory: TransportFactory | None = None,
         allowed_hosts: Sequence[str] = (),
         key_policy: KeyPolicy | None = None,
     ) -> None:
-        if http_client != "asyncio":  # scrape.http_client: one HTTP stack, one value
-            raise ValueError(f"http_client {http_client!r}: the only HTTP stack is 'asyncio'")
         self.max_body_bytes = max_body_bytes
         #: Default: the default settings' rules (LLMGW_KEY_*, $CREDENTIALS_DIRECTORY or
         #: /etc/llmgw-poller/keys); a poller passes ``KeyPolicy.from_settings``.

@@ -60,7 +60,6 @@ class Worker:
         self.registry = RegistryFollower(settings, self.store)
         self.scraper = Scraper(
             max_body_bytes=settings.scrape.max_body_bytes,
-            http_client=settings.scrape.http_client,
             transport_factory=transport_factory,
             allowed_hosts=settings.scrape.allowed_hosts,
             key_policy=KeyPolicy.from_settings(settings.scrape),
