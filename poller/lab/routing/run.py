@@ -34,6 +34,7 @@ __all__ = ["run_routing"]
 
 NS = "routing"
 _MONITOR_S = 0.05
+_NONE: tuple[str, bool | None, str] = ("", None, "")
 
 
 class _Bench:
@@ -49,7 +50,8 @@ class _Bench:
             r.raise_for_status()
             return await r.json()
 
-    async def _view(self) -> dict[str, tuple[str, bool | None]]:
+    async def _view(self) -> dict[str, tuple[str, bool | None, str]]:
+        """id -> (state, sleeping, the current failure's reason or "")."""
         from poller.reader import StatsReader
 
         reader = StatsReader.from_url(self.redis_url, NS)
@@ -58,7 +60,11 @@ class _Bench:
         finally:
             await reader.aclose()
         return {
-            i: (e.state, e.stats.sleeping if e.stats is not None else None)
+            i: (
+                e.state,
+                e.stats.sleeping if e.stats is not None else None,
+                e.failure.reason if e.failure is not None else "",
+            )
             for i, e in view.endpoints.items()
         }
 
@@ -70,22 +76,31 @@ class _Bench:
         while True:
             view = await self._view()
             if len(view) == len(fleet.ENGINES) and all(
-                state == "fresh" and not sleeping for state, sleeping in view.values()
+                state == "fresh" and not sleeping for state, sleeping, _ in view.values()
             ):
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the view never showed every engine fresh and awake: {view}")
             await asyncio.sleep(0.1)
 
-    async def monitor(self, shown: dict[str, float | None], until: Callable[[], bool]) -> None:
-        """Record when the view first shows the sleeper asleep and the failer failing."""
+    async def monitor(
+        self,
+        shown: dict[str, float | None],
+        events: dict[str, float],
+        until: Callable[[], bool],
+    ) -> None:
+        """Record when the view first shows the sleeper asleep and the failer failing
+        with the fault's HTTP 500 (``http_status``): on a loaded machine a scrape can time
+        out before the fault is set, and that is not the view seeing the fault."""
         while not until() and None in shown.values():
             view = await self._view()
             now = time.time()
-            if shown[SLEEPER] is None and view.get(SLEEPER, ("", None))[1]:
+            if SLEEPER in events and shown[SLEEPER] is None and view.get(SLEEPER, _NONE)[1]:
                 shown[SLEEPER] = now
-            if shown[FAILER] is None and view.get(FAILER, ("", None))[0] == "failing":
-                shown[FAILER] = now
+            state, _, reason = view.get(FAILER, _NONE)
+            if FAILER in events and shown[FAILER] is None and state == "failing":
+                if reason == "http_status":
+                    shown[FAILER] = now
             await asyncio.sleep(_MONITOR_S)
 
     async def cell_run(self, policy: str, replicas: int, load: float) -> dict[str, Any]:
@@ -106,7 +121,7 @@ class _Bench:
                 events[SLEEPER] = time.time()
                 await self._admin(http, f"/admin/endpoints/{SLEEPER}/sleep", {"level": 1})
                 done = asyncio.Event()
-                watch = asyncio.create_task(self.monitor(shown, done.is_set))
+                watch = asyncio.create_task(self.monitor(shown, events, done.is_set))
                 await _at(start + 0.6 * cfg.duration_s)
                 events[FAILER] = time.time()
                 await self._admin(http, f"/admin/endpoints/{FAILER}/fault", {"mode": "http500"})
