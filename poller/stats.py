@@ -122,9 +122,9 @@ def _counts(value: str | None) -> dict[str, int]:
 
 
 def format_counts(counts: dict[str, int]) -> str:
-    """The map form of :func:`_counts`; names holding ``,`` or ``:`` cannot be written
-    unambiguously and are left out (no engine uses them)."""
-    return ",".join(f"{k}:{v}" for k, v in counts.items() if "," not in k and ":" not in k)
+    """The map form of :func:`_counts`, in name order; names holding ``,`` or ``:`` cannot
+    be written unambiguously and are left out (no engine uses them)."""
+    return ",".join(f"{k}:{v}" for k, v in sorted(counts.items()) if "," not in k and ":" not in k)
 
 
 def _bool(value: str | None) -> bool | None:

@@ -47,6 +47,9 @@ def typed(fields: dict[str, str], types: dict[str, str]) -> dict[str, Any]:
             out[name] = tuple(value.split(",")) if value else ()
         elif kind == "bool":
             out[name] = value == "1"
+        elif kind == "map":
+            pairs = (pair.rpartition(":") for pair in value.split(",") if pair)
+            out[name] = {key: int(count) for key, _, count in pairs}
         else:
             out[name] = value
     return out
@@ -195,7 +198,7 @@ def same(doc: dict[str, Any], ours: dict[str, Any]) -> None:
             if name in doc[part]:
                 assert doc[part][name] == value, (doc["id"], part, name)
             else:
-                assert value in (None, (), "", 0), (doc["id"], part, name, value)
+                assert value in (None, (), {}, "", 0), (doc["id"], part, name, value)
         assert set(doc[part]) <= set(ours[part]), (doc["id"], part)
 
 
@@ -239,6 +242,11 @@ async def test_a_reader_from_the_document_agrees_with_stats_reader(
                 extra |= (
                     {"lora_running": "sql-lora", "prefix_cache_hit_rate": "0.5"} if i == 4 else {}
                 )
+                if i == 2:
+                    extra |= {
+                        "kv_capacity_tokens": "633600",
+                        "waiting_by_reason": "capacity:4,deferred:2",
+                    }
                 await write(e, n + i, **extra)
         await fail(ids[5], "timeout")
         await fail(ids[5], "timeout")

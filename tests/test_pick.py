@@ -473,3 +473,70 @@ def test_a_failed_request_makes_its_endpoint_look_slow() -> None:
     local.finished("broken", local.started("broken"), ok=False)
     assert local.slowness("broken") > local.slowness("ok")
     assert local.in_flight("broken") == 0 and local.total() == 0
+
+
+def test_a_cache_pick_follows_an_adapter_loaded_after_the_index_was_built() -> None:
+    cache = cache_of(
+        timed("a", models="base,sql", lora_max="2"),
+        timed("b", models="base,sql", lora_max="2", lora_running="x,y"),
+    )
+    picker = Picker(rng=random.Random(16))
+    # "sql" runs nowhere yet: a base model to the picker, both endpoints one tier
+    assert set(picks(picker, cache, model="sql")) == {"a", "b"}
+    scraped = cache.now_ms()
+    fields = raw_stats(
+        scraped_at_ms=str(scraped), models="base,sql", lora_max="2", lora_running="x,sql"
+    )
+    cache.set_stats("b", f"{scraped} 1000 {scraped + 3000} p 1|" + json.dumps(fields))
+    # now b runs the adapter: affinity sends it there; a (a free slot) is next in line
+    assert picks(picker, cache, model="sql") == {"b": 200}
+    assert set(picks(picker, cache, model="base")) == {"a", "b"}
+
+
+def test_the_cache_index_kept_by_changes_equals_one_built_from_scratch() -> None:
+    # Random changes to a cache (load, saturation, sleep, failures, models, adapters):
+    # after each batch, the picker's index, kept current from the change log, files every
+    # endpoint exactly where an index built from the cache anew files it.
+    rng = random.Random(17)
+    ids = [f"e{i}" for i in range(30)]
+    cache = cache_of(*(timed(i, models="m1") for i in ids))
+    picker = Picker(rng=random.Random(18))
+    models = [None, "m1", "m2", "sql"]
+
+    def filed(index: object) -> dict[object, set[tuple[str, int, bool]]]:
+        now_ms = cache.now_ms()  # expired entries leave the bags only when drawn: skip them
+        out = {}
+        for model in models:
+            bags = index.model(model).bags  # type: ignore[attr-defined]
+            out[model] = {
+                (e.id, tier, saturated)
+                for tier, pair in enumerate(bags)
+                for saturated, bag in enumerate(pair)
+                for e in bag.items
+                if e.fresh_until_ms >= now_ms
+            }
+        return out
+
+    for _ in range(40):
+        for endpoint_id in rng.sample(ids, 5):
+            scraped = cache.now_ms()
+            fields = raw_stats(
+                scraped_at_ms=str(scraped),
+                running=str(rng.randrange(10)),
+                waiting=str(rng.randrange(8)),
+                models=rng.choice(["m1", "m2", "m1,m2", "m1,sql"]),
+                lora_max="2",
+                lora_running=rng.choice(["", "x", "sql", "x,y"]),
+                sleeping=rng.choice(["0", "0", "0", "1"]),
+            )
+            record = f"{scraped} 1000 {scraped + 60_000} p 1|" + json.dumps(fields)
+            if rng.random() < 0.1:
+                cache.set_failure(endpoint_id, f"{scraped} {scraped + 60_000} p 1|{{}}")
+            else:
+                cache.set_stats(endpoint_id, record)
+        for model in models:
+            picker.pick(cache, model)
+        kept = picker._caches[cache]
+        anew = Picker()
+        anew.pick(cache)
+        assert filed(kept) == filed(anew._caches[cache])

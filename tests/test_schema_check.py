@@ -65,8 +65,9 @@ def test_the_sync_reader_refuses_too(redis_server: RedisProcess, holding) -> Non
     reader = SyncStatsReader(redis.Redis.from_url(redis_server.url, decode_responses=True), NS)
     try:
         holding("2")
-        with pytest.raises(SchemaMismatch, match="Redis holds schema 2, this reader reads 1"):
-            reader.snapshot()
+        for call in (reader.snapshot, lambda: reader.get("a"), reader.live_pollers):
+            with pytest.raises(SchemaMismatch, match="Redis holds schema 2, this reader reads 1"):
+                call()
         with pytest.raises(SchemaMismatch, match="holds schema 2"):
             with reader.cached():
                 pytest.fail("a cached reader of another schema must not start")

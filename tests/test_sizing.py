@@ -134,3 +134,24 @@ def test_sgl_router_spelling_is_read_too() -> None:
         "sglang_max_total_num_tokens 4096\n"
     )
     assert page_of("sglang", page).kv_capacity_tokens == 4096
+
+
+@pytest.mark.parametrize(
+    ("engine", "ranks"), [("vllm", 2), ("sglang", 2), ("trtllm", 1), ("triton", 1)]
+)
+def test_simulated_pages_publish_them(engine: str, ranks: int) -> None:
+    from poller.lab.sim.engines import ENGINES, template_for
+    from poller.lab.sim.model import EndpointLoad, LoadParams
+    from poller.lab.sim.templates import render
+
+    load = EndpointLoad(LoadParams(capacity=8, load=1.5), seed="s", t0=0.0, ranks=ranks)
+    load.advance_to(300.0)
+    page = render(template_for(engine, ENGINES[engine].model, ranks, False), load, 0.0)
+    signals = mapping_for(ENGINES[engine].registry_engine).read(page, "text/plain")
+    # the bundled vLLM page's cache_config_info: num_gpu_blocks="28642", block_size="16"
+    assert signals.kv_capacity_tokens == ranks * 28642 * 16
+    if engine == "vllm":
+        waiting = sum(s.waiting for s in load.states)
+        assert waiting > 0 and signals.waiting_by_reason == {"capacity": waiting, "deferred": 0}
+    else:
+        assert signals.waiting_by_reason == {}

@@ -3,6 +3,7 @@ absence, and the way they reach readers (the stats hash, the view record, the up
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -51,6 +52,7 @@ def test_unpublished_fields_are_absent_not_zero() -> None:
 def test_reason_names_that_cannot_be_written_are_left_out() -> None:
     assert format_counts({"a,b": 1, "c:d": 2, "ok": 3}) == "ok:3"
     assert format_counts({"a,b": 1}) == ""
+    assert format_counts({"deferred": 1, "capacity": 2}) == "capacity:2,deferred:1"
     assert "waiting_by_reason" not in hash_of(Signals("vllm", 0, 1, waiting_by_reason={"a,b": 1}))
 
 
@@ -114,3 +116,23 @@ async def test_the_reader_decodes_them(real_client: aioredis.Redis) -> None:
     assert big is not None and plain is not None
     assert (big.kv_capacity_tokens, big.waiting_by_reason) == (1024, {"deferred": 2})
     assert (plain.kv_capacity_tokens, plain.waiting_by_reason) == (None, {})
+
+
+async def test_a_cached_reader_gets_them_from_the_update_feed(real_client: aioredis.Redis) -> None:
+    store = RedisStore(real_client, NS + "-cached")
+    await store.heartbeat("p1", 5000)
+    await store.put_endpoint(Endpoint(id="a", url="http://127.0.0.1:9"))
+    (acquired,) = await store.acquire_leases("p1", ["a"], 10_000)
+    assert acquired.token is not None
+    async with StatsReader(real_client, NS + "-cached", resync_s=60).cached() as cache:
+        signals = Signals("vllm", 1, 3, kv_capacity_tokens=4096, waiting_by_reason={"deferred": 3})
+        fields = stats_fields(signals, prefix_cache_hit_rate=None, scrape_ms=1.0, interval_ms=1000)
+        await store.write_stats(
+            "a", "p1", acquired.token, fields, lease_ttl_ms=10_000, stats_ttl_ms=10_000
+        )
+        deadline = time.monotonic() + 10  # generous: the update is an event, not a timer
+        while (entry := cache.get("a")) is None or entry.stats is None:
+            assert time.monotonic() < deadline, "the update never reached the cache"
+            await asyncio.sleep(0.01)
+        assert entry.stats.kv_capacity_tokens == 4096
+        assert entry.stats.waiting_by_reason == {"deferred": 3}

@@ -2,7 +2,9 @@
 
 An engine's numbers in the view are as old as its last scrape (and engines' own
 ``/metrics`` trail their queues). The requests this replica started after that scrape
-are missing from them; ``LocalLoad`` counts them so the picker can add them back.
+are missing from them; ``LocalLoad`` counts them so the picker can add them back. It
+also times them: how long requests to an endpoint took lately tells what no page says,
+an engine slower than its size, or a queue grown since the scrape (``slowness``).
 
     local = LocalLoad()
     target = picker.pick(cache, model=model, local=local)
@@ -108,7 +110,7 @@ class LocalLoad:
         every = self._all_s
         self._all_s = took_s if every == 0.0 else every + LATENCY_ALPHA * (took_s - every)
 
-    def slowness(self, endpoint_id: str) -> float:
+    def slowness(self, endpoint_id: str, now: float | None = None) -> float:
         """How long this replica's requests to ``endpoint_id`` took lately over how long
         its requests took anywhere (moving averages; queueing included): 1 when unknown,
         fading back to 1 over ``LATENCY_FADE_S`` without news. It tells what no
@@ -117,7 +119,8 @@ class LocalLoad:
         if held is None or every <= 0.0:
             return 1.0
         mean, at = held
-        fade = math.exp(-max(0.0, self._clock() - at) / LATENCY_FADE_S)
+        now = self._clock() if now is None else now
+        fade = math.exp(-max(0.0, now - at) / LATENCY_FADE_S)
         ratio = 1.0 + (mean / every - 1.0) * fade
         return min(SLOWNESS_MAX, max(SLOWNESS_MIN, ratio))
 
@@ -146,12 +149,12 @@ class LocalLoad:
 
     def since(self, endpoint_id: str, since: float) -> int:
         """Requests in flight to ``endpoint_id`` that started after ``since`` (``clock``
-        seconds): the ones a scrape at ``since`` cannot have counted."""
-        with self._lock:
-            starts = self._starts.get(endpoint_id)
-            if not starts:
-                return 0
-            return len(starts) - bisect_right(starts, since)
+        seconds): the ones a scrape at ``since`` cannot have counted. No lock: a read of
+        a list that another thread changes meanwhile is off by that one request at most."""
+        starts = self._starts.get(endpoint_id)
+        if not starts:
+            return 0
+        return len(starts) - bisect_right(starts, since)
 
     def now(self) -> float:
         return self._clock()

@@ -303,6 +303,7 @@ class SyncStatsReader(_Reader):
         return self._one(endpoint_id)[1]
 
     def live_pollers(self) -> list[str]:
+        check_schema(self._call(self.client.get, "GET schema", name=self.keys.schema))
         reply = self._call(self.client.time, "TIME")
         now_ms = int(reply[0]) * 1000 + int(reply[1]) // 1000
         members = self._call(

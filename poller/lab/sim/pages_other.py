@@ -181,6 +181,9 @@ def trtllm_source(model: str) -> str:
         ("num_requests_waiting", "gauge", "Number of queued requests", "<<waiting>>"),
         ("kv_cache_utilization", "gauge", "KV cache utilization", "<<kv>>"),
         ("kv_cache_hit_rate", "gauge", "KV cache hit rate", "<<batch_hit_rate>>"),
+        ("kv_cache_max_blocks", "gauge", "Maximum number of KV cache blocks", "<<kv_max_blocks>>"),
+        ("kv_cache_used_blocks", "gauge", "Number of used KV cache blocks", "<<kv_used_blocks>>"),
+        ("kv_cache_tokens_per_block", "gauge", "Number of tokens per KV cache block", "16"),
     ]
     out = _gauges("trtllm_", labels + ',pid="412"', rows)
     rows = [

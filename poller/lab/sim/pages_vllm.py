@@ -80,6 +80,21 @@ vllm:avg_prompt_throughput_toks_per_s{model_name="M"} <<prompt_tps>>
 vllm:avg_generation_throughput_toks_per_s{model_name="M"} <<gen_tps>>"""
 
 
+# vLLM 0.33's split of the waiting queue (vllm/v1/metrics/loggers.py); the simulated
+# scheduler defers nothing, so every waiting request waits for capacity.
+_BY_REASON = (
+    "# HELP vllm:num_requests_waiting_by_reason Number of waiting requests by reason. Reason "
+    "labels: 'capacity' = waiting for scheduling capacity; 'deferred' = deferred by transient "
+    "constraints (LoRA budget, KV transfer, blocked status). Sum of all reasons equals "
+    "vllm:num_requests_waiting.",
+    "# TYPE vllm:num_requests_waiting_by_reason gauge",
+    f'vllm:num_requests_waiting_by_reason{{<<R>>model_name="{BUNDLED_MODEL}",reason="capacity"}}'
+    " <<waiting>>",
+    f'vllm:num_requests_waiting_by_reason{{<<R>>model_name="{BUNDLED_MODEL}",reason="deferred"}}'
+    " 0.0",
+)
+
+
 def _vllm_line(line: str, v0: bool) -> str:
     # V1 labels every per-engine series with engine="<index>" (data parallelism); V0 has
     # no such label. The bundled page always writes it first, before model_name.
@@ -129,6 +144,8 @@ def vllm_source(model: str, lora: bool, v0: bool, kv_blocks: int | None = None) 
                 out.extend([*family[:2], "<<lora>>"])
             continue
         out.extend(_vllm_line(line, v0) for line in family)
+        if name == "vllm:num_requests_waiting" and not v0:
+            out.extend(_BY_REASON)
     return "\n".join(out).replace(BUNDLED_MODEL, model)
 
 
