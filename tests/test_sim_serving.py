@@ -289,3 +289,17 @@ async def test_kv_capacity_follows_the_slots_and_prefix_counters_count_requests(
 def test_bad_serving_parameters_are_refused_by_name(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=field):
         EndpointSpec.from_dict({"id": "e", field: value})
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "triton"])
+async def test_every_engine_publishes_a_kv_pool_sized_by_its_slots(
+    engine: str, client: httpx.AsyncClient
+) -> None:
+    from poller.lab.sim import ENGINES
+
+    spec = EndpointSpec("e", engine, capacity=8, load=0)
+    async with Simulator([spec], clock=FakeClock(), hold=instant) as sim:
+        response = await client.get(sim.metrics_url("e"))
+    mapping = mapping_for(ENGINES[engine].registry_engine)
+    signals = mapping.read(response.content, response.headers["content-type"])
+    assert signals.kv_capacity_tokens == round(8 * 28642 / 256) * 16

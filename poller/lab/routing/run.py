@@ -199,6 +199,13 @@ async def _exited(procs: list[Proc], timeout_s: float) -> None:
         raise RuntimeError(f"replica failed (exit {failed[0].popen.returncode}): {failed[0].log}")
 
 
+def _progress(out: TextIO, done: int, total: int, policy: str, r: int, load: float) -> None:
+    """On a terminal, which cell runs now (overwritten by its row when it ends)."""
+    if out.isatty():
+        out.write(f"  [{done + 1}/{total}] {policy}, {r} replicas, load {load:g} ...\r")
+        out.flush()
+
+
 def _policies(cfg: RoutingConfig) -> list[str]:
     names = list(cfg.policies) if cfg.policies else [n for n, d in POLICIES.items() if d.default]
     unknown = [n for n in names if n not in POLICIES]
@@ -230,11 +237,12 @@ def run_routing(cfg: RoutingConfig, redis_url: str | None, out: TextIO) -> dict[
                 try:
                     wait_until(poller.alive, 5, "poller start")
                     for policy, replicas, load, _ in group:
+                        _progress(out, len(rows), len(cells), policy, replicas, load)
                         row = asyncio.run(bench.cell_run(policy, replicas, load))
                         row = {"policy": policy, "replicas": replicas, "load": load,
                                "interval_s": interval, **row}  # fmt: skip
                         rows.append(row)
-                        out.write(format_row(row) + "\n")
+                        out.write(format_row(row) + "\n")  # longer than the progress line
                         out.flush()
                 finally:
                     poller.stop()
