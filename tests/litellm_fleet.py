@@ -28,8 +28,11 @@ from poller.reader import StatsReader, ViewCache
 from poller.redis.store import RedisStore
 from poller.registry import Endpoint
 
-# Before any import of litellm: its start-up would fetch a cost map from the internet.
+# Before any import of litellm: its start-up would fetch a cost map from the internet,
+# and its requests look up a Hugging Face tokenizer for a model name it does not know
+# (an offline machine waits for each lookup to time out).
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 NS = "lt"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -41,8 +42,8 @@ class Ticket:
 
 
 class Tickets:
-    """The open tickets of one strategy (one event loop or threads; callbacks of
-    LiteLLM's logging worker run in the same loop)."""
+    """The open tickets of one strategy. One lock (never held while calling out) keeps
+    them right when sync Router calls run in threads beside the event loop."""
 
     def __init__(self, local: LocalLoad, max_open_s: float = 600.0) -> None:
         self.local = local
@@ -51,30 +52,40 @@ class Tickets:
         self._by_task: dict[asyncio.Task[object], list[Ticket]] = {}
         self._order: deque[Ticket] = deque()  # by start time, for max_open_s
         self.abandoned_total = 0
+        self._lock = threading.Lock()
 
     def open(self, endpoint_id: str, key: Key, *, stream: bool) -> Ticket:
         self._expire()
         ticket = Ticket(endpoint_id, key, stream, self.local.started(endpoint_id))
-        self._by_key.setdefault(key, deque()).append(ticket)
-        self._order.append(ticket)
         try:
             task: asyncio.Task[object] | None = asyncio.current_task()
         except RuntimeError:  # no event loop: a sync Router call
             task = None
-        if task is not None:
-            held = self._by_task.get(task)
-            if held is None:
-                self._by_task[task] = [ticket]
-                task.add_done_callback(self._task_done)
-            else:
-                held.append(ticket)
+        first = False
+        with self._lock:
+            self._by_key.setdefault(key, deque()).append(ticket)
+            self._order.append(ticket)
+            if task is not None:
+                held = self._by_task.get(task)
+                first = held is None
+                if held is None:
+                    self._by_task[task] = [ticket]
+                else:
+                    held.append(ticket)
+        if first:
+            assert task is not None
+            task.add_done_callback(self._task_done)
         return ticket
 
     def close(self, ticket: Ticket) -> None:
-        if not ticket.open:
-            return
-        ticket.open = False
+        with self._lock:
+            if not ticket.open:
+                return
+            ticket.open = False
+            self._unqueue(ticket)
         self.local.finished(ticket.endpoint_id, ticket.started_at)
+
+    def _unqueue(self, ticket: Ticket) -> None:
         queue = self._by_key.get(ticket.key)
         if queue is not None:
             try:
@@ -86,17 +97,20 @@ class Tickets:
 
     def close_key(self, key: Key) -> bool:
         """A callback reported the end of an attempt: close its oldest open ticket."""
-        queue = self._by_key.get(key)
-        if not queue:
-            return False
-        self.close(queue[0])
+        with self._lock:
+            queue = self._by_key.get(key)
+            if not queue:
+                return False
+            ticket = queue[0]
+        self.close(ticket)
         return True
 
     def in_flight(self) -> int:
         return sum(len(q) for q in self._by_key.values())
 
     def _task_done(self, task: asyncio.Task[object]) -> None:
-        held = self._by_task.pop(task, [])
+        with self._lock:
+            held = self._by_task.pop(task, [])
         # The last pick of a task that ended normally may be a stream it returned: the
         # stream's own callback ends it. Everything else the task picked has ended.
         handed_on = held[-1] if held and held[-1].stream and not task.cancelled() else None
@@ -106,13 +120,14 @@ class Tickets:
 
     def _expire(self) -> None:
         order = self._order
-        while order and not order[0].open:
-            order.popleft()
-        if not order:
-            return
         limit = self.local.now() - self.max_open_s
-        while order and order[0].started_at < limit:
-            ticket = order.popleft()
+        expired = []
+        with self._lock:
+            while order and (not order[0].open or order[0].started_at < limit):
+                ticket = order.popleft()
+                if ticket.open:
+                    expired.append(ticket)
+        for ticket in expired:
             if ticket.open:
                 self.abandoned_total += 1
                 log.info(

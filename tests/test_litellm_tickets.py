@@ -1,0 +1,80 @@
+"""Tickets: every routed request ends exactly once in the LocalLoad, however it ends."""
+
+from __future__ import annotations
+
+import asyncio
+
+from poller.integrations.litellm.tickets import Tickets
+from poller.reader import LocalLoad
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_callback_closes_the_oldest_ticket_of_its_key_once() -> None:
+    local = LocalLoad()
+    tickets = Tickets(local)
+    first = tickets.open("e1", ("t", "d1"), stream=False)
+    tickets.open("e1", ("t", "d1"), stream=False)  # a retry to the same deployment
+    assert local.in_flight("e1") == 2
+    assert tickets.close_key(("t", "d1"))
+    assert not first.open and local.in_flight("e1") == 1
+    tickets.close(first)  # a second end of the same attempt: nothing
+    assert local.in_flight("e1") == 1
+    assert tickets.close_key(("t", "d1"))
+    assert not tickets.close_key(("t", "d1"))  # a late duplicate callback
+    assert local.in_flight("e1") == 0 and tickets.in_flight() == 0
+
+
+async def test_a_task_ends_what_it_picked_except_the_stream_it_handed_on() -> None:
+    local = LocalLoad()
+    tickets = Tickets(local)
+
+    async def request(stream_last: bool) -> None:
+        tickets.open("e1", ("t1", "d1"), stream=False)  # an attempt that failed unlogged
+        tickets.open("e2", ("t1", "d2"), stream=stream_last)
+
+    await asyncio.create_task(request(stream_last=True))
+    await asyncio.sleep(0)  # a task's done callbacks run one loop turn after its awaiter's
+    assert (local.in_flight("e1"), local.in_flight("e2")) == (0, 1)  # the stream goes on
+    assert tickets.close_key(("t1", "d2"))  # its success callback, at the stream's end
+    await asyncio.create_task(request(stream_last=False))
+    await asyncio.sleep(0)
+    assert tickets.in_flight() == 0 and local.in_flight("e2") == 0
+
+
+async def test_a_cancelled_task_ends_its_stream_too() -> None:
+    local = LocalLoad()
+    tickets = Tickets(local)
+    opened = asyncio.Event()
+
+    async def request() -> None:
+        tickets.open("e1", ("t1", "d1"), stream=True)
+        opened.set()
+        await asyncio.Event().wait()  # the client goes away here
+
+    task = asyncio.create_task(request())
+    await opened.wait()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.sleep(0)
+    assert local.in_flight("e1") == 0 and tickets.in_flight() == 0
+
+
+def test_a_ticket_nobody_ends_expires_after_max_open_s() -> None:
+    clock = Clock()
+    local = LocalLoad(clock)
+    tickets = Tickets(local, max_open_s=60.0)
+    tickets.open("e1", ("t1", "d1"), stream=True)
+    clock.now += 59.0
+    tickets.open("e2", ("t2", "d2"), stream=False)
+    assert local.in_flight("e1") == 1 and tickets.abandoned_total == 0
+    clock.now += 2.0
+    tickets.open("e3", ("t3", "d3"), stream=False)  # expiry runs at each open
+    assert local.in_flight("e1") == 0 and local.in_flight("e2") == 1
+    assert tickets.abandoned_total == 1
