@@ -28,10 +28,13 @@ def ep(endpoint_id: str, port: int = 8000, **extra: object) -> Endpoint:
     return Endpoint.model_validate({"id": endpoint_id, "url": f"http://127.0.0.1:{port}", **extra})
 
 
-async def next_event(pubsub: aioredis.client.PubSub, timeout_s: float = 2.0) -> str:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while asyncio.get_running_loop().time() < deadline:
-        msg = await pubsub.get_message(timeout=0.1)
+async def next_event(pubsub: aioredis.client.PubSub, timeout_s: float = 30.0) -> str:
+    """The next published message. Each call blocks until a message arrives (a skipped
+    subscribe confirmation returns None early); the bound only ends a test that would hang."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while (left_s := deadline - loop.time()) > 0:
+        msg = await pubsub.get_message(timeout=left_s)
         if msg is not None:
             return str(msg["data"])
     raise AssertionError("no event published")
@@ -324,7 +327,9 @@ async def test_unreachable_redis_is_a_store_error() -> None:
 
 
 async def test_paused_redis_times_out_as_store_error(own_redis: RedisProcess) -> None:
-    store = RedisStore.from_settings(RedisSettings(url=own_redis.url, socket_timeout_s=0.3))
+    # The timeout is what turns the frozen call into an error; the calls before and after
+    # the pause must succeed, so it is generous for a loaded machine.
+    store = RedisStore.from_settings(RedisSettings(url=own_redis.url, socket_timeout_s=2.0))
     try:
         await store.ping()
         own_redis.pause()
