@@ -45,8 +45,30 @@ async def test_noscript_in_a_packed_batch_is_reloaded(real_client: aioredis.Redi
     assert replies == [["k", "v", i + 1, 2] for i in range(5)]
 
 
-async def test_cancelled_exchange_does_not_poison_the_pool(real_client: aioredis.Redis) -> None:
+async def test_cancelled_exchange_does_not_poison_the_pool(
+    real_client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
     batcher = WriteBatcher(real_client, window_s=0.0)
+    # The cancel must land while a reply is owed: after the command is on the socket.
+    # Redis answers nobody while the script runs (CLIENT LIST included), so the signal is
+    # the client's own: the write of the batch has completed.
+    sent = asyncio.Event()
+    exchange = WriteBatcher._exchange
+
+    async def exchange_signalling(conn: Any, payload: bytes, count: int) -> list[Any]:
+        send = conn.send_packed_command
+
+        async def send_then_signal(*args: Any, **kwargs: Any) -> None:
+            await send(*args, **kwargs)
+            sent.set()
+
+        conn.send_packed_command = send_then_signal
+        try:
+            return await exchange(conn, payload, count)
+        finally:
+            del conn.send_packed_command  # the pooled connection gets its own method back
+
+    monkeypatch.setattr(batcher, "_exchange", exchange_signalling)
     slow = real_client.register_script(
         "local i = 0 while i < tonumber(ARGV[1]) do i = i + 1 end return i"
     )
@@ -56,7 +78,9 @@ async def test_cancelled_exchange_does_not_poison_the_pool(real_client: aioredis
     # Lua for ~0.1 s idle (2 s measured at load 15 on 2 cores): long enough to cancel while
     # the reply is owed, short enough to stay under Redis's 5 s busy limit when loaded.
     task = asyncio.ensure_future(batcher._send_packed([(slow, [], [5_000_000], asyncio.Future())]))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(sent.wait(), 30)
+    # This runs before the task can read a reply: the reply is still owed when it is cancelled.
+    assert not task.done()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -257,16 +257,20 @@ async def test_a_reader_from_the_document_agrees_with_stats_reader(
         await write(ids[6], 99)  # recovered: the failure record goes
         await fail(ids[9], "auth")  # failing without stats; ids[10:] never written
         await store.remove_endpoint(ids[11])
-        # the settled view: both followers have seen the last update
+        # the settled view: both followers have seen the last update (ids[9]'s failure;
+        # the channel is ordered, so every earlier message was applied before it)
         deadline = time.monotonic() + 30  # milliseconds when idle
         while (
             ids[11] in doc_reader.entries
+            or ids[9] not in doc_reader.failures
+            or ids[6] in doc_reader.failures
             or (e := cache.get(ids[6])) is None
             or (e.failure is not None or ids[11] in cache.ids())
+            or (f := cache.get(ids[9])) is None
+            or f.failure is None
         ):
             assert time.monotonic() < deadline, "followers did not settle"
             await asyncio.sleep(0.02)
-        await asyncio.sleep(0.2)
         snapshot = await StatsReader(client, NS).snapshot()
         cached_view = cache.view()
     stop.set()

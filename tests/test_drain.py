@@ -204,7 +204,7 @@ async def test_drain_moves_every_endpoint_and_keeps_the_health_port(
                     return sorted(held) == ids and set(held.values()) == {"p0", "p1"}
 
                 await until(both_hold, 30, "both pollers holding leases")
-                await until(lambda: p0.get("/readyz")[0] == 200, 10, "p0 ready")
+                await until(lambda: p0.get("/readyz")[0] == 200, 30, "p0 ready")
 
                 done = await asyncio.to_thread(cli, own_redis.url, "drain", "p0", "--wait", "30")
                 assert done.returncode == 0, done.stderr
@@ -251,7 +251,7 @@ async def test_drain_moves_every_endpoint_and_keeps_the_health_port(
                 undo = await asyncio.to_thread(cli, own_redis.url, "drain", "p0", "--undo")
                 assert undo.returncode == 0 and "p0 returns to service" in undo.stdout
                 await until(both_hold, 20, "p0 taking its share again")
-                await until(lambda: p0.get("/readyz")[0] == 200, 10, "p0 ready again")
+                await until(lambda: p0.get("/readyz")[0] == 200, 30, "p0 ready again")
 
                 # SIGUSR1 does what `poller drain` does
                 p0.signal(signal.SIGUSR1)

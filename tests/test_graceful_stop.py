@@ -12,6 +12,7 @@ from pathlib import Path
 
 import fakeredis
 import httpx
+import pytest
 
 from poller.config import Settings
 from poller.redis.store import RedisStore
@@ -21,7 +22,9 @@ from poller.service.worker import Worker
 VLLM = (Path(__file__).parent / "data" / "vllm-v1-synthetic-61k.txt").read_bytes()
 
 
-async def test_stop_writes_the_scrape_in_flight_then_releases() -> None:
+async def test_stop_writes_the_scrape_in_flight_then_releases(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
     asked, answer = asyncio.Event(), asyncio.Event()
 
@@ -40,8 +43,18 @@ async def test_stop_writes_the_scrape_in_flight_then_releases() -> None:
         await worker.step()
         scrape = asyncio.create_task(worker.jobs.run(worker.owned["e1"]))
         await asyncio.wait_for(asked.wait(), 30)
+        # stop() has reached the jobs: from here it waits for the scrape, the lease kept
+        draining = asyncio.Event()
+        stop_jobs = worker.jobs.stop
+
+        async def stop_jobs_signalling(timeout_s: float) -> None:
+            draining.set()
+            await stop_jobs(timeout_s)
+
+        monkeypatch.setattr(worker.jobs, "stop", stop_jobs_signalling)
         stopping = asyncio.create_task(worker.stop(timeout_s=30))
-        await asyncio.sleep(0.05)  # stop() has begun: it waits for the scrape, lease kept
+        await asyncio.wait_for(draining.wait(), 30)
+        await asyncio.sleep(0)  # and has had its turn with the scrape in flight
         assert not stopping.done() and await store.lease_holder("e1") == ("p1", 1)
         answer.set()
         await asyncio.wait_for(stopping, 30)

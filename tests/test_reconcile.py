@@ -218,7 +218,7 @@ async def test_a_scrape_in_flight_finishes_with_the_record_it_started_with(fake:
         await worker.step()
         assert worker.owned["e1"].mapping is None
         release.set()
-        await asyncio.wait_for(scrape, 5)
+        await asyncio.wait_for(scrape, 30)
         stats = await worker.store.read_stats("e1")
         assert stats["engine"] == "vllm" and stats["running"] == "17"
         assert await worker.store.read_failure("e1") == {}
@@ -249,7 +249,7 @@ async def test_dropping_an_endpoint_cancels_its_scrape_in_flight(fake: Any) -> N
         await started.wait()
         await worker.store.remove_endpoint("e1")
         await worker.step()
-        await asyncio.wait_for(scrape, 5)  # cancelled, not left hanging
+        await asyncio.wait_for(scrape, 30)  # cancelled, not left hanging
         assert "e1" not in worker.owned and worker.jobs.scheduled_ids() == set()
         assert worker.metrics.missed.labels("cancelled")._value.get() == 1
     finally:
@@ -364,7 +364,7 @@ async def test_the_coordination_loop_backs_off_within_the_member_ttl(
     monkeypatch.setattr(store, "heartbeat", down)
     await worker.start()
     try:
-        await asyncio.wait_for(done.wait(), 10)
+        await asyncio.wait_for(done.wait(), 30)
     finally:
         await worker.stop(timeout_s=0.5)
     ttl_third = worker.settings.coordination.member_ttl_ms / 3000
@@ -410,7 +410,7 @@ async def test_unexpected_errors_in_the_events_loop_are_warned_once_and_counted(
     with caplog.at_level(logging.DEBUG, logger="poller.service.metrics"):
         await worker.start()
         try:
-            await asyncio.wait_for(subscribed.wait(), 10)
+            await asyncio.wait_for(subscribed.wait(), 30)
         finally:
             await worker.stop(timeout_s=0.5)
     warnings = [

@@ -124,7 +124,7 @@ async def test_a_password_changed_under_a_running_poller_is_an_error_and_readyz_
 
         await until(refused, 60, "/readyz naming the refused login")
         assert proc.running()  # it keeps retrying: the password may be put back
-        await until(lambda: "refused authentication" in proc.log(), 10, "the log line")
+        await until(lambda: "refused authentication" in proc.log(), 30, "the log line")
         await admin.config_set("requirepass", PASSWORD)
         await until(lambda: proc.get("/readyz")[0] == 200, 60, "ready again")
         logged = [

@@ -105,7 +105,7 @@ async def test_removing_an_endpoint_while_it_is_scraped_logs_no_error(
     assert set(worker.owned) == {"e1"}
     with job_ends(worker) as ended:
         caplog.set_level(logging.INFO)
-        await asyncio.wait_for(engine.asked.wait(), 10)  # the job fired; its scrape is held
+        await asyncio.wait_for(engine.asked.wait(), 30)  # the job fired; its scrape is held
         await store.remove_endpoint("e1")
         if first == "pass":
             await worker.step()  # releases the lease and drops the job: cancels the scrape
@@ -115,7 +115,7 @@ async def test_removing_an_endpoint_while_it_is_scraped_logs_no_error(
             # scrape's write was on its way: the write is rejected first, then the pass.
             await store.client.delete("{t}:lease:e1")
             engine.release.set()
-        event = await asyncio.wait_for(ended, 10)
+        event = await asyncio.wait_for(ended, 30)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [], [r.getMessage() for r in errors]
     assert isinstance(event, JobExecutionEvent)

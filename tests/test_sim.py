@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from procs import until
 from prometheus_client.parser import text_string_to_metric_families
 
 from poller.errors import ConfigError, ContractError, ParseError
@@ -41,12 +42,19 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=2.0, trust_env=False) as c:
+    # Generous: every request through it should succeed; tests that expect a timeout
+    # pass their own (a read timeout only, see read_timeout).
+    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as c:
         yield c
 
 
 def sim_with(specs: Iterable[EndpointSpec], clock: FakeClock | None = None) -> Simulator:
     return Simulator(specs, seed=7, clock=clock or FakeClock())
+
+
+def read_timeout(seconds: float) -> httpx.Timeout:
+    """A short read timeout, the behaviour under test; connecting keeps the ample one."""
+    return httpx.Timeout(30.0, read=seconds)
 
 
 async def fetch(client: httpx.AsyncClient, url: str, **kw: object) -> httpx.Response:
@@ -358,16 +366,19 @@ async def test_hang_and_slow(client: httpx.AsyncClient) -> None:
         url = sim.metrics_url("h")
         await sim.set_fault("h", "hang")
         with pytest.raises(httpx.ReadTimeout):
-            await fetch(client, url, timeout=0.2)
+            await fetch(client, url, timeout=read_timeout(0.2))
         await sim.set_fault("h", "slow", delay_s=0.3)
         with pytest.raises(httpx.ReadTimeout):
-            await fetch(client, url, timeout=0.1)
+            await fetch(client, url, timeout=read_timeout(0.1))
         started = time.perf_counter()
         response = await fetch(client, url)
         assert response.status_code == 200 and time.perf_counter() - started >= 0.3
         await sim.set_fault("h", "hang")
-        pending = asyncio.ensure_future(fetch(client, url, timeout=5.0))
-        await asyncio.sleep(0.05)
+        hits = sim.hits("h")
+        pending = asyncio.ensure_future(fetch(client, url))
+        # Stop only once the simulator holds the request (before that, stopping closes the
+        # port and the client sees a ConnectError instead).
+        await until(lambda: sim.hits("h") > hits, 30, "the hung request at the simulator")
     # Stopping releases a hung request: the client sees the connection close.
     with pytest.raises(httpx.RemoteProtocolError):
         await pending
@@ -381,8 +392,11 @@ async def test_drip_sends_the_page_slowly(client: httpx.AsyncClient) -> None:
             first = time.perf_counter() - started
             body = await response.aread()
         total = time.perf_counter() - started
-    assert first < 0.1  # headers at once...
-    assert total >= 0.05 * (len(body) // 400)  # ...the body a few bytes at a time
+    pauses = -(-len(body) // 400) - 1  # one between consecutive chunks
+    # Headers at once: every pause of the drip came after them (a pause lasts at least its
+    # interval, however loaded the machine), and so the body a few bytes at a time.
+    assert total - first >= 0.05 * pauses
+    assert pauses >= 3  # a page long enough to drip
     mapping_for("llamacpp").read(body)
 
 
@@ -532,7 +546,7 @@ async def test_run_sim_writes_the_registry(tmp_path: Path, client: httpx.AsyncCl
     task = asyncio.create_task(
         run_sim(fleet(4, ["vllm", "trtllm"]), registry_out=out_file, out=out, stop=stop)
     )
-    await asyncio.wait_for(written.wait(), 5)
+    await asyncio.wait_for(written.wait(), 30)  # the simulator up; the bound ends a hang
     entries = json.loads(out_file.read_text())
     assert entries == json.loads(out.getvalue())
     assert [e["engine"] for e in entries] == ["vllm", "trtllm", "vllm", "trtllm"]

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import time
 
 import pytest
 import redis.asyncio as aioredis
@@ -28,13 +30,34 @@ def ep(endpoint_id: str, port: int = 8000, **extra: object) -> Endpoint:
     return Endpoint.model_validate({"id": endpoint_id, "url": f"http://127.0.0.1:{port}", **extra})
 
 
-async def next_event(pubsub: aioredis.client.PubSub, timeout_s: float = 2.0) -> str:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while asyncio.get_running_loop().time() < deadline:
-        msg = await pubsub.get_message(timeout=0.1)
+async def next_event(pubsub: aioredis.client.PubSub, timeout_s: float = 30.0) -> str:
+    """The next published message. Each call blocks until a message arrives (a skipped
+    subscribe confirmation returns None early); the bound only ends a test that would hang."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while (left_s := deadline - loop.time()) > 0:
+        msg = await pubsub.get_message(timeout=left_s)
         if msg is not None:
             return str(msg["data"])
     raise AssertionError("no event published")
+
+
+class Around:
+    """The clock read before and after a call that sets a TTL: the key's absolute expiry
+    must fall between the two readings plus the TTL, however long the calls took (a PTTL
+    window would instead need the test to run fast). Redis shares this machine's clock."""
+
+    def __enter__(self) -> Around:
+        self.before_ms = math.floor(time.time() * 1000)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.after_ms = math.ceil(time.time() * 1000)
+
+    async def expires_within(self, client: aioredis.Redis, key: str, ttl_ms: int) -> None:
+        expires_ms = await client.pexpiretime(key)
+        low, high = self.before_ms + ttl_ms, self.after_ms + ttl_ms
+        assert low <= expires_ms <= high, (key, expires_ms - self.before_ms, ttl_ms)
 
 
 def test_every_key_shares_the_hash_tag() -> None:
@@ -57,12 +80,14 @@ async def test_schema_is_claimed_and_checked(store: RedisStore) -> None:
 async def test_acquire_renew_and_report_holder(store: RedisStore) -> None:
     [a] = await store.acquire_leases("p1", ["e1"], 2000)
     assert a.token == 1 and not a.renewed
-    [again] = await store.acquire_leases("p1", ["e1"], 2000)
+    with Around() as renewal:
+        [again] = await store.acquire_leases("p1", ["e1"], 2000)
     assert again.token == 1 and again.renewed
     [other] = await store.acquire_leases("p2", ["e1"], 2000)
     assert other.token is None and other.holder == "p1 1"
     assert await store.client.get("{test}:lease:e1") == "p1 1"
-    assert 1500 < await store.client.pttl("{test}:lease:e1") <= 2000
+    # the holder's renewal set the TTL; the refused p2 did not touch it
+    await renewal.expires_within(store.client, "{test}:lease:e1", 2000)
     # tokens come from one counter: the next lease gets a larger one
     [b] = await store.acquire_leases("p2", ["e2"], 2000)
     assert b.token == 2
@@ -71,8 +96,10 @@ async def test_acquire_renew_and_report_holder(store: RedisStore) -> None:
 async def test_renew_compares_the_token(store: RedisStore) -> None:
     await store.acquire_leases("p1", ["e1", "e2"], 1000)
     await store.client.set("{test}:lease:e2", "p2 99")  # someone else took it
-    assert await store.renew_leases("p1", {"e1": 1, "e2": 2}, 5000) == {"e1": True, "e2": False}
-    assert await store.client.pttl("{test}:lease:e1") > 4000
+    with Around() as renewal:
+        renewed = await store.renew_leases("p1", {"e1": 1, "e2": 2}, 5000)
+    assert renewed == {"e1": True, "e2": False}
+    await renewal.expires_within(store.client, "{test}:lease:e1", 5000)
 
 
 async def test_release_only_our_own_and_publish(store: RedisStore) -> None:
@@ -89,9 +116,10 @@ async def test_write_stats_accepted(store: RedisStore) -> None:
     [a] = await store.acquire_leases("p1", ["e1"], 500)
     await store.client.hset("{test}:failure:e1", "reason", "timeout")
     async with store.subscribe() as pubsub:
-        result = await store.write_stats(
-            "e1", "p1", a.token or 0, FIELDS, lease_ttl_ms=2000, stats_ttl_ms=3000
-        )
+        with Around() as write:
+            result = await store.write_stats(
+                "e1", "p1", a.token or 0, FIELDS, lease_ttl_ms=2000, stats_ttl_ms=3000
+            )
         assert result.accepted and result.value == 1
         assert await next_event(pubsub) == "stats e1 1"
     stats = await store.read_stats("e1")
@@ -99,8 +127,8 @@ async def test_write_stats_accepted(store: RedisStore) -> None:
     assert abs(int(stats["scraped_at_ms"]) - now_s * 1000) < 2000
     assert stats | FIELDS == stats
     assert (stats["poller"], stats["token"], stats["seq"]) == ("p1", "1", "1")
-    assert 2500 < await store.client.pttl("{test}:stats:e1") <= 3000
-    assert 1500 < await store.client.pttl("{test}:lease:e1") <= 2000  # renewed by the write
+    await write.expires_within(store.client, "{test}:stats:e1", 3000)
+    await write.expires_within(store.client, "{test}:lease:e1", 2000)  # renewed by the write
     assert await store.client.exists("{test}:failure:e1") == 0
     second = await store.write_stats(
         "e1",
@@ -155,12 +183,13 @@ async def test_failure_keeps_since_and_counts(store: RedisStore) -> None:
     assert first.value == 1 and second.value == 2
     assert f2["since_ms"] == f1["since_ms"] and int(f2["at_ms"]) >= int(f1["at_ms"])
     assert f2["count"] == "2" and f2["detail"] == "t2" and f2["poller"] == "p1"
-    third = await store.write_failure(
-        "e1", "p1", token, reason="contract", detail="missing", missing=["a", "b"], **kw
-    )
+    with Around() as write:
+        third = await store.write_failure(
+            "e1", "p1", token, reason="contract", detail="missing", missing=["a", "b"], **kw
+        )
     f3 = await store.read_failure("e1")
     assert third.value == 1 and f3["missing"] == "a,b" and f3["reason"] == "contract"
-    assert 2500 < await store.client.pttl("{test}:failure:e1") <= 3000
+    await write.expires_within(store.client, "{test}:failure:e1", 3000)
     # the last good stats are left alone
     assert (await store.read_stats("e1"))["running"] == "3"
 
@@ -256,10 +285,11 @@ async def test_release_leftovers_of_an_earlier_run(store: RedisStore) -> None:
 
 async def test_paused_writer_is_fenced_after_its_lease_lapses(real_client: aioredis.Redis) -> None:
     store = RedisStore(real_client, "test")
-    [a] = await store.acquire_leases("p1", ["e1"], 150)
+    with Around() as acquired:
+        [a] = await store.acquire_leases("p1", ["e1"], 60_000)
     assert a.token is not None
-    assert 0 < await real_client.pttl("{test}:lease:e1") <= 150
-    # p1 "paused" past its 150 ms lease: Redis drops the key, as its TTL would
+    await acquired.expires_within(real_client, "{test}:lease:e1", 60_000)
+    # p1 "paused" past its lease: Redis drops the key, as its TTL would
     await real_client.delete("{test}:lease:e1")
     [b] = await store.acquire_leases("p2", ["e1"], 2000)
     assert b.token is not None
@@ -277,13 +307,19 @@ async def test_stats_expire_by_themselves(real_client: aioredis.Redis) -> None:
     """The stats hash and the lease carry the TTLs given (renewed by the write), and the
     view record its expiry on the Redis clock: nothing outlives them."""
     store = RedisStore(real_client, "test")
-    [a] = await store.acquire_leases("p1", ["e1"], 100)
-    await real_client.pexpire("{test}:lease:e1", 10)  # nearly lapsed: the write renews it
-    await store.write_stats("e1", "p1", a.token or 0, FIELDS, lease_ttl_ms=100, stats_ttl_ms=150)
-    assert 10 < await real_client.pttl("{test}:lease:e1") <= 100
-    assert 100 < await real_client.pttl("{test}:stats:e1") <= 150
+    [a] = await store.acquire_leases("p1", ["e1"], 60_000)
+    # Nearly lapsed (a second left, so a slow machine cannot lose it first): the write
+    # renews it to the full lease TTL.
+    await real_client.pexpire("{test}:lease:e1", 1000)
+    with Around() as write:
+        result = await store.write_stats(
+            "e1", "p1", a.token or 0, FIELDS, lease_ttl_ms=60_000, stats_ttl_ms=90_000
+        )
+    assert result.accepted
+    await write.expires_within(real_client, "{test}:lease:e1", 60_000)
+    await write.expires_within(real_client, "{test}:stats:e1", 90_000)
     scraped_ms, _, expires_ms, *_ = (await real_client.hget("{test}:view:stats", "e1")).split(" ")
-    assert int(expires_ms) - int(scraped_ms) == 150
+    assert int(expires_ms) - int(scraped_ms) == 90_000
 
 
 async def test_scripts_reload_after_flush_and_restart(own_redis: RedisProcess) -> None:
@@ -324,7 +360,9 @@ async def test_unreachable_redis_is_a_store_error() -> None:
 
 
 async def test_paused_redis_times_out_as_store_error(own_redis: RedisProcess) -> None:
-    store = RedisStore.from_settings(RedisSettings(url=own_redis.url, socket_timeout_s=0.3))
+    # The timeout is what turns the frozen call into an error; the calls before and after
+    # the pause must succeed, so it is generous for a loaded machine.
+    store = RedisStore.from_settings(RedisSettings(url=own_redis.url, socket_timeout_s=2.0))
     try:
         await store.ping()
         own_redis.pause()
