@@ -164,13 +164,10 @@ class Picker:
                 return None
             for tier in range(TIERS):
                 bag = models.bags[tier][saturated]
-                if not bag.items:
-                    continue
-                first = self._draw(bag, judge_ms, models, None)
-                if first is None:
-                    continue
-                second = self._draw(bag, judge_ms, models, first)
-                return first.id if second is None or score(first) <= score(second) else second.id
+                if bag.items:
+                    chosen = self._two_choices(bag, judge_ms, models, score)
+                    if chosen is not None:
+                        return chosen
         return None
 
     # --- the view's index ---------------------------------------------------------------
@@ -237,6 +234,21 @@ class Picker:
         return Index(views, fresh_until, self.max_waiting, self.max_kv_cache_usage)
 
     # --- choosing -----------------------------------------------------------------------
+
+    def _two_choices(
+        self,
+        bag: Bag,
+        judge_ms: float,
+        models: ModelIndex | None,
+        score: Callable[[Entry], tuple[float, float]],
+    ) -> str | None:
+        """The less loaded of two entries drawn from ``bag`` (the first on a tie, the only
+        one if the bag holds one live entry), or None: no live entry in it."""
+        first = self._draw(bag, judge_ms, models, None)
+        if first is None:
+            return None
+        second = self._draw(bag, judge_ms, models, first)
+        return first.id if second is None or score(first) <= score(second) else second.id
 
     def _draw(
         self, bag: Bag, judge_ms: float, models: ModelIndex | None, other: Entry | None
@@ -308,12 +320,7 @@ class Picker:
         saturated, tier = min(groups)
         if saturated and self.when_saturated == "none":
             return None
-        bag = groups[saturated, tier]
-        first = self._draw(bag, judge_ms, None, None)
-        if first is None:
-            return None
-        second = self._draw(bag, judge_ms, None, first)
-        return first.id if second is None or score(first) <= score(second) else second.id
+        return self._two_choices(groups[saturated, tier], judge_ms, None, score)
 
 
 def _neutral(endpoint_id: str, now: float) -> float:
