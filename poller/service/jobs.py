@@ -197,8 +197,7 @@ class JobRunner:
             return
         self._scheduler.remove_job(endpoint_id)
         log.debug("dropped", extra={"endpoint": endpoint_id, "why": why})
-        # The scraper forgets the endpoint's prepared request (and closes the client of its
-        # own an injected transport gives it) in the background.
+        # The endpoint's prepared request and any client of its own go in the background.
         task = asyncio.get_running_loop().create_task(self.scraper.discard(endpoint_id))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
