@@ -36,7 +36,7 @@ def _timed(view: EndpointView) -> float | None:
     """Until when (Redis ms) the endpoint's stats are fresh; None: not usable at all."""
     t = view.timing
     if t is None:  # built by hand: its state is all there is
-        return INF if view.state == "fresh" else None
+        return _as_judged(view)
     if t.scraped_at_ms is None:
         return None
     if t.failing and (t.failure_at_ms is None or t.failure_at_ms >= t.scraped_at_ms):
