@@ -173,12 +173,11 @@ class Picker:
     # --- the view's index ---------------------------------------------------------------
 
     def _source(
-        self, view: View | ViewCache | Mapping[str, EndpointView]
+        self, view: View | Mapping[str, EndpointView]
     ) -> tuple[Index, float, float | None] | None:
         """(index, Redis ms to judge freshness at, clock offset) or None: no numbers may
-        be used (Redis lost for longer than the grace)."""
-        if isinstance(view, ViewCache):
-            return self._from_cache(view)
+        be used (Redis lost for longer than the grace). A ``ViewCache`` goes straight to
+        ``_from_cache``."""
         if isinstance(view, View) and isinstance(view.source, ViewCache):
             return self._from_cache(view.source)  # the same numbers, already indexed
         given = view
