@@ -294,7 +294,7 @@ def run_bench(
                     result["prometheus"] = prom
                     ours = result.get("scrape", {}).get("cpu_ms_per_scrape")
                     if ours and prom.get("cpu_ms_per_scrape"):
-                        # A second round in the opposite order, so that a change in the
+                        # Another round in the opposite order, so that a change in the
                         # machine's load during the run does not favour either side.
                         again = bench_prometheus(fleet)
                         ours2 = bench_scrape(fleet).get("cpu_ms_per_scrape")
