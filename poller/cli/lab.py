@@ -74,7 +74,7 @@ def sim(ctx: click.Context) -> None:
     """Serve simulated engines (same options as `python -m poller.lab.sim --help`)."""
     from poller.lab.sim import main as sim_main
 
-    sys.exit(sim_main(ctx.args))
+    sys.exit(sim_main(ctx.args, prog="poller sim"))
 
 
 @click.command()
