@@ -133,3 +133,18 @@ async def until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         await asyncio.sleep(interval_s)
+
+
+def leftovers(marker: str) -> list[int]:
+    """Pids of live processes whose environment carries ``marker`` (a test sets it on
+    what it starts, so processes that outlive a run can be found)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found

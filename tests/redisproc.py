@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from poller.lab.embedded import free_port, wait_until
+from poller.lab.embedded import free_port, private_redis_args, wait_until
 
 START_TIMEOUT_S = 60.0  # a process start on a loaded 2-core machine: ample headroom
 INSTALL_HINT = (
@@ -85,16 +85,7 @@ class RedisProcess:
         args = [
             redis_server_binary(),
             *([str(self.config_file)] if self.config_file else []),
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(self.dir),
+            *private_redis_args(self.port, self.dir),
             "--logfile",
             str(self.dir / "redis.log"),
             *self.extra_args,

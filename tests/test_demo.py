@@ -12,23 +12,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from procs import leftovers
 
 from poller.lab import demo as demo_mod
 from poller.reader.view import View
-
-
-def leftovers(marker: str) -> list[int]:
-    """Pids of live processes whose environment carries ``marker``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if marker.encode() in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 def run_demo(tmp_path: Path, path_env: str | None) -> str:

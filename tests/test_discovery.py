@@ -1,4 +1,4 @@
-"""DNS discovery (issue 15): settings, the reconcile plan, and runners against a real
+"""DNS discovery: settings, the reconcile plan, and runners against a real
 dnsmasq and a real redis-server; the takeover with real `poller run` processes."""
 
 from __future__ import annotations

@@ -348,7 +348,7 @@ def test_hit_rate_over_the_window() -> None:
     assert not math.isnan(prefix_hit_rate(5, 10, 5, 10, None) or 0.0)
 
 
-# --- engines as they ship today (issue 12) ----------------------------------------------------
+# --- engines as they ship today ------------------------------------------------------------
 
 # Pages that fail the contract by design: page -> (engine, words the detail must carry).
 CONTRACT_FAILURES = {

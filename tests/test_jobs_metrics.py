@@ -1,4 +1,4 @@
-"""JobRunner's per-run bookkeeping (issue 13): cached label children and float lateness
+"""JobRunner's per-run bookkeeping: cached label children and float lateness
 record exactly what the uncached, datetime-based versions did."""
 
 from __future__ import annotations

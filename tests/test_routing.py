@@ -13,9 +13,9 @@ import random
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import pytest
+from procs import leftovers
 
 from poller.errors import ConfigError
 from poller.lab.routing import POLICIES, PolicyContext, RoutingConfig, register
@@ -24,18 +24,6 @@ from poller.lab.routing.report import summarise
 from poller.lab.routing.run import _policies
 
 POLICY_SET = ("round-robin", "pick-deterministic", "picker", "oracle")
-
-
-def _leftovers(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 @pytest.mark.slow
@@ -67,7 +55,7 @@ def test_quick_routing_bench_end_to_end() -> None:
         assert set(row["view_showed_after_s"]) == {SLEEPER, FAILER}
     # The table went to stderr as the cells ran, one line per cell.
     assert sum(1 for line in result.stderr.splitlines() if line.strip().startswith(POLICY_SET)) == 4
-    assert _leftovers(marker) == []
+    assert leftovers(marker) == []
 
 
 def test_unknown_policies_are_refused_by_name() -> None:

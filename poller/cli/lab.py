@@ -74,7 +74,7 @@ def sim(ctx: click.Context) -> None:
     """Serve simulated engines (same options as `python -m poller.lab.sim --help`)."""
     from poller.lab.sim import main as sim_main
 
-    sys.exit(sim_main(ctx.args))
+    sys.exit(sim_main(ctx.args, prog="poller sim"))
 
 
 @click.command()
@@ -109,8 +109,8 @@ def sim(ctx: click.Context) -> None:
     "sections",
     multiple=True,
     type=click.Choice(["scrape", "cluster", "failover", "reader", "readers", "routing"]),
-    show_default="all",
-    help="Run only these sections (repeatable).",
+    show_default="scrape, cluster, failover, reader",
+    help="Run only these sections (repeatable); readers and routing run only when named.",
 )
 @click.option(
     "--policy",

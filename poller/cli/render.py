@@ -125,7 +125,7 @@ def render(
     return Group(Text(header(view)), table, *tail)
 
 
-# --- discovery sources (issue 15) ----------------------------------------------------------
+# --- discovery sources --------------------------------------------------------------------
 
 
 def sources_table(sources: list[dict[str, Any]], now_ms: int) -> Table:

@@ -35,7 +35,7 @@ from poller.lab.bench_fleet import (
     Fleet,
     _gaps,
     _measure_pollers,
-    _p,
+    percentile,
 )
 from poller.lab.embedded import (
     Proc,
@@ -221,8 +221,8 @@ def bench_reader(fleet: Fleet) -> dict[str, Any]:
                 lookup_us = (time.perf_counter() - t) / n * 1e6
             return {
                 "endpoints": len(fleet.ids),
-                "snapshot_p50_ms": round(_p(latencies, 0.5), 3),
-                "snapshot_p99_ms": round(_p(latencies, 0.99), 3),
+                "snapshot_p50_ms": round(percentile(latencies, 0.5), 3),
+                "snapshot_p99_ms": round(percentile(latencies, 0.99), 3),
                 "cached_lookup_us": round(lookup_us, 2),
             }
         finally:
@@ -294,7 +294,7 @@ def run_bench(
                     result["prometheus"] = prom
                     ours = result.get("scrape", {}).get("cpu_ms_per_scrape")
                     if ours and prom.get("cpu_ms_per_scrape"):
-                        # A second round in the opposite order, so that a change in the
+                        # Another round in the opposite order, so that a change in the
                         # machine's load during the run does not favour either side.
                         again = bench_prometheus(fleet)
                         ours2 = bench_scrape(fleet).get("cpu_ms_per_scrape")

@@ -8,6 +8,7 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from poller.lab.embedded import (
     wait_until,
 )
 
-__all__ = ["NS", "PAGES", "BenchConfig", "Fleet", "sync_registry"]
+__all__ = ["NS", "PAGES", "BenchConfig", "Fleet", "percentile", "sync_registry"]
 
 NS = "bench"
 
@@ -123,7 +124,8 @@ async def sync_registry(redis_url: str, namespace: str, path: Path) -> None:
         await store.close()
 
 
-def _p(values: list[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile of ``values`` (NaN when there are none)."""
     if not values:
         return math.nan
     ordered = sorted(values)

@@ -17,23 +17,17 @@ has a deadline, every process is stopped by pid.
 from __future__ import annotations
 
 import asyncio
-import math
 import multiprocessing as mp
 import os
 import time
 from typing import Any
 
+from poller.lab.bench_fleet import percentile
+
 __all__ = ["READER_COUNTS", "bench_readers", "format_readers"]
 
 READER_COUNTS = (0, 1, 8, 24)
 READY_TIMEOUT_S = 60.0
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def _hook_cache(seen: list[float]) -> None:
@@ -154,8 +148,8 @@ def measure(
         "updates_per_s_per_reader": round(updates / readers / elapsed) if readers else None,
         "reader_cpu_us_per_update": round(cpu / updates * 1e6, 1) if updates else None,
         "reader_cpu_s_per_s_each": round(cpu / readers / elapsed, 4) if readers else None,
-        "event_to_cache_p50_ms": round(_pct(latencies, 0.5), 2) if latencies else None,
-        "event_to_cache_p99_ms": round(_pct(latencies, 0.99), 2) if latencies else None,
+        "event_to_cache_p50_ms": round(percentile(latencies, 0.5), 2) if latencies else None,
+        "event_to_cache_p99_ms": round(percentile(latencies, 0.99), 2) if latencies else None,
         "readers_hung_on_exit": hung,
     }
 

@@ -28,6 +28,7 @@ __all__ = [
     "free_port",
     "process_cpu_s",
     "poller_args",
+    "private_redis_args",
     "process_rss_mb",
     "redis_for",
     "start_redis_server",
@@ -127,8 +128,15 @@ def start_redis_server(workdir: Path, port: int, cpu: int | None = None) -> Proc
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server not found on PATH (apt-get install redis-server)")
-    args = [
-        binary,
+    return Proc(
+        "redis", [binary, *private_redis_args(port, workdir)], workdir / "redis.log", cpu=cpu
+    )
+
+
+def private_redis_args(port: int, workdir: Path) -> list[str]:
+    """redis-server options for a private server: loopback ``port``, nothing kept on disk
+    (no RDB snapshots, no AOF), its working files in ``workdir``."""
+    return [
         "--port",
         str(port),
         "--bind",
@@ -140,7 +148,6 @@ def start_redis_server(workdir: Path, port: int, cpu: int | None = None) -> Proc
         "--dir",
         str(workdir),
     ]
-    return Proc("redis", args, workdir / "redis.log", cpu=cpu)
 
 
 @contextlib.contextmanager

@@ -128,16 +128,17 @@ class Checker:
             return
 
     def check_written(self) -> None:
-        """Every healthy endpoint was written within its TTL (3 intervals)."""
+        """Every healthy endpoint was written within the last 3 intervals (tighter than
+        its stats TTL, which is at least a takeover: ``_ttl_ms``)."""
         try:
             now_ms = self.redis_now_ms()
             records = self._records()
         except REDIS_ERRORS:
             return
-        ttl_ms = 3 * self.interval_s * 1000
+        bound_ms = 3 * self.interval_s * 1000
         for endpoint_id in self.healthy_ids():
             record = records.get(endpoint_id)
-            if record is None or now_ms - int(record.partition(" ")[0]) > ttl_ms + 250:
+            if record is None or now_ms - int(record.partition(" ")[0]) > bound_ms + 250:
                 self.tally.unwritten += 1
 
     def redis_now_ms(self) -> int:

@@ -158,9 +158,6 @@ class ViewCache:
     def base(self, endpoint_id: str) -> EndpointView | None:
         """The endpoint as last decoded, its state as of the decode (``get`` gives it as
         of now); the picker judges freshness from its ``timing``."""
-        return self._base(endpoint_id)
-
-    def _base(self, endpoint_id: str) -> EndpointView | None:
         base = self._built.get(endpoint_id)
         if base is None:
             entry_json = self._entries.get(endpoint_id)
@@ -179,7 +176,7 @@ class ViewCache:
         return base
 
     def get(self, endpoint_id: str) -> EndpointView | None:
-        base = self._base(endpoint_id)
+        base = self.base(endpoint_id)
         return None if base is None else base.at(self.now_ms(), self.healthy)
 
     def ids(self) -> list[str]:
@@ -190,7 +187,7 @@ class ViewCache:
         healthy = self.healthy
         endpoints: dict[str, EndpointView] = {}
         for endpoint_id in list(self._entries):
-            base = self._base(endpoint_id)
+            base = self.base(endpoint_id)
             if base is not None:
                 endpoints[endpoint_id] = base.at(now, healthy)
         return View(

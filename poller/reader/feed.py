@@ -1,4 +1,4 @@
-"""The update channel read in the event loop's data callback (issue 14).
+"""The update channel read in the event loop's data callback.
 
 A cached reader follows ``P:updates`` at the poller's write rate (1,000 messages a second
 at 1,000 endpoints). Through redis-py's ``PubSub.get_message`` each message costs its own

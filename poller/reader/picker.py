@@ -36,7 +36,7 @@ def _timed(view: EndpointView) -> float | None:
     """Until when (Redis ms) the endpoint's stats are fresh; None: not usable at all."""
     t = view.timing
     if t is None:  # built by hand: its state is all there is
-        return INF if view.state == "fresh" else None
+        return _as_judged(view)
     if t.scraped_at_ms is None:
         return None
     if t.failing and (t.failure_at_ms is None or t.failure_at_ms >= t.scraped_at_ms):
@@ -164,24 +164,20 @@ class Picker:
                 return None
             for tier in range(TIERS):
                 bag = models.bags[tier][saturated]
-                if not bag.items:
-                    continue
-                first = self._draw(bag, judge_ms, models, None)
-                if first is None:
-                    continue
-                second = self._draw(bag, judge_ms, models, first)
-                return first.id if second is None or score(first) <= score(second) else second.id
+                if bag.items:
+                    chosen = self._two_choices(bag, judge_ms, models, score)
+                    if chosen is not None:
+                        return chosen
         return None
 
     # --- the view's index ---------------------------------------------------------------
 
     def _source(
-        self, view: View | ViewCache | Mapping[str, EndpointView]
+        self, view: View | Mapping[str, EndpointView]
     ) -> tuple[Index, float, float | None] | None:
         """(index, Redis ms to judge freshness at, clock offset) or None: no numbers may
-        be used (Redis lost for longer than the grace)."""
-        if isinstance(view, ViewCache):
-            return self._from_cache(view)
+        be used (Redis lost for longer than the grace). A ``ViewCache`` goes straight to
+        ``_from_cache``."""
         if isinstance(view, View) and isinstance(view.source, ViewCache):
             return self._from_cache(view.source)  # the same numbers, already indexed
         given = view
@@ -237,6 +233,21 @@ class Picker:
         return Index(views, fresh_until, self.max_waiting, self.max_kv_cache_usage)
 
     # --- choosing -----------------------------------------------------------------------
+
+    def _two_choices(
+        self,
+        bag: Bag,
+        judge_ms: float,
+        models: ModelIndex | None,
+        score: Callable[[Entry], tuple[float, float]],
+    ) -> str | None:
+        """The less loaded of two entries drawn from ``bag`` (the first on a tie, the only
+        one if the bag holds one live entry), or None: no live entry in it."""
+        first = self._draw(bag, judge_ms, models, None)
+        if first is None:
+            return None
+        second = self._draw(bag, judge_ms, models, first)
+        return first.id if second is None or score(first) <= score(second) else second.id
 
     def _draw(
         self, bag: Bag, judge_ms: float, models: ModelIndex | None, other: Entry | None
@@ -308,12 +319,7 @@ class Picker:
         saturated, tier = min(groups)
         if saturated and self.when_saturated == "none":
             return None
-        bag = groups[saturated, tier]
-        first = self._draw(bag, judge_ms, None, None)
-        if first is None:
-            return None
-        second = self._draw(bag, judge_ms, None, first)
-        return first.id if second is None or score(first) <= score(second) else second.id
+        return self._two_choices(groups[saturated, tier], judge_ms, None, score)
 
 
 def _neutral(endpoint_id: str, now: float) -> float:

@@ -324,17 +324,12 @@ class Worker:
             except SchemaMismatch as exc:
                 self._fail(exc)
                 return
-            except StoreAuthError as exc:
-                if not self._redis_known:
+            except StoreError as exc:
+                if isinstance(exc, StoreAuthError) and not self._redis_known:
                     # Refused at the first contact: a wrong password or user in the
                     # settings; stop with that one line rather than retry forever.
                     self._fail(exc)
                     return
-                failures += 1
-                self._redis_state(exc)
-                self.metrics.redis_errors.labels("coordination").inc()
-                delay = backoff_s(failures, cap_s=self._retry_cap_s)
-            except StoreError as exc:
                 failures += 1
                 self._redis_state(exc)
                 self.metrics.redis_errors.labels("coordination").inc()

@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:
 
 import redis  # noqa: E402
 
-from poller.lab.bench_fleet import _hist_quantile, _p, sync_registry  # noqa: E402
+from poller.lab.bench_fleet import _hist_quantile, percentile, sync_registry  # noqa: E402
 from poller.lab.embedded import (  # noqa: E402
     Proc,
     free_port,
@@ -150,8 +150,8 @@ def run_variant(
         members_changed = proc.log.read_text().count("members changed")
         return {
             "variant": name,
-            "normal_gap_lateness_p50_ms": round(_p(lateness, 0.5) * 1000, 1),
-            "normal_gap_lateness_p99_ms": round(_p(lateness, 0.99) * 1000, 1),
+            "normal_gap_lateness_p50_ms": round(percentile(lateness, 0.5) * 1000, 1),
+            "normal_gap_lateness_p99_ms": round(percentile(lateness, 0.99) * 1000, 1),
             "normal_gap_lateness_max_ms": round(max(lateness) * 1000, 1) if lateness else None,
             "scheduler_lateness_p99_s_le": _hist_quantile(
                 text, "poller_scheduler_lateness_seconds", 0.99

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from poller.lab.bench_fleet import percentile
 
 __all__ = ["HEADER", "format_row", "summarise"]
 
 
 def _q(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+    return percentile(values, q) if values else None
 
 
 def _r(value: float | None, digits: int = 3) -> float | None:

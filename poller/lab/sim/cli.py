@@ -68,8 +68,10 @@ async def run_sim(
             loop.remove_signal_handler(sig)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m poller.lab.sim", description=__doc__.split("\n")[0])
+def _parser(prog: str) -> argparse.ArgumentParser:
+    # The docstring's first line without its "``python -m ...``: " prefix.
+    what = __doc__.split("\n")[0].split(": ", 1)[1]
+    p = argparse.ArgumentParser(prog=prog, description=what[0].upper() + what[1:])
     p.add_argument("--endpoints", type=int, default=6, help="how many endpoints (default 6)")
     p.add_argument(
         "--engines",
@@ -95,9 +97,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (2 for bad arguments)."""
-    args = _parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m poller.lab.sim") -> int:
+    """Entry point; returns the exit status (2 for bad arguments). ``prog``: the command
+    its usage and errors name (``poller sim`` when run through the ``poller`` command)."""
+    args = _parser(prog).parse_args(argv)
     engines = [e for e in args.engines.split(",") if e]
     lora = tuple(a for a in args.lora.split(",") if a)
     try:
