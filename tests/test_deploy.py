@@ -977,7 +977,7 @@ def test_a_poller_and_a_reader_run_as_the_acl_users(acl_redis: _Redis, tmp_path:
                 # poller writing its own request (SIGUSR1).
                 drain = ["drain", "acl-poller", "--redis-url", acl_redis.url(POLLER)]
                 invoke = CliRunner().invoke
-                drained = await asyncio.to_thread(invoke, cli, [*drain, "--force", "--wait", "10"])
+                drained = await asyncio.to_thread(invoke, cli, [*drain, "--force", "--wait", "60"])
                 assert drained.exit_code == 0 and "holds no lease" in drained.output, drained.output
                 undone = await asyncio.to_thread(invoke, cli, [*drain, "--undo"])
                 assert undone.exit_code == 0, undone.output

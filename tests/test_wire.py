@@ -16,7 +16,9 @@ import pytest
 from httpserver import HTTPServer, Request
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from procs import until
 
+from poller.scrape.h1 import Connection
 from poller.scrape.wire import WireTransport
 
 BODY = b"vllm:num_requests_running 3\nvllm:num_requests_waiting 1\n"
@@ -89,10 +91,14 @@ async def test_http10_keep_alive_is_reused() -> None:
 
 
 async def test_a_connection_the_server_closed_while_idle_is_replaced() -> None:
-    # First request answered, then the server hangs up; the next one opens a new one.
-    async with HTTPServer(lambda r: OK if r.n == 1 else None) as server, client() as c:
+    # Each answer is followed by the server hanging up; the next request opens a new one.
+    async with HTTPServer(lambda r: [OK, None]) as server, client() as c:
+        transport = c._transport
+        assert isinstance(transport, WireTransport)
         assert (await c.get(server.url)).content == BODY
-        await asyncio.sleep(0.05)  # the close arrives while the connection is idle
+        (pooled,) = [conn for conns in transport._idle.values() for conn in conns]
+        # The close arrives while the connection is idle: the pool sees it before reuse.
+        await until(lambda: not pooled.reusable, 30, "the pooled connection to see the close")
         assert (await c.get(server.url)).content == BODY
     assert server.connections == 2
 
@@ -166,24 +172,27 @@ async def test_a_read_timeout_drops_the_connection() -> None:
     assert server.connections == 2
 
 
-async def test_cancelling_a_request_drops_its_connection() -> None:
-    stalled = asyncio.Event()
+async def test_cancelling_a_request_drops_its_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    partial = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc"  # then nothing
+    received = bytearray()
+    stalled = asyncio.Event()  # the client has read the whole partial answer
+    data_received = Connection.data_received
 
-    def script(r: Request) -> list[bytes | None]:
-        stalled.set()
-        return [b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc"]  # then nothing
+    def spy(self: Connection, data: bytes) -> None:
+        data_received(self, data)
+        received.extend(data)
+        if bytes(received) == partial:
+            stalled.set()
 
-    async with HTTPServer(script) as server, client() as c:
+    monkeypatch.setattr(Connection, "data_received", spy)
+    async with HTTPServer(lambda r: [partial]) as server, client() as c:
         task = asyncio.create_task(c.get(server.url))
-        await stalled.wait()
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(stalled.wait(), 30)
+        assert not task.done()  # cancelled mid-body
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        for _ in range(100):  # the server sees the close
-            if server.closed_by_client:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: server.closed_by_client, 30, "the server to see the close")
         assert server.closed_by_client == 1
 
 
@@ -272,16 +281,20 @@ async def test_idle_connections_past_the_keepalive_are_closed(
     import poller.scrape.wire as wire
 
     monkeypatch.setattr(wire, "KEEPALIVE_S", 0.2)
+    loop = asyncio.get_running_loop()
     async with HTTPServer(lambda r: OK) as a, HTTPServer(lambda r: OK) as b, client() as c:
         transport = c._transport
         assert isinstance(transport, WireTransport)
         await c.get(a.url)
         await c.get(b.url)
-        await asyncio.sleep(0.3)
+        # Time is the behaviour here: wait, on the clock the transport reads, until both
+        # idle connections are past the keepalive and the sweep is due.
+        pooled = [conn for conns in transport._idle.values() for conn in conns]
+        due = max(transport._next_sweep, *(conn.idle_since + wire.KEEPALIVE_S for conn in pooled))
+        await until(lambda: loop.time() > due, 30, "the keepalive to pass", interval_s=0.01)
         await c.get(a.url)  # a's old connection is past the keepalive; b's is swept
-        for _ in range(100):
-            if a.closed_by_client and b.closed_by_client:
-                break
-            await asyncio.sleep(0.01)
+        await until(
+            lambda: a.closed_by_client and b.closed_by_client, 30, "both servers to see a close"
+        )
         assert (a.connections, a.closed_by_client, b.closed_by_client) == (2, 1, 1)
         assert list(transport._idle) == [("http", "127.0.0.1", int(a.url.rsplit(":", 1)[1]))]
