@@ -712,3 +712,25 @@ def test_adversarial_inputs(text: str, expected: list[Sample] | type[ParseError]
         looks_like_exposition(text)
     with pytest.raises(ParseError):
         decode_body(text.encode() + b"\xc3")
+
+
+def test_a_label_set_read_again_is_the_same_labels_in_a_dict_of_its_own() -> None:
+    # Repeated label sets come from a cache: each sample still gets its own dict, and a
+    # line whose `}` is not the label set's last (a `#` in a value, an exemplar) is read
+    # in full every time.
+    page = (
+        'a{x="1",y="p}q"} 1\n'
+        'a{x="1",y="p}q"} 2\n'
+        'b{v="has # and }"} 3\n'
+        'b{v="has # and }"} 4\n'
+        'c_total{k="v"} 5 # {trace_id="t}"} 1.0\n'
+        'c_total{k="v"} 6 # {trace_id="u"} 1.0\n'
+    )
+    first, second, third, fourth, fifth, sixth = parse_all(page)
+    assert first.labels == second.labels == {"x": "1", "y": "p}q"}
+    assert first.labels is not second.labels
+    first.labels["x"] = "changed"
+    assert parse_all(page)[1].labels == {"x": "1", "y": "p}q"}
+    assert third.labels == fourth.labels == {"v": "has # and }"}
+    assert fifth.labels == sixth.labels == {"k": "v"}
+    assert [s.value for s in (fifth, sixth)] == [5.0, 6.0]

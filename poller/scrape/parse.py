@@ -193,7 +193,7 @@ def _sample(text: str, name: str, start: int) -> Sample:
     pos = start + len(name)
     labels: dict[str, str] = {}
     if text[pos] == "{":
-        pos = _labels(text, pos + 1, end, labels, start)
+        pos = _known_labels(text, pos, end, labels, start)
     elif (brace := _OPEN.match(text, pos, end)) is not None:
         pos = _labels(text, brace.end(), end, labels, start)
     tail = _TAIL.match(text, pos, end)
@@ -207,6 +207,35 @@ def _sample(text: str, name: str, start: int) -> Sample:
     except ValueError:
         _fail("value or timestamp is not a number", text, start)
     return Sample(name, labels, value)
+
+
+#: Label sets already parsed, by their exact text (``{`` to ``}``). Most lines repeat their
+#: label set from one scrape to the next (and across the endpoints of one engine version):
+#: an info metric such as vLLM's ``cache_config_info`` carries twenty labels, and reading
+#: them again on every scrape was a fifth of the page's cost. Bounded: cleared when full.
+_LABEL_SETS: dict[str, dict[str, str]] = {}
+_LABEL_SETS_MAX = 4096
+
+
+def _known_labels(text: str, pos: int, end: int, labels: dict[str, str], start: int) -> int:
+    """``_labels`` for a label set at ``pos`` (its `{`), reusing the parse of an identical
+    label set. Only lines without `#` take the cache: then the set's `}` is the line's last
+    one (values and timestamps hold none; an exemplar or a `#` in a value would), and an
+    entry is stored only where the parser itself ends the set there."""
+    close = text.rfind("}", pos, end)
+    if close < 0 or text.find("#", pos, end) >= 0:
+        return _labels(text, pos + 1, end, labels, start)
+    key = text[pos : close + 1]
+    known = _LABEL_SETS.get(key)
+    if known is not None:
+        labels.update(known)
+        return close + 1
+    after = _labels(text, pos + 1, end, labels, start)
+    if after == close + 1:
+        if len(_LABEL_SETS) >= _LABEL_SETS_MAX:
+            _LABEL_SETS.clear()
+        _LABEL_SETS[key] = dict(labels)
+    return after
 
 
 def _labels(text: str, pos: int, end: int, labels: dict[str, str], start: int) -> int:
