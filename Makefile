@@ -10,10 +10,10 @@ BIN := $(VENV)/bin
 # (tests/test_litellm_proxy.py runs a real proxy); constraints/litellm.txt says why.
 LITELLM_PINS := constraints/litellm.txt
 
-$(BIN)/poller: pyproject.toml $(LITELLM_PINS)
+$(BIN)/poller: pyproject.toml lab/pyproject.toml $(LITELLM_PINS)
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,litellm]' -r $(LITELLM_PINS) -c $(LITELLM_PINS)
+	$(BIN)/python -m pip install --quiet -e '.[dev,litellm]' -e ./lab -r $(LITELLM_PINS) -c $(LITELLM_PINS)
 	@touch $@
 
 install: $(BIN)/poller
@@ -55,12 +55,12 @@ build-tools:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq cmake g++ >/dev/null; }
 
 fmt: install
-	$(BIN)/ruff format poller tests
-	$(BIN)/ruff check --fix poller tests
+	$(BIN)/ruff format poller lab tests
+	$(BIN)/ruff check --fix poller lab tests
 
 lint: install
-	$(BIN)/ruff format --check poller tests
-	$(BIN)/ruff check poller tests
+	$(BIN)/ruff format --check poller lab tests
+	$(BIN)/ruff check poller lab tests
 	$(BIN)/mypy
 
 test: install redis-server dnsmasq promtool chromium lint

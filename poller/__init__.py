@@ -12,7 +12,7 @@ from poller.reader.pick import pick
 from poller.reader.picker import Picker
 from poller.reader.reader import StatsReader, SyncStatsReader
 from poller.reader.view import EndpointView, View
-from poller.stats import EndpointStats, Failure
+from poller.schema.stats import EndpointStats, Failure
 
 __all__ = [
     "EndpointStats",

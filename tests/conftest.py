@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -8,13 +7,9 @@ import fakeredis
 import pytest
 import redis.asyncio as aioredis
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from redisproc import RedisCluster, RedisProcess
-
-from poller.redis.store import RedisStore
-
-DATA = Path(__file__).parent / "data"
+from poller.store.store import RedisStore
+from tests.support.paths import DATA
+from tests.support.redisproc import RedisCluster, RedisProcess
 
 
 @pytest.fixture

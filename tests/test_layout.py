@@ -1,4 +1,19 @@
-"""The package layout keeps its promises: one-way imports, no cycles, a light reader."""
+"""The package layout keeps its promises: one-way imports, no cycles, a light reader.
+
+The rules, drawn as docs/architecture.md draws them (an arrow: "may import"):
+
+    util, errors, _version                 <- everyone
+    schema    -> util                        the Redis contract both sides share
+    redis     -> util                        plumbing: settings, connections, error mapping
+    config    -> schema, redis.settings      the service's settings
+    store     -> schema, redis               the writer side
+    reader    -> schema, redis               what a gateway imports
+    scrape    -> schema, config
+    service   -> config, schema, redis, store, reader, scrape
+    cli       -> config, schema, redis, store, reader, scrape, service
+    integrations -> reader, schema           one package per gateway
+    poller_lab -> anything in poller          the lab; nothing in poller imports it
+"""
 
 from __future__ import annotations
 
@@ -9,34 +24,40 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "poller"
+from tests.support.paths import REPO
 
-#: Which top-level parts of the package each part may import (module-level imports).
-LEAVES = {
-    "errors", "config", "config_redis", "config_scrape", "config_load", "config_errors",
-    "allowlist", "sources", "registry", "stats", "logs", "backoff", "_version",
-}  # fmt: skip
-ALLOWED = {
-    "leaf": set(),
-    "root": {"reader"},  # poller/__init__.py re-exports the reader API
-    "scrape": {"scrape"},
-    "redis": {"redis"},
-    "reader": {"reader", "redis.keys", "redis.lua", "redis.connection", "redis.errors"},
-    "service": {"scrape", "redis", "reader", "service"},
-    "cli": {"scrape", "redis", "reader", "service", "cli", "lab"},
-    "lab": {"scrape", "redis", "reader", "service", "cli", "lab", "integrations"},
-    "integrations": {"reader", "integrations"},
+PACKAGES = {"poller": REPO / "poller", "poller_lab": REPO / "lab" / "poller_lab"}
+
+#: Modules every part may import: the error tree, the version, small pure helpers.
+BASE = {"errors", "_version", "util"}
+#: What each part of ``poller`` (its first dotted name below ``poller``) may import, besides
+#: itself and ``BASE``.
+ALLOWED: dict[str, set[str]] = {
+    "util": set(),
+    "errors": set(),
+    "_version": set(),
+    "schema": set(),
+    "redis": set(),
+    "config": {"schema", "redis.settings"},
+    "store": {"schema", "redis"},
+    "reader": {"schema", "redis"},
+    "scrape": {"schema", "config"},
+    "service": {"config", "schema", "redis", "store", "reader", "scrape"},
+    "cli": {"config", "schema", "redis", "store", "reader", "scrape", "service"},
+    "integrations": {"reader", "schema"},
+    "root": {"reader", "schema"},  # poller/__init__.py: the public API
     "__main__": {"cli"},
 }
 
 
 def _modules() -> dict[str, Path]:
     out = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE).with_suffix("").parts
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join(("poller", *parts))] = path
+    for top, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join((top, *parts))] = path
     return out
 
 
@@ -56,25 +77,33 @@ def _imports(path: Path, top_level_only: bool) -> set[str]:
 
 
 def _part(module: str) -> str:
+    if module.startswith("poller_lab"):
+        return "lab"
     rest = module.removeprefix("poller").lstrip(".")
-    head = rest.split(".")[0]
-    if not rest:
-        return "root"
-    return "leaf" if head in LEAVES else head
+    return rest.split(".")[0] if rest else "root"
 
 
 def test_each_part_imports_only_what_it_may() -> None:
     wrong = []
     for module, path in _modules().items():
         part = _part(module)
+        if part == "lab":
+            continue  # the lab may use anything of the poller
+        allowed = ALLOWED[part] | BASE | {part}
         for target in _imports(path, top_level_only=False):
-            rest = target.removeprefix("poller.")
-            if _part(target) == "leaf":
+            if target.startswith("poller_lab"):
+                wrong.append(f"{module} imports the lab ({target})")
                 continue
-            allowed = ALLOWED[part]
+            rest = target.removeprefix("poller").lstrip(".") or "root"
             if not any(rest == a or rest.startswith(a + ".") for a in allowed):
                 wrong.append(f"{module} imports {target}")
     assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_every_part_has_a_rule() -> None:
+    """A new folder or top-level module is placed in the rules above, not let through."""
+    parts = {_part(m) for m in _modules()} - {"lab"}
+    assert parts <= set(ALLOWED), sorted(parts - set(ALLOWED))
 
 
 def test_no_import_cycles_at_module_level() -> None:
@@ -101,21 +130,36 @@ def test_no_import_cycles_at_module_level() -> None:
             visit(module)
 
 
-def test_the_reader_loads_no_scraping_or_scheduling_stack() -> None:
+def _loaded_after(statement: str, prefixes: tuple[str, ...]) -> list[str]:
     code = (
-        "import sys, poller, poller.reader\n"
-        "heavy = ('httpx', 'aiohttp', 'apscheduler', 'click', 'rich', 'prometheus_client',\n"
-        "         'poller.scrape', 'poller.service', 'poller.cli', 'poller.lab',\n"
-        "         'poller.redis.store', 'poller.redis.batch')\n"
-        "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+        f"import sys\n{statement}\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({prefixes!r})))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[]", done.stdout
+    return list(ast.literal_eval(done.stdout.strip()))
+
+
+def test_the_reader_loads_no_scraping_scheduling_or_settings_stack() -> None:
+    heavy = (
+        "httpx", "httptools", "aiohttp", "apscheduler", "click", "rich", "prometheus_client",
+        "yaml", "dns", "fakeredis", "litellm",
+        "poller.scrape", "poller.service", "poller.cli", "poller.config", "poller.store",
+        "poller.integrations", "poller_lab",
+    )  # fmt: skip
+    assert _loaded_after("import poller, poller.reader", heavy) == []
+
+
+def test_the_service_loads_no_lab() -> None:
+    """`poller run`'s modules never load the lab; the CLI loads only the lab's command
+    definitions (their entry points), none of its code or dependencies."""
+    lab = ("poller_lab", "aiohttp", "fakeredis")
+    assert _loaded_after("import poller.service.serve", lab) == []
+    assert _loaded_after("import poller.cli.app", lab) in ([], ["poller_lab", "poller_lab.cli"])
 
 
 #: Modules that may name redis-py's exception classes: the mapping point, and the batcher,
 #: which keeps one command's error reply as that command's result (a value, not a failure).
-REDIS_ERROR_MODULES = {"poller.redis.errors", "poller.redis.batch"}
+REDIS_ERROR_MODULES = {"poller.redis.errors", "poller.store.batch"}
 
 
 def test_redis_py_errors_are_mapped_in_one_place() -> None:

@@ -27,7 +27,7 @@ def main() -> None:
         )
         sys.exit(2)
     from poller.errors import PollerError
-    from poller.logs import setup_logging
+    from poller.util.logs import setup_logging
 
     setup_logging("WARNING")
     try:

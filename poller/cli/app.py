@@ -1,10 +1,16 @@
 """The ``poller`` command group, with every command registered explicitly.
 
+The lab's commands (``demo``, ``sim``, ``bench``, ``soak``) belong to another
+distribution (lab/): they join through the ``llmgw_poller.commands`` entry points, and
+where the lab is not installed each of them says how to get it.
+
 Exit status: 0 success, 1 the job failed (a scrape, a contract, Redis), 2 bad usage
 (one ``Error:`` line per problem on stderr, see ``oneline.py``).
 """
 
 from __future__ import annotations
+
+from importlib.metadata import entry_points
 
 import click
 
@@ -12,12 +18,22 @@ from poller._version import __version__
 from poller.cli.check import check
 from poller.cli.drain import drain
 from poller.cli.endpoints import endpoints
-from poller.cli.lab import bench, demo, sim, soak
-from poller.cli.oneline import PollerGroup
+from poller.cli.oneline import BadInput, PollerGroup
 from poller.cli.run import run
 from poller.cli.status import status
 
-__all__ = ["cli"]
+__all__ = ["COMMANDS_GROUP", "LAB_COMMANDS", "cli"]
+
+#: The entry-point group through which other distributions add commands to ``poller``.
+COMMANDS_GROUP = "llmgw_poller.commands"
+#: The lab's commands, named even where the lab is missing so that they can say so.
+LAB_COMMANDS = {
+    "demo": "Three pollers share simulated engines; one is killed and restarted.",
+    "sim": "Serve simulated engines.",
+    "bench": "Measure the poller, the readers and the routing.",
+    "soak": "Run pollers for a while under faults and check what they wrote.",
+}
+LAB_HINT = "from a checkout, `make demo` or `pip install -e ./lab`"
 
 
 @click.group(
@@ -29,5 +45,27 @@ def cli() -> None:
     """llmgw-poller: scrape LLM engines once, share their load through Redis."""
 
 
-for command in (run, endpoints, status, drain, check, demo, sim, bench, soak):
-    cli.add_command(command)
+def _missing_lab(name: str, summary: str) -> click.Command:
+    def callback() -> None:
+        raise BadInput(f"poller {name} is part of the lab, which is not installed: {LAB_HINT}")
+
+    return click.Command(
+        name,
+        callback=callback,
+        help=f"{summary} (needs the lab: {LAB_HINT})",
+        short_help=f"{summary.rstrip('.')} (needs the lab).",
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
+
+
+def _add_commands(group: click.Group) -> None:
+    for command in (run, endpoints, status, drain, check):
+        group.add_command(command)
+    for point in entry_points(group=COMMANDS_GROUP):
+        group.add_command(point.load(), point.name)
+    for name, summary in LAB_COMMANDS.items():
+        if name not in group.commands:
+            group.add_command(_missing_lab(name, summary))
+
+
+_add_commands(cli)

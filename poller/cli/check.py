@@ -14,7 +14,7 @@ import click
 from poller.cli.oneline import BadInput
 from poller.config import ScrapeSettings, load_settings
 from poller.errors import ConfigError
-from poller.registry import Endpoint, endpoint_from_dict
+from poller.schema.endpoint import Endpoint, endpoint_from_dict
 from poller.scrape.specs import ENGINE_SPECS
 
 SCRAPED_ENGINES = [name for name, spec in ENGINE_SPECS.items() if spec.scraped]

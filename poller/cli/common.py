@@ -13,7 +13,7 @@ import click
 from poller.cli.oneline import BadInput
 from poller.config import FLAT_ENV, Settings, load_settings
 from poller.errors import ConfigError, StoreAuthError, StoreError
-from poller.redis.store import RedisStore
+from poller.store.store import RedisStore
 
 
 def _option_env_names() -> frozenset[str]:

@@ -16,9 +16,9 @@ import click
 
 from poller.cli.common import NAMESPACE, REDIS_URL, run_store_command, store_session
 from poller.cli.oneline import BadInput
-from poller.logs import count
-from poller.redis.members import cancel_drain, leases_of, read_members, request_drain
-from poller.redis.store import RedisStore
+from poller.store.members import cancel_drain, leases_of, read_members, request_drain
+from poller.store.store import RedisStore
+from poller.util.logs import count
 
 __all__ = ["drain"]
 

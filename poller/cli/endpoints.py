@@ -13,15 +13,15 @@ from poller.cli.export import endpoints_export
 from poller.cli.oneline import BadInput
 from poller.cli.register import registration_problems
 from poller.config import ScrapeSettings, effective_timeout_s
+from poller.config.registry_file import endpoints_from_file
 from poller.errors import ConfigError
-from poller.redis.registry_calls import sync_diff
-from poller.registry import (
+from poller.schema.endpoint import (
     ENGINES,
     Endpoint,
     endpoint_from_dict,
-    endpoints_from_file,
     validate_endpoint_id,
 )
+from poller.store.registry import sync_diff
 
 
 @click.group()

@@ -15,7 +15,7 @@ import click
 
 from poller.cli.common import NAMESPACE, REDIS_URL, run_store_command, store_session
 from poller.cli.oneline import BadInput
-from poller.registry import Endpoint
+from poller.schema.endpoint import Endpoint
 
 __all__ = ["endpoints_export", "export_document"]
 

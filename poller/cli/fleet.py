@@ -11,8 +11,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from poller.redis.keys import Keys
-from poller.redis.members import Client, Member, lease_holders, read_members
+from poller.schema.keys import Keys
+from poller.store.members import Client, Member, lease_holders, read_members
 
 __all__ = ["Fleet", "fleet_table", "read_fleet"]
 

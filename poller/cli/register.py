@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 
 from poller.config import ScrapeSettings, key_directory
-from poller.registry import Endpoint
+from poller.schema.endpoint import Endpoint
 from poller.scrape.specs import ENGINE_SPECS
 
 __all__ = ["registration_problems"]

@@ -10,8 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from poller.reader.view import EndpointView, View
-from poller.service.page_format import fmt_age as _age
-from poller.service.page_format import labels_text
+from poller.service.web.format import fmt_age as _age
+from poller.service.web.format import labels_text
 
 __all__ = ["SORT_KEYS", "render"]
 

@@ -10,9 +10,9 @@ import click
 from poller.cli.common import NAMESPACE, REDIS_URL, load, run_store_command
 from poller.cli.oneline import BadInput
 from poller.cli.register import registration_problems
+from poller.config.registry_file import endpoints_from_file
 from poller.errors import ConfigError
-from poller.logs import setup_logging
-from poller.registry import endpoints_from_file
+from poller.util.logs import setup_logging
 
 
 @click.command()

@@ -13,13 +13,13 @@ import click
 
 from poller.config import Settings
 from poller.errors import SchemaMismatch
-from poller.logs import count
 from poller.redis.errors import redis_call
-from poller.redis.keys import SCHEMA_VERSION
-from poller.redis.members import read_members
-from poller.redis.store import RedisStore
+from poller.schema.keys import SCHEMA_VERSION
 from poller.service.serve import redacted
 from poller.service.ttl import stats_ttl_ms
+from poller.store.members import read_members
+from poller.store.store import RedisStore
+from poller.util.logs import count
 
 __all__ = ["check_run"]
 

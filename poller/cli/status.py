@@ -51,7 +51,7 @@ def status(
     from poller.cli.render import render
     from poller.reader.reader import StatsReader
     from poller.reader.view import View
-    from poller.service.page_format import with_entries
+    from poller.service.web.format import with_entries
 
     settings = load(None, {"redis.url": redis_url, "redis.namespace": namespace})
     console = Console()
@@ -124,7 +124,7 @@ async def _watch(console: Any, shown: Any, frame: Callable[[], Awaitable[Any]]) 
 
 async def sources(reader: Any) -> list[dict[str, Any]]:
     """The DNS discovery sources, for the table under the endpoints."""
-    from poller.redis.discovery import read_sources
+    from poller.store.discovery import read_sources
 
     found: list[dict[str, Any]] = await read_sources(reader.client, reader.keys)
     return found

@@ -1,6 +1,6 @@
 """The gateway side: snapshots, a cached view, and a reference picker.
 
-Imports only the leaves (errors, config, registry, stats) and ``poller.redis.keys``, so a
+Imports only the leaves (errors, config, registry, stats) and ``poller.schema.keys``, so a
 gateway installs no scraping or scheduling stack.
 """
 

@@ -11,9 +11,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from poller.reader.records import written_ms
 from poller.reader.replies import LazyEndpoints, entry_from_records
 from poller.reader.view import EndpointView, View
+from poller.schema.records import written_ms
 
 __all__ = ["ViewCache"]
 

@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Callable, Iterable
 
 from poller.reader.view import EndpointView
-from poller.stats import EndpointStats
+from poller.schema.stats import EndpointStats
 
 __all__ = ["TIERS", "Bag", "Entry", "Index", "ModelIndex"]
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 import logging
 from typing import Literal, NamedTuple
 
-from poller.backoff import backoff_s
 from poller.errors import SchemaMismatch
 from poller.reader.cache import ViewCache
-from poller.reader.records import json_int, parse_update, written_ms
 from poller.reader.view import View
+from poller.schema.records import json_int, parse_update, written_ms
+from poller.util.backoff import backoff_s
 
 __all__ = ["Action", "Protocol"]
 

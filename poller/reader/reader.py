@@ -30,7 +30,6 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
-from poller.config import RedisSettings
 from poller.errors import SchemaMismatch
 from poller.reader.cache import ViewCache
 from poller.reader.feed import open_feed
@@ -47,8 +46,9 @@ from poller.reader.replies import (
 from poller.reader.view import EndpointView, View
 from poller.redis.connection import close_client, connect, pubsub_client, subscribe, tls_options
 from poller.redis.errors import redis_call, redis_call_sync
-from poller.redis.keys import Keys
-from poller.redis.lua import lua
+from poller.redis.settings import RedisSettings
+from poller.schema.keys import Keys
+from poller.schema.lua import lua
 
 __all__ = ["StatsReader", "SyncStatsReader"]
 

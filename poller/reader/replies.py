@@ -10,9 +10,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from poller.errors import SchemaMismatch
-from poller.reader.records import FAILURE_HEADER, STATS_HEADER, split
 from poller.reader.view import EndpointView, Timing, View, _now_ms, _owner, _pairs, timing
-from poller.redis.keys import SCHEMA_VERSION, Keys
+from poller.schema.keys import SCHEMA_VERSION, Keys
+from poller.schema.records import FAILURE_HEADER, STATS_HEADER, split
 
 __all__ = [
     "Held",

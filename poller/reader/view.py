@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from poller.errors import PollerError
-from poller.redis.keys import SCHEMA_VERSION
-from poller.registry import Endpoint, endpoint_from_json
-from poller.stats import EndpointStats, Failure
+from poller.schema.endpoint import Endpoint, endpoint_from_json
+from poller.schema.keys import SCHEMA_VERSION
+from poller.schema.stats import EndpointStats, Failure
 
 __all__ = [
     "EndpointView",

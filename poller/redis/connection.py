@@ -17,8 +17,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from poller.config import RedisSettings
 from poller.redis.errors import redis_call
+from poller.redis.settings import RedisSettings
 
 __all__ = ["close_client", "connect", "pubsub_client", "subscribe", "tls_options"]
 

@@ -15,10 +15,10 @@ from typing import Any
 
 from poller.config import ScrapeSettings
 from poller.errors import ContractError, FetchError, ScrapeError
-from poller.registry import Endpoint
+from poller.schema.endpoint import Endpoint
+from poller.schema.stats import Signals, prefix_hit_rate
 from poller.scrape.engines import ENGINE_SPECS, mapping_for, mapping_for_endpoint
-from poller.scrape.http import KeyPolicy, Scraper, metrics_url
-from poller.stats import Signals, prefix_hit_rate
+from poller.scrape.http.client import KeyPolicy, Scraper, metrics_url
 
 __all__ = ["check_endpoint", "format_report", "serve_example"]
 

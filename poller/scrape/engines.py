@@ -19,11 +19,11 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from poller.errors import ConfigError, ContractError, ParseError
-from poller.registry import Endpoint
+from poller.schema.endpoint import Endpoint
+from poller.schema.stats import Signals
 from poller.scrape import sizing
 from poller.scrape.parse import Sample, Selector, decode_body, looks_like_exposition, parse
 from poller.scrape.specs import ENGINE_SPECS, EngineSpec, Metric, Ratio, Source
-from poller.stats import Signals
 
 if TYPE_CHECKING:
     from poller.config import ScrapeSettings

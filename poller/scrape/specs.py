@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from poller.registry import ENGINES
+from poller.schema.endpoint import ENGINES
 from poller.scrape.parse import Sample
 
 __all__ = [

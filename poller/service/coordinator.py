@@ -15,9 +15,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from poller.config import CoordinationSettings
-from poller.logs import count, few
-from poller.redis.store import RedisStore
 from poller.service.owned import Holdings
+from poller.store.store import RedisStore
+from poller.util.logs import count, few
 
 __all__ = ["Coordinator", "ReconcileResult", "assign", "owner_of", "weight"]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from poller.redis.members import request_drain
-from poller.redis.store import RedisStore
 from poller.service.coordinator import Coordinator
+from poller.store.members import request_drain
+from poller.store.store import RedisStore
 
 __all__ = ["Drain"]
 

@@ -10,9 +10,10 @@ import logging
 import os
 
 from poller.config import Settings
+from poller.config.registry_file import endpoints_from_file
 from poller.errors import ConfigError
-from poller.redis.store import RedisStore
-from poller.registry import Endpoint, endpoints_from_file, validate_endpoint_id
+from poller.schema.endpoint import Endpoint, validate_endpoint_id
+from poller.store.store import RedisStore
 
 __all__ = ["RegistryFollower"]
 

@@ -24,13 +24,13 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from poller.config import Settings
 from poller.errors import ScrapeError, StoreAuthError, StoreError
-from poller.logs import count
-from poller.redis.store import RedisStore, WriteResult
-from poller.scrape.http import Scraper
+from poller.schema.stats import prefix_hit_rate, stats_fields
+from poller.scrape.http.client import Scraper
 from poller.service.metrics import PollerMetrics, Surprises
 from poller.service.owned import Holdings, JobSpec, Owned, Window
 from poller.service.ttl import stats_ttl_ms
-from poller.stats import prefix_hit_rate, stats_fields
+from poller.store.store import RedisStore, WriteResult
+from poller.util.logs import count
 
 __all__ = ["GridJitterTrigger", "JobRunner"]
 

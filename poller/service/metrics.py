@@ -113,7 +113,7 @@ class PollerMetrics:
             "and takes no lease.",
             registry=r,
         )
-        # DNS discovery (poller/service/discovery.py): counted by the poller resolving.
+        # DNS discovery (poller/service/discovery/runner.py): counted by the poller resolving.
         self.discovery_resolutions = Counter(
             "poller_discovery_resolutions",
             "DNS resolutions of a discovery source by this poller.",

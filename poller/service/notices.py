@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from poller.logs import count
+from poller.util.logs import count
 
 __all__ = ["Notices"]
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from poller.registry import Endpoint
+from poller.schema.endpoint import Endpoint
 from poller.scrape.engines import EngineMapping
 from poller.service.reporting import FailureLog
 

@@ -9,14 +9,14 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from poller.config import Settings
-from poller.logs import tag_poller
 from poller.reader.reader import StatsReader
-from poller.redis.discovery import read_sources
-from poller.service.discovery import DiscoveryRunner
-from poller.service.health import HealthServer
-from poller.service.page import OperatorPage
+from poller.service.discovery.runner import DiscoveryRunner
 from poller.service.ttl import stats_ttl_ms
+from poller.service.web.health import HealthServer
+from poller.service.web.page import OperatorPage
 from poller.service.worker import Worker
+from poller.store.discovery import read_sources
+from poller.util.logs import tag_poller
 
 __all__ = ["redacted", "serve"]
 

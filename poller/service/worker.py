@@ -19,14 +19,11 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 
-from poller.backoff import backoff_s, member_ttl_cap_s
 from poller.config import Settings, effective_timeout_s
 from poller.errors import ConfigError, PollerError, SchemaMismatch, StoreAuthError, StoreError
-from poller.logs import count, few
 from poller.redis.errors import redis_call
-from poller.redis.store import RedisStore
 from poller.scrape.engines import mapping_for_endpoint
-from poller.scrape.http import KeyPolicy, Scraper, TransportFactory
+from poller.scrape.http.client import KeyPolicy, Scraper, TransportFactory
 from poller.service.coordinator import Coordinator
 from poller.service.drain import Drain
 from poller.service.follow import RegistryFollower
@@ -34,6 +31,9 @@ from poller.service.jobs import JobRunner
 from poller.service.metrics import PollerMetrics, Surprises
 from poller.service.notices import Notices
 from poller.service.owned import Holdings, JobSpec, Owned
+from poller.store.store import RedisStore
+from poller.util.backoff import backoff_s, member_ttl_cap_s
+from poller.util.logs import count, few
 
 __all__ = ["Worker"]
 

@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT))  # a script run from a checkout
 
 import redis.asyncio as aioredis  # noqa: E402
-from redisproc import RedisProcess  # noqa: E402
 
-from poller.redis.store import RedisStore  # noqa: E402
+from poller.store.store import RedisStore  # noqa: E402
+from tests.support.redisproc import RedisProcess  # noqa: E402
 
 FIELDS = {
     "engine": "vllm",

@@ -39,8 +39,8 @@ if str(ROOT) not in sys.path:
 
 import redis  # noqa: E402
 
-from poller.lab.bench_fleet import _hist_quantile, percentile, sync_registry  # noqa: E402
-from poller.lab.embedded import (  # noqa: E402
+from poller_lab.bench_fleet import _hist_quantile, percentile, sync_registry  # noqa: E402
+from poller_lab.embedded import (  # noqa: E402
     Proc,
     free_port,
     poller_args,

@@ -28,22 +28,22 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a script run from a checkout
 
 import redis.asyncio as aioredis
-from dnsproc import DnsProcess
 
-from poller.lab.embedded import (
+from poller.reader.reader import StatsReader
+from poller.store.discovery import read_sources
+from poller.store.store import RedisStore
+from poller_lab.embedded import (
     free_port,
     start_pollers,
     start_redis_server,
     wait_until,
     workdir,
 )
-from poller.lab.sim import EndpointSpec, Simulator
-from poller.reader.reader import StatsReader
-from poller.redis.discovery import read_sources
-from poller.redis.store import RedisStore
+from poller_lab.sim import EndpointSpec, Simulator
+from tests.support.dnsproc import DnsProcess
 
 SRV = "_metrics._tcp.vllm.test"
 NS = "bench"

@@ -7,7 +7,7 @@ drops it, the answer handed to ``data_received`` in reads of ``--reads`` bytes, 
 reply taken. Two answers: the vLLM test page with a Content-Length, and the same page
 chunked in 4 KiB chunks (as a server that streams it would send). ``--other FILE`` times
 another module with the same ``Connection`` API next to ours, e.g. an earlier parser:
-``git show <commit>:poller/scrape/h1.py > /tmp/h1_then.py``.
+``git show <commit>:poller/scrape/http/h1.py > /tmp/h1_then.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from poller.scrape import h1  # noqa: E402
+from poller.scrape.http import h1  # noqa: E402
 
 PAGE = (ROOT / "tests" / "data" / "vllm-v1-synthetic-61k.txt").read_bytes()
 WIRE = b"GET /metrics HTTP/1.1\r\nHost: e\r\n\r\n"
@@ -91,7 +91,7 @@ def load(path: str) -> ModuleType:
 
 
 async def main(args: argparse.Namespace) -> None:
-    modules = {"llhttp (poller/scrape/h1.py)": h1}
+    modules = {"llhttp (poller/scrape/http/h1.py)": h1}
     if args.other:
         modules[f"other ({args.other})"] = load(args.other)
     print(f"us per 61 KB answer, reads of {args.reads} bytes, median of 5 x {args.rounds}")

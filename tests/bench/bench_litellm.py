@@ -40,8 +40,8 @@ def _q(values: list[int], q: float) -> float:
 async def _publish(url: str, n: int) -> None:
     import redis.asyncio as aioredis
 
-    from poller.redis.store import RedisStore
-    from poller.registry import Endpoint
+    from poller.schema.endpoint import Endpoint
+    from poller.store.store import RedisStore
 
     client = aioredis.Redis.from_url(url, decode_responses=True)
     store = RedisStore(client, "bench")
@@ -131,7 +131,7 @@ def main() -> int:
     p.add_argument("--picks", type=int, default=20_000)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    from poller.lab.embedded import embedded_redis
+    from poller_lab.embedded import embedded_redis
 
     with tempfile.TemporaryDirectory() as tmp, embedded_redis(Path(tmp)) as (url, _):
         asyncio.run(_publish(url, args.deployments))

@@ -1,4 +1,4 @@
-"""Time the operator's page rendering (``poller.service.page_render``) for fleet sizes.
+"""Time the operator's page rendering (``poller.service.web.render``) for fleet sizes.
 
 Usage: python tests/bench/bench_page.py [--endpoints 100,1000,5000]
 
@@ -16,7 +16,7 @@ import argparse
 import time
 from typing import Any
 
-from poller.service.page_render import Fleet, parse_query, render_page
+from poller.service.web.render import Fleet, parse_query, render_page
 
 BUDGET_S = 2.0
 

@@ -53,19 +53,19 @@ for extra in (ROOT, ROOT / "tests"):  # a checkout without `pip install -e .`; r
 import hiredis  # noqa: E402
 import redis  # noqa: E402
 import redis.asyncio as aioredis  # noqa: E402
-from redisproc import RedisProcess  # noqa: E402
 
 from poller.config import RedisSettings  # noqa: E402
 from poller.reader import StatsReader, SyncStatsReader  # noqa: E402
-from poller.reader.records import json_int  # noqa: E402
 from poller.reader.replies import Held, build_view, held_after, snapshot_call  # noqa: E402
 from poller.reader.view import View  # noqa: E402
 from poller.redis.connection import connect  # noqa: E402
-from poller.redis.keys import Keys  # noqa: E402
-from poller.redis.lua import lua  # noqa: E402
-from poller.redis.store import RedisStore  # noqa: E402
-from poller.registry import Endpoint  # noqa: E402
-from poller.stats import Signals, prefix_hit_rate, stats_fields  # noqa: E402
+from poller.schema.endpoint import Endpoint  # noqa: E402
+from poller.schema.keys import Keys  # noqa: E402
+from poller.schema.lua import lua  # noqa: E402
+from poller.schema.records import json_int  # noqa: E402
+from poller.schema.stats import Signals, prefix_hit_rate, stats_fields  # noqa: E402
+from poller.store.store import RedisStore  # noqa: E402
+from tests.support.redisproc import RedisProcess  # noqa: E402
 
 NS = "bench"
 POLLERS = ("poller-0", "poller-1", "poller-2")

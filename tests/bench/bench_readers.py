@@ -4,7 +4,7 @@ Usage: python tests/bench/bench_readers.py [--endpoints 1000] [--window 8] [--js
 
 One ``poller run`` over N simulated vLLM endpoints at 1 s against an embedded
 redis-server, then one window per reader count (reader processes); see
-``poller/lab/bench_readers.py`` for what each column measures. The same as
+``lab/poller_lab/bench_readers.py`` for what each column measures. The same as
 ``poller bench --section readers``. Takes about 1-2 minutes; the machine is shared and
 noisy, so compare runs, not single numbers.
 """
@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))
 
-from poller.lab.bench import BenchConfig, run_bench  # noqa: E402
-from poller.lab.bench_readers import format_readers  # noqa: E402
+from poller_lab.bench import BenchConfig, run_bench  # noqa: E402
+from poller_lab.bench_readers import format_readers  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

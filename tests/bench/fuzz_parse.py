@@ -29,9 +29,9 @@ if str(ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
 
 with atheris.instrument_imports(include=["poller"]):
     from poller.errors import ContractError, ParseError
+    from poller.schema.stats import stats_fields
     from poller.scrape.engines import ENGINE_SPECS, mapping_for
     from poller.scrape.parse import decode_body, looks_like_exposition, parse, parse_all
-    from poller.stats import stats_fields
 
 ENGINES = sorted(name for name, spec in ENGINE_SPECS.items() if spec.scraped)
 MAPPINGS = [mapping_for(engine) for engine in ENGINES]

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from poller.lab.bench_fleet import NS, BenchConfig, Fleet, _wait_fresh  # noqa: E402
-from poller.lab.embedded import (  # noqa: E402
+from poller_lab.bench_fleet import NS, BenchConfig, Fleet, _wait_fresh  # noqa: E402
+from poller_lab.embedded import (  # noqa: E402
     process_cpu_s,
     process_rss_mb,
     redis_for,
@@ -43,7 +43,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "poller/scrape/parse",
             "poller/scrape/engines",
-            "poller/scrape/body",
+            "poller/scrape/http/body",
             "poller/scrape/specs",
         ),
     ),
@@ -54,7 +54,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "poller/service/jobs",
             "poller/service/reporting",
             "poller/service/metrics",
-            "poller/stats",
+            "poller/schema/stats",
         ),
     ),
     ("our Redis writes and batching", ("poller/redis/",)),

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redisproc import free_port
+
+from tests.support.redisproc import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINES_DIR = Path(os.environ.get("LLMGW_ENGINES_DIR", REPO / ".engines"))
@@ -50,7 +51,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
         import numpy  # noqa: F401  (gguf-py needs it; make test-engines installs it)
     except ImportError:
         _missing("numpy is not installed (gguf-py needs it)")
-    from tiny_model import write_tiny_llama
+    from tests.engines.tiny_model import write_tiny_llama
 
     return write_tiny_llama(tree, tmp_path_factory.mktemp("model") / "tiny-llama.gguf")
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 import redis
-from procs import PollerProc
-from redisproc import RedisProcess, wait_until
 
-from poller.redis.keys import Keys
+from poller.schema.keys import Keys
+from tests.support.procs import PollerProc
+from tests.support.redisproc import RedisProcess, wait_until
 
 NS = "engines"
 SLOTS = 2  # llama-server -np 2 (conftest)

@@ -1,0 +1,263 @@
+"""The local tools: ``poller demo``, ``sim``, ``bench`` and ``soak`` (see ``poller_lab``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from poller.util.logs import setup_logging
+
+
+def _redis_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """The same URL check as the settings' (one line, exit 2, not a traceback later)."""
+    from poller.config import check_redis_url
+
+    if value is None:
+        return None
+    try:
+        return check_redis_url(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.command()
+@click.option(
+    "--redis-url",
+    metavar="URL",
+    callback=_redis_url,
+    show_default="an embedded redis-server, else fakeredis",
+    help="Use this Redis.",
+)
+@click.option(
+    "--duration",
+    "duration_s",
+    type=click.FloatRange(1, 86400),
+    metavar="S",
+    help="Stop after S seconds (default: run until Ctrl-C).",
+)
+@click.option(
+    "--endpoints",
+    type=click.IntRange(3, 200),
+    default=12,
+    show_default=True,
+    help="Simulated endpoints the pollers share.",
+)
+@click.option(
+    "--exit-after-story",
+    is_flag=True,
+    help="Stop once the kill, takeover, restart and rebalancing have been shown; exit 1 "
+    "if --duration ends first (for scripts: a slow machine tells the story later).",
+)
+def demo(
+    redis_url: str | None, duration_s: float | None, endpoints: int, exit_after_story: bool
+) -> None:
+    """Three pollers share simulated engines; one is killed and restarted. Ctrl-C stops."""
+    from poller_lab.demo import run_demo
+
+    setup_logging("WARNING")
+    try:
+        sys.exit(run_demo(redis_url, duration_s, endpoints, exit_after_story=exit_after_story))
+    except (RuntimeError, TimeoutError) as exc:
+        click.echo(f"Error: demo failed: {exc}", err=True)
+        sys.exit(1)
+
+
+@click.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    add_help_option=False,
+)
+@click.pass_context
+def sim(ctx: click.Context) -> None:
+    """Serve simulated engines (same options as `python -m poller_lab.sim --help`)."""
+    from poller_lab.sim import main as sim_main
+
+    sys.exit(sim_main(ctx.args, prog="poller sim"))
+
+
+@click.command()
+@click.option(
+    "--endpoints",
+    type=click.IntRange(1, 5000),
+    show_default="200; --quick: 30",
+    help="Simulated endpoints.",
+)
+@click.option(
+    "--pollers",
+    type=click.IntRange(1, 16),
+    show_default="3",
+    help="Pollers in the cluster section.",
+)
+@click.option(
+    "--interval",
+    "interval_s",
+    type=click.FloatRange(0.1, 60),
+    show_default="1",
+    help="Scrape interval in seconds.",
+)
+@click.option(
+    "--duration",
+    "duration_s",
+    type=click.FloatRange(1, 600),
+    show_default="20; --quick: 4",
+    help="Measurement window per section, seconds.",
+)
+@click.option(
+    "--section",
+    "sections",
+    multiple=True,
+    type=click.Choice(["scrape", "cluster", "failover", "reader", "readers", "routing"]),
+    show_default="scrape, cluster, failover, reader",
+    help="Run only these sections (repeatable); readers and routing run only when named.",
+)
+@click.option(
+    "--policy",
+    "policies",
+    multiple=True,
+    show_default="every registered one",
+    help="routing: only these policies (repeatable).",
+)
+@click.option(
+    "--page",
+    type=click.Choice(["61k", "200k"]),
+    show_default="61k",
+    help="vLLM page the engines serve: 61k (one engine) or 200k (dp=4, 8 LoRA).",
+)
+@click.option(
+    "--vs-prometheus",
+    is_flag=True,
+    help="Also scrape the same endpoints with a local `prometheus` binary.",
+)
+@click.option("--quick", is_flag=True, help="Small and short (CI): 30 endpoints, 4 s windows.")
+@click.option(
+    "--redis-url",
+    metavar="URL",
+    callback=_redis_url,
+    show_default="an embedded redis-server",
+    help="Use this Redis (its namespace is flushed of bench keys).",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the results as JSON (progress on stderr)."
+)
+def bench(
+    endpoints: int | None,
+    pollers: int | None,
+    interval_s: float | None,
+    duration_s: float | None,
+    sections: tuple[str, ...],
+    page: str | None,
+    vs_prometheus: bool,
+    quick: bool,
+    redis_url: str | None,
+    as_json: bool,
+    policies: tuple[str, ...],
+) -> None:
+    """Measure scrape cost, cluster behaviour, failover, reader latency and routing locally."""
+    import dataclasses
+
+    if "routing" in sections:
+        _bench_routing(quick, duration_s, policies, redis_url, as_json)
+        sections = tuple(s for s in sections if s != "routing")
+        if not sections:
+            return
+
+    from poller_lab.bench import BenchConfig, format_table, run_bench
+
+    cfg = BenchConfig.quick() if quick else BenchConfig()
+    changes: dict[str, Any] = {"vs_prometheus": vs_prometheus}
+    for name, value in (
+        ("endpoints", endpoints),
+        ("pollers", pollers),
+        ("interval_s", interval_s),
+        ("duration_s", duration_s),
+        ("page", page),
+    ):
+        if value is not None:
+            changes[name] = value
+    if sections:
+        changes["sections"] = sections
+    cfg = dataclasses.replace(cfg, **changes)
+    try:
+        # Progress on stdout at a terminal; on stderr when stdout is a file, a pipe or JSON.
+        to_stderr = as_json or not sys.stdout.isatty()
+        result = run_bench(cfg, redis_url, say=lambda line: click.echo(line, err=to_stderr))
+    except (RuntimeError, TimeoutError) as exc:
+        click.echo(f"Error: bench failed: {exc}", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+
+
+def _bench_routing(
+    quick: bool,
+    duration_s: float | None,
+    policies: tuple[str, ...],
+    redis_url: str | None,
+    as_json: bool,
+) -> None:
+    """The routing section: rows as they come (to stderr under --json), then the report."""
+    import dataclasses
+
+    from poller.errors import ConfigError
+    from poller_lab.routing import RoutingConfig
+    from poller_lab.routing.run import run_routing
+
+    cfg = RoutingConfig.quick() if quick else RoutingConfig()
+    if duration_s is not None:
+        cfg = dataclasses.replace(cfg, duration_s=duration_s)
+    if policies:
+        cfg = dataclasses.replace(cfg, policies=policies)
+    try:
+        result = run_routing(cfg, redis_url, sys.stderr if as_json else sys.stdout)
+    except ConfigError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)
+    except (RuntimeError, TimeoutError) as exc:
+        click.echo(f"Error: bench failed: {exc}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        click.echo(f"  (took {result['elapsed_s']} s)")
+
+
+@click.command()
+@click.option(
+    "--duration",
+    "duration_s",
+    type=click.FloatRange(10, 86400),
+    default=600,
+    show_default=True,
+    help="Seconds to run.",
+)
+@click.option(
+    "--endpoints",
+    type=click.IntRange(10, 5000),
+    default=300,
+    show_default=True,
+    help="Simulated endpoints.",
+)
+@click.option(
+    "--every",
+    "every_s",
+    type=click.FloatRange(5, 3600),
+    default=20,
+    show_default=True,
+    help="Seconds between disruptions.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the summary as JSON (progress on stderr)."
+)
+def soak(duration_s: float, endpoints: int, every_s: float, as_json: bool) -> None:
+    """Disrupt a local cluster for a while and check the invariants; exit 1 on a violation."""
+    from poller_lab.soak import SoakConfig, format_summary, run_soak, violations
+
+    cfg = SoakConfig(endpoints=endpoints, duration_s=duration_s, every_s=every_s)
+    try:
+        result = run_soak(cfg, say=lambda line: click.echo(line, err=as_json))
+    except (RuntimeError, TimeoutError) as exc:
+        click.echo(f"Error: soak failed: {exc}", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(result, indent=2) if as_json else format_summary(result))
+    sys.exit(1 if violations(result) else 0)

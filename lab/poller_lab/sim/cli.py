@@ -1,0 +1,164 @@
+"""``python -m poller_lab.sim``: serve a fleet of simulated engines until interrupted.
+
+    python -m poller_lab.sim --endpoints 12 --engines vllm,sglang,llamacpp --style path \\
+        --admin-port 9100 --seed 1 --registry-out /tmp/sim-endpoints.json
+
+The registry (a JSON list of ``{id, url, engine, api_key_env?}``, which is also YAML, so
+``endpoints_from_file`` reads it) goes to stdout and, with ``--registry-out``, to a file.
+Logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import resource
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from poller.errors import ConfigError
+from poller_lab.sim.engines import ENGINES
+from poller_lab.sim.server import Simulator
+from poller_lab.sim.spec import STYLES, EndpointSpec, fleet
+
+__all__ = ["main", "run_sim"]
+
+_log = logging.getLogger(__name__)
+DEFAULT_KEY_ENV = "LLMGW_KEY_SIM"  # pollers accept LLMGW_KEY_* (scrape.key_env_prefix)
+
+
+async def run_sim(
+    specs: Sequence[EndpointSpec],
+    *,
+    seed: int = 0,
+    port: int = 0,
+    admin_port: int = 0,
+    registry_out: str | Path | None = None,
+    api_key_env: str = DEFAULT_KEY_ENV,
+    out: TextIO | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve ``specs`` until ``stop`` is set (default: until SIGINT or SIGTERM)."""
+    loop = asyncio.get_running_loop()
+    handled: list[signal.Signals] = []
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+            handled.append(sig)
+    try:
+        async with Simulator(specs, seed=seed, port=port, admin_port=admin_port) as sim:
+            text = json.dumps(sim.registry(api_key_env), indent=2) + "\n"
+            if registry_out is not None:
+                await asyncio.to_thread(Path(registry_out).write_text, text, encoding="utf-8")
+            # The registry is the CLI's output proper; logging would decorate it.
+            (out or sys.stdout).write(text)
+            (out or sys.stdout).flush()
+            if any(s.api_key for s in specs):
+                _log.info("keyed endpoints read their key from $%s on the poller", api_key_env)
+            _log.info("admin API at %s/admin/endpoints", sim.admin_url)
+            await stop.wait()
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    # The docstring's first line without its "``python -m ...``: " prefix.
+    what = __doc__.split("\n")[0].split(": ", 1)[1]
+    p = argparse.ArgumentParser(prog=prog, description=what[0].upper() + what[1:])
+    p.add_argument("--endpoints", type=int, default=6, help="how many endpoints (default 6)")
+    p.add_argument(
+        "--engines",
+        default="vllm,sglang,llamacpp,trtllm,triton,tgi,lmdeploy",
+        help=f"comma-separated, cycled over the endpoints; from {', '.join(ENGINES)}",
+    )
+    p.add_argument("--style", choices=STYLES, default="path", help="one port each, or /e/<id>")
+    p.add_argument("--port", type=int, default=0, help="shared port of path-style endpoints")
+    p.add_argument("--admin-port", type=int, default=0, help="admin API port (default: any)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dp", type=int, default=1, help="data-parallel ranks (vllm, sglang)")
+    p.add_argument("--lora", default="", help="comma-separated LoRA adapters (vllm)")
+    p.add_argument("--api-key", help="guard llama.cpp endpoints with this bearer key")
+    p.add_argument("--api-key-env", default=DEFAULT_KEY_ENV, help="variable named in entries")
+    p.add_argument("--registry-out", metavar="FILE", help="also write the registry here")
+    p.add_argument(
+        "--spec-file",
+        metavar="FILE",
+        help="serve the endpoint specs in this JSON list instead of --endpoints/--engines "
+        "(keys as in the admin API: id, engine, capacity, load, speed_tps, metrics_lag_s, ...)",
+    )
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m poller_lab.sim") -> int:
+    """Entry point; returns the exit status (2 for bad arguments). ``prog``: the command
+    its usage and errors name (``poller sim`` when run through the ``poller`` command)."""
+    args = _parser(prog).parse_args(argv)
+    engines = [e for e in args.engines.split(",") if e]
+    lora = tuple(a for a in args.lora.split(",") if a)
+    try:
+        if args.spec_file:
+            specs = _read_specs(Path(args.spec_file))
+        else:
+            specs = fleet(args.endpoints, engines, args.style, api_key=args.api_key)
+        if args.dp > 1 or lora:
+            specs = [_with(s, args.dp, lora) for s in specs]
+    except ConfigError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    from poller.util.logs import setup_logging
+
+    setup_logging(args.log_level.upper())
+    _raise_fd_limit()
+    asyncio.run(
+        run_sim(
+            specs,
+            seed=args.seed,
+            port=args.port,
+            admin_port=args.admin_port,
+            registry_out=args.registry_out,
+            api_key_env=args.api_key_env,
+        )
+    )
+    return 0
+
+
+def _read_specs(path: Path) -> list[EndpointSpec]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--spec-file {path}: {exc}") from None
+    if not isinstance(data, list) or not data:
+        raise ConfigError(f"--spec-file {path}: expected a non-empty JSON list of specs")
+    return [EndpointSpec.from_dict(item) for item in data]
+
+
+def _raise_fd_limit() -> None:
+    """Per-port fleets need a socket per endpoint and per scraper connection: often more
+    than a default soft limit of 1024 descriptors, so take what the hard limit allows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            _log.warning("cannot raise the open-file limit from %d: %s", soft, exc)
+
+
+def _with(spec: EndpointSpec, dp: int, lora: tuple[str, ...]) -> EndpointSpec:
+    """Apply --dp and --lora to the engines that have them, leaving the others alone."""
+    engine = ENGINES[spec.engine]
+    return EndpointSpec(
+        spec.id,
+        spec.engine,
+        spec.style,
+        api_key=spec.api_key,
+        dp=dp if engine.rank_label else 1,
+        lora=lora if engine.lora else (),
+    )

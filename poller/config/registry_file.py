@@ -1,0 +1,94 @@
+"""Registry files: the YAML or TOML list of endpoints that ``endpoints sync`` and
+``--endpoints-file`` load, every entry validated before any is used."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from poller.errors import ConfigError
+from poller.schema.endpoint import Endpoint
+from poller.util.messages import closest, describe_errors
+
+__all__ = ["endpoints_from_file", "endpoints_from_items"]
+
+
+def endpoints_from_items(items: Iterable[Any], source: str) -> dict[str, Endpoint]:
+    """Validate every entry of a file; raises ConfigError with one line per problem of
+    every entry (not just the first), each naming the entry and its key."""
+    result: dict[str, Endpoint] = {}
+    lines: list[str] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            lines.append(f"{source}: entry {index} is not a table/mapping")
+            continue
+        if "id" not in item:
+            lines.append(f"{source}: entry {index} has no id")
+            continue
+        try:
+            endpoint = Endpoint.model_validate(item)
+        except ValidationError as exc:
+            where = f"{source}: entry {index} ({item['id']!r})"
+            lines += [f"{where}: {line}" for _, line in describe_errors(exc, Endpoint)]
+            continue
+        if endpoint.id in result:
+            lines.append(f"{source}: duplicate endpoint id {endpoint.id!r} (entry {index})")
+        result[endpoint.id] = endpoint
+    if lines:
+        raise ConfigError("\n".join(lines))
+    return result
+
+
+def _syntax_error(exc: Exception) -> str:
+    """A parser's error on one line: PyYAML's spans several, with a caret drawing."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(exc).split())
+
+
+def endpoints_from_file(path: str | Path) -> dict[str, Endpoint]:
+    """Read a YAML or TOML endpoints file: ``endpoints = [ {id, url, ...}, ... ]``.
+
+    YAML may also be a bare list. The whole file is validated before anything is used.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read endpoints file {str(path)!r}: {exc.strerror}") from None
+    data: Any
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:  # yaml/toml syntax errors carry their own line numbers
+        kind = "TOML" if path.suffix == ".toml" else "YAML"
+        raise ConfigError(f"{path}: not valid {kind}: {_syntax_error(exc)}") from None
+    if data is None:
+        data = []
+    if isinstance(data, Mapping):
+        unknown = set(data) - {"endpoints"}
+        if {"rev", "invalid"} & unknown and "endpoints" in data:
+            raise ConfigError(
+                f"{path}: this looks like `poller endpoints ls --json` output; write a file "
+                "sync reads with `poller endpoints export`"
+            )
+        if unknown:
+            guess = closest(str(next(iter(unknown))), ["endpoints"]) if len(unknown) == 1 else None
+            raise ConfigError(
+                f"{path}: unknown top-level keys {sorted(unknown)}; expected 'endpoints'"
+                + (f" (did you mean `{guess}`?)" if guess else "")
+            )
+        data = data.get("endpoints", [])
+    if not isinstance(data, list):
+        raise ConfigError(f"{path}: 'endpoints' must be a list of entries")
+    return endpoints_from_items(data, str(path))

@@ -1,0 +1,161 @@
+"""How to reach Redis (``[redis]``): the URL forms, timeouts and TLS.
+
+The pollers, the CLI and the readers all connect through this one model, so it lives
+with the Redis plumbing rather than with the service's settings (``poller.config``
+re-exports it as the ``[redis]`` section)."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import parse_qs, urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = ["REDIS_SCHEMES", "RedisSettings", "check_redis_url"]
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+_FORMS = (
+    "redis://HOST:PORT/DB, rediss://HOST:PORT/DB, unix:///PATH?db=DB or "
+    "redis+sentinel://HOST:PORT[,HOST:PORT]/MASTER[/DB]"
+)
+# "redis//host", "redis:/host", "rediss:host": a scheme with its "://" mistyped.
+_MISTYPED_SCHEME_RE = re.compile(r"^(rediss?(?:\+sentinel)?|unix)(:/?|//?|:)(?!//)(.*)$")
+
+
+def _shown(url: str) -> str:
+    """The URL as an error may print it: a password is replaced by ``***``."""
+    return re.sub(r":[^:/@]*@", ":***@", url)
+
+
+def _check_db(value: str, url: str) -> None:
+    if not value.isdigit():
+        raise ValueError(
+            f"database {value!r} in {_shown(url)!r} is not a number: "
+            "name it as /0, /1, ... (e.g. redis://127.0.0.1:6379/0)"
+        )
+
+
+def _check_sentinel(url: str) -> None:
+    parts = urlsplit(url)
+    for item in parts.netloc.rpartition("@")[2].split(","):
+        host, _, port = item.rpartition(":") if ":" in item else (item, "", "26379")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"bad sentinel address {item!r} in {_shown(url)!r}: use HOST:PORT")
+    path = [p for p in parts.path.split("/") if p]
+    if not path or len(path) > 2:
+        raise ValueError(
+            f"{_shown(url)!r}: a sentinel URL names the service: "
+            "redis+sentinel://HOST:26379/MASTER[/DB]"
+        )
+    if len(path) == 2:
+        _check_db(path[1], url)
+
+
+def _check_host_url(url: str) -> None:
+    """redis:// and rediss://: a host, a port redis-py can use, at most a database."""
+    parts = urlsplit(url)
+    shown = _shown(url)
+    if not parts.hostname:
+        raise ValueError(f"{shown!r} has no host: use {parts.scheme}://HOST:PORT/DB")
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is not None and not 0 < port < 65536:
+        named = parts.netloc.rpartition(":")[2]
+        raise ValueError(f"port {named!r} in {shown!r} is not a number from 1 to 65535")
+    db = parts.path.strip("/")
+    if db:
+        if "/" in db:
+            raise ValueError(f"{shown!r}: the path is only the database number (/0, /1, ...)")
+        _check_db(db, url)
+
+
+def check_redis_url(url: str) -> str:
+    """The Redis URL if redis-py (or our sentinel form) can use it as meant; else a
+    ValueError naming the part that is wrong. redis-py itself raises a bare ValueError at
+    the first connection for a bad scheme or port, and takes ``/abc`` as database 0."""
+    shown = _shown(url)
+    if "://" not in url:
+        mistyped = _MISTYPED_SCHEME_RE.match(url)
+        if mistyped:
+            fixed = f"{mistyped.group(1)}://{mistyped.group(3).lstrip('/')}"
+            raise ValueError(f"{shown!r} is not a URL: did you mean {_shown(fixed)!r}?")
+        raise ValueError(f"{shown!r} has no scheme: use {_FORMS}")
+    parts = urlsplit(url)
+    if parts.scheme not in REDIS_SCHEMES:
+        raise ValueError(
+            f"scheme {parts.scheme!r} of {shown!r} is not one of {', '.join(REDIS_SCHEMES)}"
+        )
+    query = parse_qs(parts.query)
+    for value in query.get("db", []):
+        _check_db(value, url)
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ValueError(f"{shown!r} names no socket: use unix:///PATH/TO/redis.sock")
+        return url
+    if parts.scheme.endswith("+sentinel"):
+        _check_sentinel(url)
+        return url
+    _check_host_url(url)
+    return url
+
+
+class RedisSettings(BaseModel):
+    model_config = _FROZEN
+
+    #: redis://, rediss:// (TLS), unix:// or redis+sentinel://h1:26379,h2:26379/master[/db]
+    #: URL; user and password may be in it (ACL).
+    url: str = "redis://127.0.0.1:6379/0"
+    #: Key prefix is ``{namespace}``: the hash tag keeps every key in one Cluster slot.
+    namespace: str = Field(default="llmgw", pattern=r"^[A-Za-z0-9._:-]{1,64}$")
+    #: Every command gives up after this; a scrape's write must not stall the loop.
+    socket_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    #: Talk to a Redis Cluster (url names any node).
+    cluster: bool = False
+    #: Gather the fenced writes of this many milliseconds into one pipeline (0: off).
+    #: A lone command costs the client ~5x the CPU of a pipelined one.
+    write_batch_ms: float = Field(default=5.0, ge=0, le=100)
+    # TLS (rediss:// and rediss+sentinel:// only). The server certificate and its host
+    # name are always verified, against the system trust store unless a CA file is named.
+    #: PEM bundle of the CA(s) that signed the Redis (and Sentinel) server certificates.
+    tls_ca_file: str | None = None
+    #: Client certificate (PEM; may hold the key too) for servers with tls-auth-clients.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    #: Skip certificate verification (encrypted but unauthenticated). Logged as a WARNING.
+    tls_insecure: bool = False
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        return check_redis_url(value)
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> RedisSettings:
+        tls_files = {
+            "tls_ca_file": self.tls_ca_file,
+            "tls_cert_file": self.tls_cert_file,
+            "tls_key_file": self.tls_key_file,
+        }
+        named = [name for name, path in tls_files.items() if path]
+        if (named or self.tls_insecure) and not self.url.startswith("rediss"):
+            which = ", ".join(named or ["tls_insecure"])
+            raise ValueError(f"{which} needs a rediss:// or rediss+sentinel:// URL")
+        if self.tls_key_file and not self.tls_cert_file:
+            raise ValueError("tls_key_file needs tls_cert_file")
+        if self.tls_insecure and self.tls_ca_file:
+            raise ValueError("tls_insecure skips verification: tls_ca_file would be ignored")
+        # Checked here, at start-up, because redis-py reads them only at the first
+        # connection, where a missing file would look like an unreachable Redis forever.
+        for name in named:
+            path = tls_files[name] or ""
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as exc:
+                raise ValueError(f"{name}: cannot read {path!r}: {exc.strerror}") from None
+        return self

@@ -1,0 +1,166 @@
+"""LoadAwareStrategy and LoadAwareFilter on a real litellm Router, against simulated
+engines a real poller scrapes (``litellm_fleet``): the saturated, failing and sleeping
+endpoints receive nothing, and every request is counted in flight exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from tests.support.litellm_fleet import BAD, HELD, HOLD_TOKENS, MODEL, OK, Fleet, fleet
+from tests.support.procs import until
+
+# isort: off
+# litellm_fleet first: it sets LITELLM_LOCAL_MODEL_COST_MAP before litellm loads.
+import litellm
+from poller.integrations.litellm import LoadAwareFilter, LoadAwareStrategy
+
+# isort: on
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(400),  # the fleet starts a simulator, a poller and Redis
+    pytest.mark.asyncio(loop_scope="module"),
+    # LiteLLM's own types make pydantic warn; nothing of ours.
+    pytest.mark.filterwarnings("ignore:Items? .* using the `ReadOnly` qualifier:UserWarning"),
+]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def f(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Fleet]:
+    workdir: Path = tmp_path_factory.mktemp("litellm-fleet")
+    async with fleet(workdir) as running:
+        yield running
+
+
+def deployment(f: Fleet, endpoint_id: str, group: str = "chat", **info: str) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "model_name": group,
+        "litellm_params": {
+            "model": f"openai/{MODEL}",
+            "api_base": f.api_base(endpoint_id),
+            "api_key": "unused",
+        },
+    }
+    if info:
+        entry["model_info"] = info
+    return entry
+
+
+def model_list(f: Fleet) -> list[dict[str, Any]]:
+    """One group, "chat", over all six; half name their endpoint, half match by URL."""
+    return [
+        deployment(f, e, **({"llmgw_endpoint": e} if i % 2 else {}))
+        for i, e in enumerate((*OK, *BAD))
+    ]
+
+
+def served_by(response: Any) -> str:
+    headers = response._hidden_params["additional_headers"]
+    return str(headers["llm_provider-x-sim-endpoint"])
+
+
+async def ask(router: litellm.Router, i: int, stream: bool, group: str = "chat") -> str:
+    """One request; the endpoint that answered (for a stream: "stream")."""
+    response = await router.acompletion(
+        model=group,
+        messages=[{"role": "user", "content": f"q{i}"}],
+        max_tokens=4,
+        stream=stream,
+    )
+    if not stream:
+        return served_by(response)
+    async for _ in response:
+        pass
+    return "stream"
+
+
+async def test_strategy_sends_nothing_to_saturated_failing_or_sleeping(f: Fleet) -> None:
+    router = litellm.Router(model_list=model_list(f), num_retries=0)
+    strategy = LoadAwareStrategy(router, cache=f.cache, rng=random.Random(7)).install()
+    try:
+        served = Counter([await ask(router, i, stream=i % 3 == 0) for i in range(30)])
+        # Every request succeeded (no retries: one sent to the failing or sleeping
+        # endpoint would have raised), none queued behind the saturated one.
+        assert served["stream"] == 10
+        assert set(served) - {"stream"} <= set(OK), served
+        assert len(set(served) - {"stream"}) >= 2, served  # spread, not one endpoint
+        assert (await f.served())["saturated"] == HELD  # only the test's own
+        assert strategy.fail_open_total == 0
+        # Streams end in LiteLLM's success callback: every request ended exactly once.
+        await until(lambda: strategy.tickets.in_flight() == 0, 30, "every request ended")
+        assert all(strategy.local.in_flight(e) == 0 for e in (*OK, *BAD))
+    finally:
+        strategy.uninstall()
+
+
+async def test_filter_under_litellm_strategy_sends_nothing_to_them(f: Fleet) -> None:
+    load_filter = LoadAwareFilter(cache=f.cache)
+    router = litellm.Router(model_list=model_list(f), num_retries=0)
+    litellm.logging_callback_manager.add_litellm_callback(load_filter)
+    try:
+        served = Counter([await ask(router, i, stream=i % 4 == 0) for i in range(24)])
+        assert set(served) - {"stream"} <= set(OK), served
+        assert (await f.served())["saturated"] == HELD
+        assert load_filter.dropped_total == 3 * 24
+        assert load_filter.fail_open_total == 0
+    finally:
+        litellm.logging_callback_manager.remove_callback_from_all_lists(load_filter)
+
+
+async def test_a_model_no_endpoint_serves_gets_litellms_no_deployment_error(f: Fleet) -> None:
+    # "other" is configured on the three good endpoints, none of which lists its model.
+    other = [deployment(f, e, group="other", llmgw_model="acme/other-1") for e in OK]
+    router = litellm.Router(model_list=[*model_list(f), *other], num_retries=0)
+    strategy = LoadAwareStrategy(router, cache=f.cache).install()
+    try:
+        with pytest.raises(litellm.RouterRateLimitError, match="No deployments available"):
+            await ask(router, 0, stream=False, group="other")
+        with pytest.raises(litellm.BadRequestError):  # not configured at all: LiteLLM's own
+            await ask(router, 0, stream=False, group="no-such-group")
+        assert strategy.tickets.in_flight() == 0
+    finally:
+        strategy.uninstall()
+
+
+async def test_every_end_counted_once_failure_stream_cancel(f: Fleet) -> None:
+    """ok-c keeps one request of the test in flight throughout: an end counted twice
+    would take it off the count, one never counted would leave an extra."""
+    only_c = [deployment(f, "ok-c", group="c", llmgw_endpoint="ok-c")]
+    # The engine answers 404 for this model; the view believes ok-c serves it.
+    wrong = deployment(f, "ok-c", group="wrong", llmgw_model=MODEL)
+    wrong["litellm_params"]["model"] = "openai/acme/not-served"
+    # No cooldown: the 404s would take "wrong" out of LiteLLM's healthy list.
+    router = litellm.Router(model_list=[*only_c, wrong], num_retries=0, disable_cooldowns=True)
+    strategy = LoadAwareStrategy(router, cache=f.cache).install()
+    local = strategy.local
+    try:
+        held = asyncio.create_task(
+            router.acompletion(
+                model="c", messages=[{"role": "user", "content": "h"}], max_tokens=HOLD_TOKENS
+            )
+        )
+        await until(lambda: local.in_flight("ok-c") == 1, 30, "the held request")
+        for i in range(3):
+            with pytest.raises(litellm.NotFoundError):
+                await ask(router, i, stream=False, group="wrong")
+            assert await ask(router, i, stream=True, group="c") == "stream"
+            assert await ask(router, i, stream=False, group="c") == "ok-c"
+        # The failure callbacks run after the calls return: wait for them.
+        await until(lambda: strategy.tickets.in_flight() == 1, 30, "the ends reported")
+        assert local.in_flight("ok-c") == 1
+        held.cancel()  # a cancelled request: no callback, its task's end counts
+        with pytest.raises(asyncio.CancelledError):
+            await held
+        # Its task's done callback runs a loop turn after the await above returns.
+        await until(lambda: local.in_flight("ok-c") == 0, 30, "the cancelled request ended")
+        assert strategy.tickets.in_flight() == 0
+    finally:
+        strategy.uninstall()

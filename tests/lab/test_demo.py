@@ -1,0 +1,183 @@
+"""The README's first command, the simulator CLI and `poller bench --quick`, end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from poller.reader.view import View
+from poller_lab import demo as demo_mod
+from tests.support.procs import leftovers
+
+
+def run_demo(tmp_path: Path, path_env: str | None) -> str:
+    marker = f"LLMGW_DEMO_TEST={uuid.uuid4().hex}"
+    env = {**os.environ, marker.split("=")[0]: marker.split("=")[1], "TMPDIR": str(tmp_path)}
+    if path_env is not None:
+        env["PATH"] = path_env
+    # The story's steps wait for the state they narrate (a loaded machine starts pollers
+    # late); --exit-after-story ends the demo when it is told, the duration is only a cap
+    # (a quiet machine takes ~25 s) and exit 1 names the step still awaited.
+    result = subprocess.run(
+        [sys.executable, "-m", "poller", "demo", "--exit-after-story", "--duration", "150"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert leftovers(marker) == [], "the demo left processes behind"
+    assert list(tmp_path.iterdir()) == [], "the demo left temporary files behind"
+    return result.stdout
+
+
+def check_story(out: str) -> None:
+    lines = [line for line in out.splitlines() if line.startswith("> ")]
+    assert any(line.startswith("> killed poller-1 (SIGKILL)") for line in lines), out
+    assert any(line.startswith("> takeover: ") for line in lines), out
+    assert any(line.startswith("> operator's page: http://127.0.0.1:") for line in lines), out
+    assert any(line.startswith("> restarted poller-1") for line in lines), out
+    assert any(line.startswith("> rebalanced: poller-1 owns") for line in lines), out
+    assert "3 live pollers (poller-0, poller-1, poller-2)" in out
+    assert "http_status" in out and "contract" in out  # the failing and the incomplete one
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # the subprocess's own 240 s bound fails first
+def test_demo_with_redis_server(tmp_path: Path) -> None:
+    out = run_demo(tmp_path, None)
+    assert "> redis: redis-server at" in out
+    check_story(out)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # the subprocess's own 240 s bound fails first
+def test_demo_falls_back_to_fakeredis(tmp_path: Path) -> None:
+    out = run_demo(tmp_path, "")  # no redis-server (nor anything else) on PATH
+    assert "> redis: fakeredis at" in out
+    check_story(out)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)  # the subprocess's own 180 s bound fails first
+def test_bench_quick_json_has_every_field() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "poller", "bench", "--quick", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    expected = {
+        "scrape": {
+            "cpu_s_per_1000_scrapes",
+            "endpoints_per_core",
+            "scrape_ratio",
+            "p99_lateness_s_le",
+            "rss_mb",
+            "redis_cpu_s_per_1000_scrapes",
+        },
+        "cluster": {
+            "duplicates_per_endpoint_interval",
+            "max_over_mean_ownership",
+            "redis_cpu_s_per_1000_scrapes",
+            "cpu_s_per_1000_scrapes",
+        },
+        "failover": {
+            "sigkill_rewritten_max_s",
+            "sigkill_rewritten_p50_s",
+            "sigterm_missed_intervals",
+            "sigterm_exit_code",
+        },
+        "reader": {"snapshot_p50_ms", "snapshot_p99_ms", "cached_lookup_us"},
+    }
+    for section, keys in expected.items():
+        assert keys <= set(report[section]), (section, report[section])
+    assert report["scrape"]["scrapes"] > 0
+    assert report["cluster"]["duplicates_per_endpoint_interval"] == 0
+    assert report["failover"]["sigterm_exit_code"] == 0
+    # progress as it goes, on stderr since stdout is the JSON
+    steps = [line.split("] ", 1)[1] for line in result.stderr.splitlines() if "bench [" in line]
+    assert [step.split(":")[0] for step in steps] == [
+        "scrape",
+        "cluster and failover",
+        "reader",
+        "done",
+    ], result.stderr
+
+
+@pytest.mark.slow
+def test_poller_sim_command_is_wired() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "poller", "sim", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0 and "--registry-out" in result.stdout
+
+
+class _Proc:
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+
+    def signal(self, sig: int) -> None:
+        self.signals.append(sig)
+
+
+class _Demo:
+    ids = ["poller-0", "poller-1", "poller-2"]
+
+    def __init__(self) -> None:
+        self.procs = {i: _Proc() for i in self.ids}
+        self.restarts = 0
+
+    def start_poller(self, poller_id: str) -> None:
+        self.restarts += 1
+
+
+def _view(owners: dict[str, str | None], live: list[str]) -> View:
+    endpoints = {e: SimpleNamespace(id=e, owner=o) for e, o in owners.items()}
+    return View(now_ms=0, rev=1, endpoints=endpoints, pollers=live)  # type: ignore[arg-type]
+
+
+def test_demo_story_steps_wait_for_the_state_they_narrate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A slow start (poller-1 holds nothing yet) delays the kill; a takeover not seen yet
+    delays the restart: the story is told late, never told wrong."""
+    clock = [1000.0]
+    monkeypatch.setattr(demo_mod.time, "monotonic", lambda: clock[0])
+    said: list[str] = []
+    fake = _Demo()
+    script = demo_mod.Script(fake, said.append)  # type: ignore[arg-type]
+    all_live = ["poller-0", "poller-1", "poller-2"]
+    script.step(_view({"a": "poller-0", "b": "poller-0"}, ["poller-0"]), 30.0)
+    assert script.killed_at is None and "kill" in script.awaiting()
+    script.step(_view({"a": "poller-0", "b": "poller-0"}, all_live), 31.0)
+    assert script.killed_at is None  # all live, but poller-1 holds nothing: no takeover to show
+    script.step(_view({"a": "poller-0", "b": "poller-1"}, all_live), 32.0)
+    assert fake.procs["poller-1"].signals == [signal.SIGKILL]
+    assert said[-1].startswith("killed poller-1 (SIGKILL) holding 1 endpoints: b")
+    clock[0] += 60  # long after the kill, the lease has not been taken yet
+    script.step(_view({"a": "poller-0", "b": "poller-1"}, ["poller-0", "poller-2"]), 92.0)
+    assert fake.restarts == 0 and script.awaiting() == "the takeover of poller-1's endpoints"
+    script.step(_view({"a": "poller-0", "b": "poller-2"}, ["poller-0", "poller-2"]), 93.0)
+    assert said[-2].startswith("takeover: poller-2 now scrape")  # then the restart, at once
+    assert said[-1].startswith("restarted poller-1")  # (the kill was 60 s ago)
+    assert fake.restarts == 1 and not script.done
+    script.step(_view({"a": "poller-0", "b": "poller-2"}, all_live), 94.0)
+    assert not script.done and script.awaiting().startswith("the rebalancing")
+    script.step(_view({"a": "poller-0", "b": "poller-1"}, all_live), 95.0)
+    assert script.done and said[-1].startswith("rebalanced: poller-1 owns 1 endpoints again")

@@ -1,0 +1,119 @@
+"""`poller bench --section routing`: the report's shape and the invariants that cannot flake.
+
+Latency figures depend on the machine; what is checked here does not: every request is
+answered, none goes to an endpoint that does not serve the model, every policy has its row,
+and no process outlives the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from poller.errors import ConfigError
+from poller_lab.routing import POLICIES, PolicyContext, RoutingConfig, register
+from poller_lab.routing.fleet import FAILER, SLEEPER, capacity_per_s, cells
+from poller_lab.routing.report import summarise
+from poller_lab.routing.run import _policies
+from tests.support.procs import leftovers
+
+POLICY_SET = ("round-robin", "pick-deterministic", "picker", "oracle")
+
+
+@pytest.mark.slow
+def test_quick_routing_bench_end_to_end() -> None:
+    marker = f"ROUTING_TEST_{uuid.uuid4().hex}"
+    args = [sys.executable, "-m", "poller", "bench", "--section", "routing", "--quick"]
+    args += ["--json", "--duration", "3"]
+    for policy in POLICY_SET:
+        args += ["--policy", policy]
+    result = subprocess.run(
+        args,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, marker: "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [row["policy"] for row in report["rows"]] == list(POLICY_SET)
+    assert report["sleeper"] == SLEEPER and report["failer"] == FAILER
+    for row in report["rows"]:
+        assert row["requests"] > 0
+        assert row["unanswered"] == 0, row  # every request got an answer
+        assert row["wrong_model"] == 0 and row["status_404"] == 0, row
+        assert row["ok"] + row["errors"] == row["requests"]
+        for key in ("p50_s", "p99_s", "max_s", "largest_queue", "cpu_per_pick_p99_us"):
+            assert row[key] is not None, key
+        assert set(row["view_showed_after_s"]) == {SLEEPER, FAILER}
+    # The table went to stderr as the cells ran, one line per cell.
+    assert sum(1 for line in result.stderr.splitlines() if line.strip().startswith(POLICY_SET)) == 4
+    assert leftovers(marker) == []
+
+
+def test_unknown_policies_are_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="no-such-policy"):
+        _policies(RoutingConfig(policies=("round-robin", "no-such-policy")))
+
+
+def test_the_registry_takes_new_policies() -> None:
+    class First:
+        def __init__(self, ctx: PolicyContext) -> None:
+            self.ctx = ctx
+
+        async def prepare(self) -> None:
+            return None
+
+        def choose(self) -> str | None:
+            return self.ctx.candidates[0]
+
+        def started(self, endpoint_id: str) -> None:
+            return None
+
+        def finished(self, endpoint_id: str) -> None:
+            return None
+
+    register("test-first", First)
+    try:
+        ctx = PolicyContext("m", ["a", "b"], random.Random(1))
+        assert POLICIES["test-first"].factory(ctx).choose() == "a"
+        assert "test-first" in _policies(RoutingConfig())
+    finally:
+        del POLICIES["test-first"]
+
+
+def test_the_grid_and_the_capacity() -> None:
+    cfg = RoutingConfig()
+    grid = cells(cfg, ["round-robin", "picker", "oracle"])
+    at_top = [c for c in grid if c[2] == 0.9 and c[3] == 1.0]
+    assert {c[1] for c in at_top} == {1, 4, 8} and len(at_top) == 9
+    assert [c for c in grid if c[2] == 0.7] == [
+        (p, 4, 0.7, 1.0) for p in ("round-robin", "picker", "oracle")
+    ]
+    assert [c for c in grid if c[3] != 1.0] == [("picker", 8, 0.9, 0.5), ("picker", 8, 0.9, 2.0)]
+    # 2 fast (8 x 50/20) + 3 medium (4 x 50/20) + 1 slow (2 x 25/20): the two events excluded
+    assert capacity_per_s(20.0) == pytest.approx(40 + 30 + 2.5)
+
+
+def test_summary_counts_requests_after_the_view_showed_an_event() -> None:
+    records = [
+        {"sent_at": 10.0, "endpoint": SLEEPER, "status": 200, "latency_s": 0.5, "cpu_ns": 1000,
+         "fallback": False},
+        {"sent_at": 12.5, "endpoint": SLEEPER, "status": 503, "latency_s": 0.01, "cpu_ns": 2000,
+         "fallback": False},
+        {"sent_at": 13.0, "endpoint": "other-0", "status": 404, "latency_s": 0.01, "cpu_ns": 3000,
+         "fallback": True},
+    ]  # fmt: skip
+    row = summarise(records, [SLEEPER], {SLEEPER: 12.0, FAILER: None}, {SLEEPER: 11.0}, 3)
+    assert (row["after_view"], row["after_view_max_s"]) == (1, 0.5)
+    assert (row["wrong_model"], row["status_404"], row["fallbacks"]) == (1, 1, 1)
+    assert (row["ok"], row["errors"], row["unanswered"]) == (1, 2, 0)
+    assert row["view_showed_after_s"] == {SLEEPER: 1.0}
+    assert row["largest_queue"] == 3
