@@ -1,31 +1,56 @@
 """llmgw-poller: one shared, fresh view of LLM engine load, through Redis.
 
-The package's public API is the reader a gateway uses; the service (``poller run``)
-lives in the modules behind the ``service`` extra.
+The package's public API is the reader a gateway uses (``poller.reader``, whose names
+are all here); the service (``poller run``) lives in the modules behind the ``service``
+extra.
 """
 
 from poller._version import __version__
-from poller.errors import PollerError, StoreError
-from poller.reader.cache import ViewCache
-from poller.reader.load import LocalLoad
-from poller.reader.pick import pick
-from poller.reader.picker import Picker
-from poller.reader.reader import StatsReader, SyncStatsReader
-from poller.reader.view import EndpointView, View
-from poller.schema.stats import EndpointStats, Failure
+from poller.reader import (
+    ConfigError,
+    Endpoint,
+    EndpointStats,
+    EndpointView,
+    Failure,
+    LocalLoad,
+    Picker,
+    PollerError,
+    RedisSettings,
+    SchemaMismatch,
+    State,
+    StatsReader,
+    StoreAuthError,
+    StoreError,
+    StoreUnreachable,
+    SyncStatsReader,
+    Timing,
+    View,
+    ViewCache,
+    WhenSaturated,
+    pick,
+)
 
 __all__ = [
+    "ConfigError",
+    "Endpoint",
     "EndpointStats",
     "EndpointView",
     "Failure",
     "LocalLoad",
     "Picker",
     "PollerError",
+    "RedisSettings",
+    "SchemaMismatch",
+    "State",
     "StatsReader",
+    "StoreAuthError",
     "StoreError",
+    "StoreUnreachable",
     "SyncStatsReader",
+    "Timing",
     "View",
     "ViewCache",
+    "WhenSaturated",
     "__version__",
     "pick",
 ]

@@ -1,7 +1,7 @@
 """The poller's exceptions.
 
     PollerError
-     +-- ConfigError          bad settings, registry entry or CLI argument
+     +-- ConfigError          bad settings, registry entry or argument (also a ValueError)
      +-- ScrapeError          one scrape failed; ``reason`` is a DESIGN.md failure reason
      |    +-- FetchError      transport or HTTP: unreachable, timeout, http_status, auth, too_large
      |    +-- ParseError      the page is not valid exposition text (reason ``parse``)
@@ -39,8 +39,10 @@ class PollerError(Exception):
     """Base of every error this package raises on purpose."""
 
 
-class ConfigError(PollerError):
-    """A setting, registry entry or argument is invalid; ``field`` names it when known."""
+class ConfigError(PollerError, ValueError):
+    """A setting, registry entry or argument is invalid; ``field`` names it when known.
+
+    Also a ``ValueError``: code that catches bad values the standard way catches it."""
 
     def __init__(self, message: str, *, endpoint: str | None = None, field: str | None = None):
         self.endpoint = endpoint

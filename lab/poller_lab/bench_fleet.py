@@ -15,6 +15,7 @@ from typing import Any
 
 import redis
 
+from poller.redis.clock import server_ms
 from poller_lab.embedded import (
     Proc,
     http_json,
@@ -86,8 +87,7 @@ class Fleet:
         return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
     def fresh_count(self) -> int:
-        now_s, now_us = self.client.time()
-        now_ms = now_s * 1000 + now_us // 1000
+        now_ms = server_ms(self.client.time())
         pipe = self.client.pipeline(transaction=False)
         for e in self.ids:
             pipe.hget(f"{{{NS}}}:stats:{e}", "scraped_at_ms")

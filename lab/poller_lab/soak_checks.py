@@ -11,6 +11,7 @@ from random import Random
 import redis
 
 from poller.config import CoordinationSettings, ScrapeSettings, default_timeout_s
+from poller.redis.clock import server_ms
 from poller.redis.errors import REDIS_ERRORS
 from poller.service.ttl import stats_ttl_ms
 from poller_lab.embedded import Proc, http_json
@@ -75,7 +76,7 @@ class Checker:
         """Sampled: every stats hash has a TTL and is younger than it (the TTL the
         pollers set: 3 intervals, at least a takeover; service/ttl.py)."""
         try:
-            now_s, now_us = self.client.time()
+            now_ms = server_ms(self.client.time())
             keys = list(self.client.scan_iter(f"{{{NS}}}:stats:*", count=1000))
             sample = self.rng.sample(keys, min(50, len(keys)))
             pipe = self.client.pipeline(transaction=False)
@@ -85,7 +86,6 @@ class Checker:
             replies = pipe.execute()
         except REDIS_ERRORS:
             return
-        now_ms = now_s * 1000 + now_us // 1000
         for ttl, (scraped, interval) in zip(replies[::2], replies[1::2], strict=True):
             if ttl == -1:
                 self.tally.no_ttl += 1
@@ -143,10 +143,9 @@ class Checker:
 
     def redis_now_ms(self) -> int:
         try:
-            now_s, now_us = self.client.time()
+            return server_ms(self.client.time())
         except REDIS_ERRORS:
             return int(time.time() * 1000)  # Redis is down: the local clock will do
-        return int(now_s) * 1000 + int(now_us) // 1000
 
     def written_since(self, since_ms: int) -> bool:
         """Every healthy endpoint written again after ``since_ms`` (Redis clock)."""

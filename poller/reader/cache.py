@@ -1,8 +1,10 @@
 """A local copy of the view that follows updates; every read is a dict lookup.
 
 The cache keeps the view as a snapshot delivers it: the registry and the two kinds of
-compact records, as strings. An endpoint is decoded when first asked for after a change,
-and that decode is shared by every later lookup until the next change.
+compact records, as strings. An endpoint is decoded (``replies.view_from_records``, the
+decode of a snapshot and of ``get(id)`` too) when first asked for after a change, and
+that one ``EndpointView`` is what every later lookup, ``view()`` and a picker's index
+read until the next change.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from poller.reader.replies import LazyEndpoints, entry_from_records
+from poller.reader.replies import LazyEndpoints, check_schema, view_from_records
 from poller.reader.view import EndpointView, View
+from poller.redis.clock import server_ms
 from poller.schema.records import written_ms
 
 __all__ = ["ViewCache"]
@@ -102,7 +105,7 @@ class ViewCache:
             self._entries = dict(endpoints.entries)
             self._stats = dict(endpoints.stats)
             self._failures = dict(endpoints.failures)
-            self._built = {}
+            self._built = endpoints.decoded()  # what the snapshot's reader already decoded
         else:  # a View built by hand: keep its entries as they are
             self._entries = {e: "" for e in endpoints}
             self._stats, self._failures = {}, {}
@@ -139,7 +142,9 @@ class ViewCache:
 
     def apply_records(self, endpoint_id: str, reply: Sequence[Any]) -> None:
         """GET_RECORDS' reply: the endpoint as a snapshot shows it, or gone."""
-        self._clock(int(reply[0]) * 1000 + int(reply[1]) // 1000)
+        if len(reply) > 5:
+            check_schema(reply[5])
+        self._clock(server_ms(reply))
         self._built.pop(endpoint_id, None)
         self._changed(endpoint_id)
         if not reply[2]:
@@ -157,13 +162,14 @@ class ViewCache:
 
     def base(self, endpoint_id: str) -> EndpointView | None:
         """The endpoint as last decoded, its state as of the decode (``get`` gives it as
-        of now); the picker judges freshness from its ``timing``."""
+        of now): the one decoded form of its records, which ``get``, ``view`` and a
+        picker's index all read; the picker judges freshness from its ``timing``."""
         base = self._built.get(endpoint_id)
         if base is None:
             entry_json = self._entries.get(endpoint_id)
             if entry_json is None:
                 return None
-            base = entry_from_records(
+            base = view_from_records(
                 endpoint_id,
                 entry_json,
                 self._stats.get(endpoint_id),
@@ -198,7 +204,7 @@ class ViewCache:
             offset_ms=self._offset_ms,
             healthy=healthy,
             confirmed_ms=self.confirmed_ms(),
-            source=self,
+            cache=self,
         )
 
     def written_ms(self, endpoint_id: str) -> tuple[int, int]:

@@ -3,8 +3,8 @@
 A pick must not scan the view (1,000 endpoints cost ~0.5 ms to walk in Python; a pick
 has ~20 us). The index classifies each endpoint once per change of its records and keeps,
 per model asked for, the eligible endpoints in bags by LoRA affinity tier and saturation;
-a pick draws two of them. Freshness runs out without any change: each entry carries the
-Redis time its stats stop being fresh, and a draw that meets an expired entry drops it
+a pick draws two of them. Freshness runs out without any change: each slot carries the
+Redis time its stats stop being fresh, and a draw that meets an expired slot drops it
 (its next stats write brings it back).
 """
 
@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from poller.reader.view import EndpointView
 from poller.schema.stats import EndpointStats
 
-__all__ = ["TIERS", "Bag", "Entry", "Index", "ModelIndex"]
+__all__ = ["TIERS", "Bag", "Index", "ModelIndex", "Slot"]
 
 INF = math.inf
 #: LoRA affinity tiers in the Gateway API Inference Extension's order: the adapter is
@@ -27,8 +29,10 @@ TIERS = 4
 WEIGHT_MIN, WEIGHT_MAX = 0.05, 20.0
 
 
-class Entry:
-    """One eligible endpoint's numbers, as its last stats said."""
+class Slot:
+    """One eligible endpoint in the picker's index: the numbers its last stats said
+    (read from the cache's decoded ``EndpointView``, never decoded again) and what this
+    index makes of them (weight, saturation)."""
 
     __slots__ = (
         "capacity",
@@ -76,7 +80,7 @@ class Entry:
         return None
 
     def __repr__(self) -> str:
-        return f"Entry({self.id!r}, requests={self.requests}, weight={self.weight:.2f})"
+        return f"Slot({self.id!r}, requests={self.requests}, weight={self.weight:.2f})"
 
 
 class Bag:
@@ -85,15 +89,15 @@ class Bag:
     __slots__ = ("items", "pos", "wmax")
 
     def __init__(self) -> None:
-        self.items: list[Entry] = []
+        self.items: list[Slot] = []
         self.pos: dict[str, int] = {}
         self.wmax = 0.0  # an upper bound of the weights: rejection sampling needs no more
 
-    def add(self, entry: Entry) -> None:
-        self.pos[entry.id] = len(self.items)
-        self.items.append(entry)
-        if entry.weight > self.wmax:
-            self.wmax = entry.weight
+    def add(self, slot: Slot) -> None:
+        self.pos[slot.id] = len(self.items)
+        self.items.append(slot)
+        if slot.weight > self.wmax:
+            self.wmax = slot.weight
 
     def remove(self, endpoint_id: str) -> None:
         at = self.pos.pop(endpoint_id, None)
@@ -110,27 +114,27 @@ class ModelIndex:
 
     __slots__ = ("adapter", "bags", "model", "where")
 
-    def __init__(self, model: str | None, entries: Iterable[Entry]) -> None:
+    def __init__(self, model: str | None, slots: Iterable[Slot]) -> None:
         self.model = model
-        listed = list(entries)
+        listed = list(slots)
         self.adapter = model is not None and any(
             model in e.lora_running or model in e.lora_waiting for e in listed
         )
         self.bags = [(Bag(), Bag()) for _ in range(TIERS)]
         self.where: dict[str, Bag] = {}  # endpoint id -> the bag holding it
-        for entry in listed:
-            self.put(entry)
+        for slot in listed:
+            self.put(slot)
 
-    def put(self, entry: Entry) -> bool:
-        """File ``entry`` (already dropped from the bags); False when the model turned out
+    def put(self, slot: Slot) -> bool:
+        """File ``slot`` (already dropped from the bags); False when the model turned out
         to be an adapter, which changes the tiers of the others: rebuild then."""
-        tier = entry.tier(self.model, self.adapter)
+        tier = slot.tier(self.model, self.adapter)
         if tier is None:
             return True
         if tier < 2 and not self.adapter:
             return False
-        bag = self.where[entry.id] = self.bags[tier][entry.saturated]
-        bag.add(entry)
+        bag = self.where[slot.id] = self.bags[tier][slot.saturated]
+        bag.add(slot)
         return True
 
     def drop(self, endpoint_id: str) -> None:
@@ -159,66 +163,76 @@ class Index:
         self._max_kv = max_kv_cache_usage
         self._max_models = max_models
         self.version = -1  # the cache version the index reflects (set by its owner)
-        self.entries: dict[str, Entry] = {}
+        self.slots: dict[str, Slot] = {}
         for view in views:
-            entry = self._entry(view)
-            if entry is not None:
-                self.entries[entry.id] = entry
+            slot = self._slot(view)
+            if slot is not None:
+                self.slots[slot.id] = slot
         #: Requests (running + waiting) the view shows on the eligible endpoints.
-        self.requests = sum(e.requests for e in self.entries.values())
-        capacities = [e.capacity for e in self.entries.values() if e.capacity is not None]
+        self.requests = sum(e.requests for e in self.slots.values())
+        capacities = [e.capacity for e in self.slots.values() if e.capacity is not None]
         #: The fleet's median capacity: the unit of weights, and what unknown counts as.
         self.median_capacity = statistics.median(capacities) if capacities else None
-        kvs = [e.kv for e in self.entries.values() if e.kv is not None]
+        kvs = [e.kv for e in self.slots.values() if e.kv is not None]
         #: What an unknown KV usage scores as: the fleet's median (0 when none is known,
         #: where it cannot decide anything: every endpoint is equally unknown).
         self.median_kv = statistics.median(kvs) if kvs else 0.0
-        for entry in self.entries.values():
-            self._weigh(entry)
+        for slot in self.slots.values():
+            self._weigh(slot)
         self.models: dict[str | None, ModelIndex] = {}
 
-    def _entry(self, view: EndpointView) -> Entry | None:
+    def _slot(self, view: EndpointView) -> Slot | None:
         stats = view.stats
         if stats is None or stats.sleeping:
             return None
         fresh_until = self._fresh_until(view)
         if fresh_until is None:
             return None
-        entry = Entry(view.id, stats, fresh_until)
-        kv = entry.kv
-        entry.saturated = stats.waiting >= self._max_waiting or (
+        slot = Slot(view.id, stats, fresh_until)
+        kv = slot.kv
+        slot.saturated = stats.waiting >= self._max_waiting or (
             kv is not None and kv >= self._max_kv
         )
-        return entry
+        return slot
 
-    def _weigh(self, entry: Entry) -> None:
+    def _weigh(self, slot: Slot) -> None:
         median = self.median_capacity
-        if entry.capacity is None or median is None:
-            entry.weight = 1.0
+        if slot.capacity is None or median is None:
+            slot.weight = 1.0
         else:
-            entry.weight = min(WEIGHT_MAX, max(WEIGHT_MIN, entry.capacity / median))
-        if entry.kv is None:
-            entry.kv = self.median_kv
+            slot.weight = min(WEIGHT_MAX, max(WEIGHT_MIN, slot.capacity / median))
+        if slot.kv is None:
+            slot.kv = self.median_kv
 
     def model(self, model: str | None) -> ModelIndex:
         index = self.models.get(model)
         if index is None:
             if len(self.models) >= self._max_models:
                 self.models.clear()  # many one-off models: start over, never grow unbounded
-            index = self.models[model] = ModelIndex(model, self.entries.values())
+            index = self.models[model] = ModelIndex(model, self.slots.values())
         return index
 
     def update(self, endpoint_id: str, view: EndpointView | None) -> None:
         """The endpoint's records changed (``view`` None: it left the registry)."""
-        entry = None if view is None else self._entry(view)
-        old = self.entries.pop(endpoint_id, None)
+        slot = None if view is None else self._slot(view)
+        old = self.slots.pop(endpoint_id, None)
         if old is not None:
             self.requests -= old.requests
-        if entry is not None:
-            self._weigh(entry)
-            self.entries[endpoint_id] = entry
-            self.requests += entry.requests
+        if slot is not None:
+            self._weigh(slot)
+            self.slots[endpoint_id] = slot
+            self.requests += slot.requests
         for name, index in list(self.models.items()):
             index.drop(endpoint_id)
-            if entry is not None and not index.put(entry):
+            if slot is not None and not index.put(slot):
                 del self.models[name]  # rebuilt on the next pick of that model
+
+
+def __getattr__(name: str) -> Any:
+    """``Entry``, the name of earlier releases for ``Slot``, for one release more."""
+    if name == "Entry":
+        warnings.warn(
+            "poller.reader.index.Entry is deprecated: use Slot", DeprecationWarning, stacklevel=2
+        )
+        return Slot
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -41,10 +41,14 @@ class LocalLoad:
     The picker converts an endpoint's ``scraped_at_ms`` (Redis clock) into this clock
     with the view's clock offset and asks how many started after it.
 
-    Thread safety: every method takes one lock (never held while calling out), so one
-    ``LocalLoad`` may be shared by the threads of a threaded gateway and by the tasks of
-    an event loop alike. Counts are exact; a pick that races a ``started`` may or may not
-    see it, which only matters as much as a request that arrived a microsecond later.
+    Thread safety: the methods that change it (``started``, ``finished``, ``track``)
+    take one lock (never held while calling out), so one ``LocalLoad`` may be shared by
+    the threads of a threaded gateway and by the tasks of an event loop alike; counts
+    are exact. The reads a pick makes (``since``, ``in_flight``, ``total``,
+    ``slowness``, ``now``) take no lock: each is one read of a dict entry or a list,
+    atomic under the GIL, so a pick never waits for a request's bookkeeping. A pick that
+    races a ``started`` may or may not see it, which only matters as much as a request
+    that arrived a microsecond later.
     """
 
     __slots__ = ("_all_s", "_clock", "_lock", "_starts", "_took", "_total")

@@ -20,9 +20,9 @@ _lock = threading.Lock()
 
 def pick(
     view: View | ViewCache | Mapping[str, EndpointView],
-    candidates: Iterable[str] | None = None,
     model: str | None = None,
     *,
+    candidates: Iterable[str] | None = None,
     max_waiting: int = 5,
     max_kv_cache_usage: float = 0.8,
     when_saturated: WhenSaturated = "least_loaded",
@@ -31,7 +31,9 @@ def pick(
 ) -> str | None:
     """The endpoint for one request by ``Picker``'s rules (eligible, not saturated, the
     better of two random candidates), or None when no endpoint may take it; with
-    ``model``, only an endpoint that serves it.
+    ``model``, only an endpoint that serves it; with ``candidates``, only one of those
+    ids. The arguments are ``Picker.pick``'s, in its order; a wrong type (a list where
+    the model goes, ``candidates`` as one string) raises ``TypeError``.
 
     A gateway replica does better with its own ``Picker`` (its own random source) and a
     ``LocalLoad``; pass the ``ViewCache`` rather than ``cache.view()`` for speed.

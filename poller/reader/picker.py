@@ -19,16 +19,16 @@ from typing import Literal
 
 from poller.errors import ConfigError
 from poller.reader.cache import ViewCache
-from poller.reader.index import INF, TIERS, Bag, Entry, Index, ModelIndex
+from poller.reader.index import INF, TIERS, Bag, Index, ModelIndex, Slot
 from poller.reader.load import LocalLoad
 from poller.reader.view import EndpointView, View
 
-__all__ = ["Picker", "WhenSaturated"]
+__all__ = ["Picker", "WhenSaturated", "check_arguments"]
 
 WhenSaturated = Literal["least_loaded", "none"]
 #: The most this replica's recent requests are scaled up by (its share of the fleet's).
 SCALE_MAX = 64.0
-#: Draws before a pick stops sampling and lists the bag (most entries expired).
+#: Draws before a pick stops sampling and lists the bag (most slots expired).
 _DRAWS = 24
 
 
@@ -136,7 +136,10 @@ class Picker:
         """The endpoint id for one request, or None when no endpoint may take it.
 
         ``candidates`` limits the choice to those ids (unknown ids are ignored);
-        ``local`` is this replica's ``LocalLoad`` (see the class doc)."""
+        ``local`` is this replica's ``LocalLoad`` (see the class doc). An argument of
+        the wrong type (a model that is not a string, ``candidates`` given as one
+        string) raises ``TypeError``."""
+        check_arguments(view, model, candidates, local)
         with self._lock:
             return self._pick(view, model, candidates, local)
 
@@ -178,8 +181,8 @@ class Picker:
         """(index, Redis ms to judge freshness at, clock offset) or None: no numbers may
         be used (Redis lost for longer than the grace). A ``ViewCache`` goes straight to
         ``_from_cache``."""
-        if isinstance(view, View) and isinstance(view.source, ViewCache):
-            return self._from_cache(view.source)  # the same numbers, already indexed
+        if isinstance(view, View) and view.cache is not None:
+            return self._from_cache(view.cache)  # the same numbers, already indexed
         given = view
         if not isinstance(view, View):  # a mapping of endpoints, as judged when made
             view = View(0, 0, view)
@@ -239,10 +242,10 @@ class Picker:
         bag: Bag,
         judge_ms: float,
         models: ModelIndex | None,
-        score: Callable[[Entry], tuple[float, float]],
+        score: Callable[[Slot], tuple[float, float]],
     ) -> str | None:
-        """The less loaded of two entries drawn from ``bag`` (the first on a tie, the only
-        one if the bag holds one live entry), or None: no live entry in it."""
+        """The less loaded of two slots drawn from ``bag`` (the first on a tie, the only
+        one if the bag holds one live slot), or None: no live slot in it."""
         first = self._draw(bag, judge_ms, models, None)
         if first is None:
             return None
@@ -250,9 +253,9 @@ class Picker:
         return first.id if second is None or score(first) <= score(second) else second.id
 
     def _draw(
-        self, bag: Bag, judge_ms: float, models: ModelIndex | None, other: Entry | None
-    ) -> Entry | None:
-        """One entry of ``bag`` other than ``other``, in proportion to its weight
+        self, bag: Bag, judge_ms: float, models: ModelIndex | None, other: Slot | None
+    ) -> Slot | None:
+        """One slot of ``bag`` other than ``other``, in proportion to its weight
         (rejection sampling against the bag's largest weight); expired ones are dropped."""
         rand = self.rng.random
         items = bag.items
@@ -260,16 +263,16 @@ class Picker:
             n = len(items)
             if n == 0 or (n == 1 and items[0] is other):
                 return None
-            entry = items[int(rand() * n)]
-            if entry.fresh_until_ms < judge_ms:
+            slot = items[int(rand() * n)]
+            if slot.fresh_until_ms < judge_ms:
                 if models is not None:
-                    models.drop(entry.id)  # its next stats write brings it back
+                    models.drop(slot.id)  # its next stats write brings it back
                 else:
-                    bag.remove(entry.id)
+                    bag.remove(slot.id)
                 continue
-            if entry is other or (entry.weight < bag.wmax and rand() * bag.wmax >= entry.weight):
+            if slot is other or (slot.weight < bag.wmax and rand() * bag.wmax >= slot.weight):
                 continue
-            return entry
+            return slot
         live = [e for e in items if e.fresh_until_ms >= judge_ms and e is not other]
         if not live:
             return None
@@ -277,7 +280,7 @@ class Picker:
 
     def _scorer(
         self, index: Index, local: LocalLoad | None, offset_ms: float | None
-    ) -> Callable[[Entry], tuple[float, float]]:
+    ) -> Callable[[Slot], tuple[float, float]]:
         """The load of an endpoint for this pick: (requests per unit of capacity, KV)."""
         if local is None or offset_ms is None:
             return _view_load
@@ -290,10 +293,10 @@ class Picker:
         slowness = local.slowness if self.use_latency else _neutral
         now = local.now()
 
-        def load(entry: Entry) -> tuple[float, float]:
-            recent = since(entry.id, entry.scraped_at_ms / 1000 - offset_s)
-            requests = entry.requests + 1 + scale * recent
-            return requests / entry.weight * slowness(entry.id, now), entry.kv or 0.0
+        def load(slot: Slot) -> tuple[float, float]:
+            recent = since(slot.id, slot.scraped_at_ms / 1000 - offset_s)
+            requests = slot.requests + 1 + scale * recent
+            return requests / slot.weight * slowness(slot.id, now), slot.kv or 0.0
 
         return load
 
@@ -303,17 +306,17 @@ class Picker:
         index: Index,
         candidates: Iterable[str],
         judge_ms: float,
-        score: Callable[[Entry], tuple[float, float]],
+        score: Callable[[Slot], tuple[float, float]],
     ) -> str | None:
         """The same choice limited to ``candidates`` (a scan of them, not of the view)."""
         groups: dict[tuple[bool, int], Bag] = {}
         for endpoint_id in dict.fromkeys(candidates):
-            entry = index.entries.get(endpoint_id)
-            if entry is None or entry.fresh_until_ms < judge_ms:
+            slot = index.slots.get(endpoint_id)
+            if slot is None or slot.fresh_until_ms < judge_ms:
                 continue
-            tier = entry.tier(models.model, models.adapter)
+            tier = slot.tier(models.model, models.adapter)
             if tier is not None:
-                groups.setdefault((entry.saturated, tier), Bag()).add(entry)
+                groups.setdefault((slot.saturated, tier), Bag()).add(slot)
         if not groups:
             return None
         saturated, tier = min(groups)
@@ -322,9 +325,33 @@ class Picker:
         return self._two_choices(groups[saturated, tier], judge_ms, None, score)
 
 
+def check_arguments(view: object, model: object, candidates: object, local: object) -> None:
+    """``TypeError`` for an argument ``pick`` cannot mean: the call is wrong, and a None
+    would read as "no endpoint may take it"."""
+    if not isinstance(view, ViewCache | View | Mapping):
+        raise TypeError(
+            f"pick() needs a ViewCache, a View or a mapping of EndpointViews, "
+            f"got {type(view).__name__}"
+        )
+    if model is not None and not isinstance(model, str):
+        raise TypeError(
+            f"model must be a model name (str) or None, got {type(model).__name__}: "
+            "candidate ids go in candidates=[...]"
+        )
+    if candidates is not None and (
+        isinstance(candidates, str | bytes) or not isinstance(candidates, Iterable)
+    ):
+        raise TypeError(
+            f"candidates must be an iterable of endpoint ids (a list, a set), "
+            f"got {type(candidates).__name__} {candidates!r:.60}"
+        )
+    if local is not None and not isinstance(local, LocalLoad):
+        raise TypeError(f"local must be a LocalLoad or None, got {type(local).__name__}")
+
+
 def _neutral(endpoint_id: str, now: float) -> float:
     return 1.0
 
 
-def _view_load(entry: Entry) -> tuple[float, float]:
-    return (entry.requests + 1) / entry.weight, entry.kv or 0.0
+def _view_load(slot: Slot) -> tuple[float, float]:
+    return (slot.requests + 1) / slot.weight, slot.kv or 0.0

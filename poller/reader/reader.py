@@ -1,18 +1,22 @@
 """What a gateway replica imports: the shared view of every endpoint, from Redis.
 
-Importable without httpx or APScheduler (the package's public API). Two flavours:
+Importable without httpx or APScheduler (the package's public API). Two flavours, twins
+with the same methods, arguments and client set-up (Sentinel and Cluster included):
 
-- ``StatsReader`` (asyncio) and ``SyncStatsReader`` (threaded gateways).
+- ``StatsReader`` (asyncio) and ``SyncStatsReader`` (threaded gateways); each is a
+  context manager that closes its client on exit (``async with`` / ``with``).
 - ``snapshot()`` reads the whole view in one round trip at one moment of the Redis clock;
-  ``get(id)`` reads one endpoint. Both raise ``StoreError`` if Redis is unreachable.
+  ``get(id)`` reads one endpoint exactly as a snapshot would show it (the same records,
+  the same decode). Both raise ``StoreError`` if Redis is unreachable.
 - ``cached()`` keeps a local ``ViewCache`` that follows ``P:updates`` (each update carries
   its record: no read per update; ``protocol.py``), resyncs fully on every (re)connect
   and every ``resync_s`` because pub/sub drops messages while disconnected, and never
   raises into the routing path: while Redis is away it serves the last view, marked
   stale, ``healthy`` False. Leaving the block always ends the follower within a bound.
 
-    async with StatsReader.from_url("redis://redis:6379/0").cached() as cache:
-        target = pick(cache.view(), model="meta-llama/Llama-3.1-8B-Instruct")
+    async with StatsReader.from_url("redis://redis:6379/0") as reader:
+        async with reader.cached() as cache:
+            target = pick(cache, "meta-llama/Llama-3.1-8B-Instruct")
 """
 
 from __future__ import annotations
@@ -20,17 +24,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from types import TracebackType
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+import redis.cluster
+from pydantic import ValidationError
 from redis.asyncio.cluster import RedisCluster
 
-from poller.errors import SchemaMismatch
+from poller.errors import ConfigError, SchemaMismatch
 from poller.reader.cache import ViewCache
 from poller.reader.feed import open_feed
 from poller.reader.protocol import Action, Protocol
@@ -38,17 +47,26 @@ from poller.reader.replies import (
     Held,
     build_view,
     check_schema,
-    get_one_call,
     held_after,
-    one_from_reply,
+    one_from_records,
+    records_call,
     snapshot_call,
 )
 from poller.reader.view import EndpointView, View
-from poller.redis.connection import close_client, connect, pubsub_client, subscribe, tls_options
+from poller.redis.connection import (
+    close_client,
+    close_client_sync,
+    connect,
+    connect_sync,
+    pubsub_client,
+    pubsub_client_sync,
+    subscribe,
+)
 from poller.redis.errors import redis_call, redis_call_sync
-from poller.redis.settings import RedisSettings
+from poller.redis.settings import NAMESPACE_PATTERN, RedisSettings
 from poller.schema.keys import Keys
 from poller.schema.lua import lua
+from poller.util.messages import describe_errors
 
 __all__ = ["StatsReader", "SyncStatsReader"]
 
@@ -59,10 +77,34 @@ log = logging.getLogger(__name__)
 STOP_BOUND_S = 5.0
 #: How long subscribing to the update channel may take.
 FEED_TIMEOUT_S = 2.0
+#: The heartbeat script's arguments that make it only read: no poller id.
+_READ_MEMBERS = ["", 0, "", ""]
+
+
+def _settings(url: str, namespace: str) -> RedisSettings:
+    """``RedisSettings`` for ``from_url``; a bad URL or namespace is a ``ConfigError``
+    that says what is wrong (poller/redis/settings.py words it)."""
+    try:
+        return RedisSettings(url=url, namespace=namespace)
+    except ValidationError as exc:
+        lines = [line for _, line in describe_errors(exc, RedisSettings)]
+        raise ConfigError("; ".join(lines)) from None
+
+
+def _number(name: str, value: object, *, whole: bool = False) -> None:
+    kinds = (int,) if whole else (int, float)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, kinds)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        kind = "an integer" if whole else "a number"
+        raise ConfigError(f"{name} must be {kind} > 0, got {value!r}")
 
 
 class _Reader:
-    """What both readers share: keys, freshness bound, resync period, the two scripts."""
+    """What both readers share: keys, options, the three scripts, reply decoding."""
 
     def __init__(
         self,
@@ -73,6 +115,13 @@ class _Reader:
         stale_after_ms: int | None = None,
         resync_s: float = 5.0,
     ) -> None:
+        if not isinstance(namespace, str) or not re.match(NAMESPACE_PATTERN, namespace):
+            raise ConfigError(f"namespace must be 1-64 of A-Z a-z 0-9 . _ : -, got {namespace!r}")
+        _number("stale_after_intervals", stale_after_intervals)
+        if stale_after_ms is not None:
+            _number("stale_after_ms", stale_after_ms, whole=True)
+        _number("resync_s", resync_s)
+        self.client = client
         self.keys = Keys(namespace)
         self.stale_after_intervals = stale_after_intervals
         self.stale_after_ms = stale_after_ms
@@ -81,8 +130,8 @@ class _Reader:
         # The registry of the last snapshot: the next one skips it while it is unchanged
         # (a fifth of a snapshot's bytes). Replaced whole, so concurrent calls are safe.
         self._held: Held | None = None
-        self._get_one = client.register_script(lua("get_one"))
         self._get_records = client.register_script(lua("get_records"))
+        self._members = client.register_script(lua("heartbeat"))
 
     def _snapshot_call(self) -> tuple[list[str], list[str], Held | None]:
         held = self._held
@@ -90,43 +139,108 @@ class _Reader:
         return keys, args, held
 
     def _view(self, reply: Any, held: Held | None) -> View:
-        view = build_view(reply, self.stale_after_intervals, self.stale_after_ms, held)
         # The clocks side by side, so a picker places this replica's requests on the view.
-        view.offset_ms = view.now_ms - time.monotonic() * 1000
+        view = build_view(
+            reply,
+            self.stale_after_intervals,
+            self.stale_after_ms,
+            held,
+            read_at_ms=time.monotonic() * 1000,
+        )
         self._held = held_after(reply, view)
         return view
 
-    def _entry(self, endpoint_id: str, reply: Any) -> tuple[int, EndpointView | None]:
-        return one_from_reply(endpoint_id, reply, self.stale_after_intervals, self.stale_after_ms)
-
     def _records_call(self, endpoint_id: str) -> tuple[list[str], list[str]]:
-        k = self.keys
-        return [k.endpoints, k.view_stats, k.view_failures], [endpoint_id]
+        return records_call(self.keys, endpoint_id)
+
+    def _one(self, endpoint_id: str, reply: Any) -> EndpointView | None:
+        return one_from_records(endpoint_id, reply, self.stale_after_intervals, self.stale_after_ms)
+
+    def _members_keys(self) -> list[str]:
+        return [self.keys.members, self.keys.schema, self.keys.epoch]
+
+    @staticmethod
+    def _pollers(reply: Any) -> list[str]:
+        check_schema(reply[1])
+        return sorted(str(m) for m in reply[3:])
 
     def _protocol(self) -> Protocol:
         return Protocol(ViewCache(self.stale_after_intervals, self.stale_after_ms), self.resync_s)
 
 
 class StatsReader(_Reader):
-    """Read the view (asyncio). Build from a URL or an existing redis-py client."""
+    """Read the view (asyncio). Build from a URL, settings, or a redis-py client of
+    yours (``decode_responses=True``; a ``RedisCluster`` works too)."""
+
+    client: aioredis.Redis | RedisCluster
 
     def __init__(
-        self, client: aioredis.Redis | RedisCluster, namespace: str = "llmgw", **kwargs: Any
+        self,
+        client: aioredis.Redis | RedisCluster,
+        namespace: str = "llmgw",
+        *,
+        stale_after_intervals: float = 2.0,
+        stale_after_ms: int | None = None,
+        resync_s: float = 5.0,
     ) -> None:
-        super().__init__(client, namespace, **kwargs)
-        self.client = client
-        self._members = client.register_script(lua("heartbeat"))
+        super().__init__(
+            client,
+            namespace,
+            stale_after_intervals=stale_after_intervals,
+            stale_after_ms=stale_after_ms,
+            resync_s=resync_s,
+        )
 
     @classmethod
-    def from_url(cls, url: str, namespace: str = "llmgw", **kwargs: Any) -> StatsReader:
-        return cls.from_settings(RedisSettings(url=url, namespace=namespace), **kwargs)
+    def from_url(
+        cls,
+        url: str,
+        namespace: str = "llmgw",
+        *,
+        stale_after_intervals: float = 2.0,
+        stale_after_ms: int | None = None,
+        resync_s: float = 5.0,
+    ) -> StatsReader:
+        """A client of its own for ``url`` (any form ``RedisSettings`` takes); a bad URL
+        raises ``ConfigError``."""
+        return cls.from_settings(
+            _settings(url, namespace),
+            stale_after_intervals=stale_after_intervals,
+            stale_after_ms=stale_after_ms,
+            resync_s=resync_s,
+        )
 
     @classmethod
-    def from_settings(cls, settings: RedisSettings, **kwargs: Any) -> StatsReader:
+    def from_settings(
+        cls,
+        settings: RedisSettings,
+        *,
+        stale_after_intervals: float = 2.0,
+        stale_after_ms: int | None = None,
+        resync_s: float = 5.0,
+    ) -> StatsReader:
         """The poller's own client set-up: timeouts, TLS options, Sentinel, Cluster."""
-        return cls(connect(settings), settings.namespace, **kwargs)
+        return cls(
+            connect(settings),
+            settings.namespace,
+            stale_after_intervals=stale_after_intervals,
+            stale_after_ms=stale_after_ms,
+            resync_s=resync_s,
+        )
+
+    async def __aenter__(self) -> StatsReader:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
     async def aclose(self) -> None:
+        """Close the client (and a Sentinel client's sentinel connections)."""
         await close_client(self.client)
 
     async def snapshot(self) -> View:
@@ -134,21 +248,16 @@ class StatsReader(_Reader):
         reply = await redis_call(self._snapshot(keys=keys, args=args), "snapshot")
         return self._view(reply, held)
 
-    async def _one(self, endpoint_id: str) -> tuple[int, EndpointView | None]:
-        keys, args = get_one_call(self.keys, endpoint_id)
-        reply = await redis_call(self._get_one(keys=keys, args=args), "read endpoint")
-        return self._entry(endpoint_id, reply)
-
     async def get(self, endpoint_id: str) -> EndpointView | None:
-        """One endpoint, or None if it is not in the registry."""
-        return (await self._one(endpoint_id))[1]
+        """One endpoint as a snapshot would show it, or None if it is not registered."""
+        keys, args = self._records_call(endpoint_id)
+        reply = await redis_call(self._get_records(keys=keys, args=args), "read endpoint")
+        return self._one(endpoint_id, reply)
 
     async def live_pollers(self) -> list[str]:
         """Live poller ids, sorted (the heartbeat script with no id only reads)."""
-        keys = [self.keys.members, self.keys.schema, self.keys.epoch]
-        reply = await redis_call(self._members(keys=keys, args=["", 0, "", ""]), "members")
-        check_schema(reply[1])
-        return sorted(str(m) for m in reply[3:])
+        call = self._members(keys=self._members_keys(), args=_READ_MEMBERS)
+        return self._pollers(await redis_call(call, "members"))
 
     @asynccontextmanager
     async def cached(self) -> AsyncIterator[ViewCache]:
@@ -248,32 +357,79 @@ async def _end(task: asyncio.Task[None]) -> None:
 
 
 class SyncStatsReader(_Reader):
-    """The same reader for threaded gateways (redis-py's blocking client)."""
+    """The same reader for threaded gateways (redis-py's blocking client): the same
+    methods with the same arguments, not coroutines; ``close()`` for ``aclose()``."""
 
-    def __init__(self, client: redis.Redis, namespace: str = "llmgw", **kwargs: Any) -> None:
-        super().__init__(client, namespace, **kwargs)
-        self.client = client
+    client: redis.Redis | redis.cluster.RedisCluster
 
-    @classmethod
-    def from_url(cls, url: str, namespace: str = "llmgw", **kwargs: Any) -> SyncStatsReader:
-        return cls.from_settings(RedisSettings(url=url, namespace=namespace), **kwargs)
-
-    @classmethod
-    def from_settings(cls, settings: RedisSettings, **kwargs: Any) -> SyncStatsReader:
-        """A blocking client with the settings' timeouts and TLS options (plain URLs;
-        Sentinel and Cluster need a client of the caller's)."""
-        client = redis.Redis.from_url(
-            settings.url,
-            decode_responses=True,
-            encoding_errors="replace",
-            socket_timeout=settings.socket_timeout_s,
-            socket_connect_timeout=settings.connect_timeout_s,
-            **tls_options(settings),
+    def __init__(
+        self,
+        client: redis.Redis | redis.cluster.RedisCluster,
+        namespace: str = "llmgw",
+        *,
+        stale_after_intervals: float = 2.0,
+        stale_after_ms: int | None = None,
+        resync_s: float = 5.0,
+    ) -> None:
+        super().__init__(
+            client,
+            namespace,
+            stale_after_intervals=stale_after_intervals,
+            stale_after_ms=stale_after_ms,
+            resync_s=resync_s,
         )
-        return cls(client, settings.namespace, **kwargs)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        namespace: str = "llmgw",
+        *,
+        stale_after_intervals: float = 2.0,
+        stale_after_ms: int | None = None,
+        resync_s: float = 5.0,
+    ) -> SyncStatsReader:
+        """A client of its own for ``url`` (any form ``RedisSettings`` takes); a bad URL
+        raises ``ConfigError``."""
+        return cls.from_settings(
+            _settings(url, namespace),
+            stale_after_intervals=stale_after_intervals,
+            stale_after_ms=stale_after_ms,
+            resync_s=resync_s,
+        )
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: RedisSettings,
+        *,
+        stale_after_intervals: float = 2.0,
+        stale_after_ms: int | None = None,
+        resync_s: float = 5.0,
+    ) -> SyncStatsReader:
+        """The poller's own client set-up: timeouts, TLS options, Sentinel, Cluster."""
+        return cls(
+            connect_sync(settings),
+            settings.namespace,
+            stale_after_intervals=stale_after_intervals,
+            stale_after_ms=stale_after_ms,
+            resync_s=resync_s,
+        )
+
+    def __enter__(self) -> SyncStatsReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
     def close(self) -> None:
-        self.client.close()
+        """Close the client (and a Sentinel client's sentinel connections)."""
+        close_client_sync(self.client)
 
     def _call(self, fn: Any, what: str, *args: Any, **kwargs: Any) -> Any:
         return redis_call_sync(fn, what, *args, **kwargs)
@@ -282,26 +438,16 @@ class SyncStatsReader(_Reader):
         keys, args, held = self._snapshot_call()
         return self._view(self._call(self._snapshot, "snapshot", keys=keys, args=args), held)
 
-    def _one(self, endpoint_id: str) -> tuple[int, EndpointView | None]:
-        keys, args = get_one_call(self.keys, endpoint_id)
-        reply = self._call(self._get_one, "read endpoint", keys=keys, args=args)
-        return self._entry(endpoint_id, reply)
-
     def get(self, endpoint_id: str) -> EndpointView | None:
-        return self._one(endpoint_id)[1]
+        """One endpoint as a snapshot would show it, or None if it is not registered."""
+        keys, args = self._records_call(endpoint_id)
+        reply = self._call(self._get_records, "read endpoint", keys=keys, args=args)
+        return self._one(endpoint_id, reply)
 
     def live_pollers(self) -> list[str]:
-        check_schema(self._call(self.client.get, "GET schema", name=self.keys.schema))
-        reply = self._call(self.client.time, "TIME")
-        now_ms = int(reply[0]) * 1000 + int(reply[1]) // 1000
-        members = self._call(
-            self.client.zrangebyscore,
-            "ZRANGEBYSCORE",
-            name=self.keys.members,
-            min=now_ms,
-            max="+inf",
-        )
-        return sorted(str(m) for m in members)
+        """Live poller ids, sorted (the heartbeat script with no id only reads)."""
+        keys = self._members_keys()
+        return self._pollers(self._call(self._members, "members", keys=keys, args=_READ_MEMBERS))
 
     @contextmanager
     def cached(self) -> Iterator[ViewCache]:
@@ -322,28 +468,37 @@ class SyncStatsReader(_Reader):
             thread.join(STOP_BOUND_S)
 
     def _follow(self, proto: Protocol, stop: threading.Event, first: threading.Event) -> None:
+        channel = self.keys.updates
         while not stop.is_set():
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
             wait_s = 0.0
             try:
-                self._call(pubsub.ssubscribe, "SSUBSCRIBE", self.keys.updates)
-                proto.loaded(self.snapshot(), time.monotonic())
-                first.set()
-                while not stop.is_set():
-                    timeout_s = proto.wait_s(time.monotonic())
-                    message = self._call(pubsub.get_message, "updates", timeout=timeout_s)
-                    if message is not None:
-                        self._perform(proto, proto.message(str(message["data"]), time.monotonic()))
-                    self._perform(proto, proto.due(time.monotonic()))
+                # On Cluster: a client of the node that carries the channel (SSUBSCRIBE).
+                with pubsub_client_sync(self.client, (channel,)) as own:
+                    self._follow_on(own, proto, stop, first)
             except Exception as exc:
                 wait_s = proto.lost(exc)
                 first.set()
-            finally:
-                try:
-                    pubsub.close()
-                except Exception:
-                    log.debug("pubsub close failed", exc_info=True)
             stop.wait(wait_s)
+
+    def _follow_on(
+        self, own: Any, proto: Protocol, stop: threading.Event, first: threading.Event
+    ) -> None:
+        pubsub = own.pubsub(ignore_subscribe_messages=True)
+        try:
+            self._call(pubsub.ssubscribe, "SSUBSCRIBE", self.keys.updates)
+            proto.loaded(self.snapshot(), time.monotonic())
+            first.set()
+            while not stop.is_set():
+                timeout_s = proto.wait_s(time.monotonic())
+                message = self._call(pubsub.get_message, "updates", timeout=timeout_s)
+                if message is not None:
+                    self._perform(proto, proto.message(str(message["data"]), time.monotonic()))
+                self._perform(proto, proto.due(time.monotonic()))
+        finally:
+            try:
+                pubsub.close()
+            except Exception:
+                log.debug("pubsub close failed", exc_info=True)
 
     def _perform(self, proto: Protocol, action: Action | None) -> None:
         if action is not None and action.kind == "probe":

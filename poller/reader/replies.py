@@ -1,16 +1,22 @@
-"""The replies of the two read scripts (a whole snapshot, or one endpoint) as views.
+"""The replies of the read scripts as views: one decode for every way of reading.
 
-A snapshot builds three dicts of strings; each endpoint is decoded only when asked for
-(``LazyEndpoints``), so a caller that reads ten endpoints of a thousand pays for ten.
+``snapshot.lua`` reads every endpoint, ``get_records.lua`` one; both return an endpoint
+as its registry entry and its two compact view records (docs/schema.md), and
+``view_from_records`` is the one decode of those, used by a snapshot (``LazyEndpoints``),
+by the cache and by ``get(id)`` alike. A snapshot builds three dicts of strings; each
+endpoint is decoded only when asked for, so a caller that reads ten endpoints of a
+thousand pays for ten.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from poller.errors import SchemaMismatch
-from poller.reader.view import EndpointView, Timing, View, _now_ms, _owner, _pairs, timing
+from poller.reader.view import DEFAULT_BOUND_MS, EndpointView, Timing, View
+from poller.redis.clock import server_ms
 from poller.schema.keys import SCHEMA_VERSION, Keys
 from poller.schema.records import FAILURE_HEADER, STATS_HEADER, split
 
@@ -18,13 +24,12 @@ __all__ = [
     "Held",
     "LazyEndpoints",
     "build_view",
-    "entry_from_records",
-    "get_one_call",
-    "held_after",
-    "make_entry",
     "check_schema",
-    "one_from_reply",
+    "held_after",
+    "one_from_records",
+    "records_call",
     "snapshot_call",
+    "view_from_records",
 ]
 
 
@@ -41,31 +46,13 @@ def check_schema(found: Any) -> None:
         )
 
 
-def make_entry(
-    endpoint_id: str,
-    entry_json: str,
-    stats_raw: dict[str, str],
-    failure_raw: dict[str, str],
-    lease: str,
-    now_ms: int,
-    stale_after_intervals: float,
-    stale_after_ms: int | None,
-) -> EndpointView:
-    t = timing(stats_raw, failure_raw, stale_after_intervals, stale_after_ms)
-    state, age = t.state_at(now_ms)
-    owner, token = _owner(lease)
-    return EndpointView(
-        endpoint_id,
-        state=state,
-        age_ms=age,
-        owner=owner,
-        token=token,
-        raw=(entry_json, stats_raw, failure_raw),
-        timing=t,
-    )
+def _pairs(flat: Sequence[Any]) -> dict[str, str]:
+    # Replies are already str (the client decodes them): no per-element conversion.
+    it = iter(flat)
+    return dict(zip(it, it, strict=True))
 
 
-def entry_from_records(
+def view_from_records(
     endpoint_id: str,
     entry_json: str,
     stats_record: str | None,
@@ -95,7 +82,9 @@ def entry_from_records(
         failure_at = int(head[0])
         if failure_at >= writer_at:
             owner, token = head[2], int(head[3]) if head[3].isdigit() else None
-    t = Timing(scraped, 3000 if bound is None else bound, failure_at, failure is not None)
+    t = Timing(
+        scraped, DEFAULT_BOUND_MS if bound is None else bound, failure_at, failure is not None
+    )
     state, age = t.state_at(now_ms)
     return EndpointView(
         endpoint_id,
@@ -132,7 +121,7 @@ class LazyEndpoints(Mapping[str, EndpointView]):
     def __getitem__(self, endpoint_id: str) -> EndpointView:
         view = self._built.get(endpoint_id)
         if view is None:
-            view = entry_from_records(
+            view = view_from_records(
                 endpoint_id,
                 self.entries[endpoint_id],
                 self.stats.get(endpoint_id),
@@ -142,6 +131,11 @@ class LazyEndpoints(Mapping[str, EndpointView]):
             )
             self._built[endpoint_id] = view
         return view
+
+    def decoded(self) -> dict[str, EndpointView]:
+        """The endpoints decoded so far (a copy): a cache loading this snapshot keeps
+        them rather than decoding the same records again."""
+        return dict(self._built)
 
     def __contains__(self, endpoint_id: object) -> bool:
         return endpoint_id in self.entries
@@ -166,16 +160,20 @@ def build_view(
     stale_after_intervals: float = 2.0,
     stale_after_ms: int | None = None,
     held: Held | None = None,
+    *,
+    read_at_ms: float | None = None,
 ) -> View:
     """The snapshot script's reply -> View (pure; shared by the async and sync readers).
 
     Builds three dicts of strings and nothing per endpoint: see ``LazyEndpoints``. Where
     the script left the registry out (0), the entries are ``held``'s: the call that
-    passed ``held`` to ``snapshot_call`` must pass the same one here.
+    passed ``held`` to ``snapshot_call`` must pass the same one here. ``read_at_ms``:
+    the local ``time.monotonic()`` in ms when the reply arrived, which sets the view's
+    ``offset_ms`` (None: unknown).
     """
     if len(reply) > 8:
         check_schema(reply[8])
-    now_ms = _now_ms(reply[0], reply[1])
+    now_ms = server_ms(reply)
     members = reply[4]
     pollers = sorted(
         str(members[i]) for i in range(0, len(members), 2) if float(members[i + 1]) >= now_ms
@@ -193,7 +191,8 @@ def build_view(
         now_ms,
         (stale_after_intervals, stale_after_ms),
     )
-    return View(now_ms, int(reply[2]), endpoints, pollers)
+    offset_ms = None if read_at_ms is None else now_ms - read_at_ms
+    return View(now_ms, int(reply[2]), endpoints, pollers, offset_ms=offset_ms)
 
 
 def held_after(reply: Sequence[Any], view: View) -> Held | None:
@@ -203,30 +202,6 @@ def held_after(reply: Sequence[Any], view: View) -> Held | None:
     if not epoch or not isinstance(endpoints, LazyEndpoints):
         return None
     return epoch, str(reply[2]), endpoints.entries
-
-
-def one_from_reply(
-    endpoint_id: str,
-    reply: Sequence[Any],
-    stale_after_intervals: float = 2.0,
-    stale_after_ms: int | None = None,
-) -> tuple[int, EndpointView | None]:
-    """GET_ONE's reply -> (Redis now ms, the endpoint, or None if not registered)."""
-    if len(reply) > 6:
-        check_schema(reply[6])
-    now_ms = _now_ms(reply[0], reply[1])
-    if not reply[2]:
-        return now_ms, None
-    return now_ms, make_entry(
-        endpoint_id,
-        str(reply[2]),
-        _pairs(reply[3]),
-        _pairs(reply[4]),
-        str(reply[5]),
-        now_ms,
-        stale_after_intervals,
-        stale_after_ms,
-    )
 
 
 def snapshot_call(keys: Keys, held: Held | None = None) -> tuple[list[str], list[str]]:
@@ -243,11 +218,43 @@ def snapshot_call(keys: Keys, held: Held | None = None) -> tuple[list[str], list
     ], [held[1], held[0]] if held is not None else []
 
 
-def get_one_call(keys: Keys, endpoint_id: str) -> tuple[list[str], list[str]]:
-    return [
-        keys.endpoints,
-        keys.stats(endpoint_id),
-        keys.failure(endpoint_id),
-        keys.lease(endpoint_id),
-        keys.schema,
-    ], [endpoint_id]
+def records_call(keys: Keys, endpoint_id: str) -> tuple[list[str], list[str]]:
+    """``get_records.lua``'s keys and arguments: one endpoint as a snapshot shows it."""
+    return [keys.endpoints, keys.view_stats, keys.view_failures, keys.schema], [endpoint_id]
+
+
+def one_from_records(
+    endpoint_id: str,
+    reply: Sequence[Any],
+    stale_after_intervals: float = 2.0,
+    stale_after_ms: int | None = None,
+) -> EndpointView | None:
+    """``get_records.lua``'s reply -> the endpoint as a snapshot at that moment would
+    show it, or None if it is not registered."""
+    if len(reply) > 5:
+        check_schema(reply[5])
+    if not reply[2]:
+        return None
+    return view_from_records(
+        endpoint_id,
+        str(reply[2]),
+        str(reply[3]) or None,
+        str(reply[4]) or None,
+        server_ms(reply),
+        stale_after_intervals,
+        stale_after_ms,
+    )
+
+
+_RENAMED = {"entry_from_records": "view_from_records"}
+
+
+def __getattr__(name: str) -> Any:
+    """The names of earlier releases, for one release more (with a DeprecationWarning)."""
+    new = _RENAMED.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"poller.reader.replies.{name} is deprecated: use {new}", DeprecationWarning, stacklevel=2
+    )
+    return globals()[new]

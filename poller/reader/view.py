@@ -1,7 +1,7 @@
-"""The shared view as readers see it: snapshot script, states, and a reference picker.
+"""The shared view as readers see it: ``View`` (a snapshot) and ``EndpointView``.
 
-Pure functions over the replies of two read-only Lua scripts (a whole snapshot, or one
-endpoint), shared by the asyncio and the threaded reader in ``reader.py``.
+Both are immutable. ``replies.py`` decodes the read scripts' replies into them, one
+decode for a snapshot, the cache and ``get(id)`` alike.
 
 States (DESIGN.md): **fresh** (stats younger than the bound, no newer failure),
 **stale** (older), **failing** (a failure is current), **unknown** (nothing in Redis).
@@ -12,18 +12,25 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from poller.errors import PollerError
 from poller.schema.endpoint import Endpoint, endpoint_from_json
 from poller.schema.keys import SCHEMA_VERSION
 from poller.schema.stats import EndpointStats, Failure
 
+if TYPE_CHECKING:
+    from poller.reader.cache import ViewCache
+
 __all__ = [
+    "DEFAULT_BOUND_MS",
     "EndpointView",
     "State",
+    "Timing",
     "View",
 ]
 
@@ -53,23 +60,17 @@ def _fields(raw: Mapping[str, str] | str) -> dict[str, str]:
     return dict(raw)
 
 
-def _pairs(flat: Sequence[Any]) -> dict[str, str]:
-    # Replies are already str (the client decodes them): no per-element conversion.
-    it = iter(flat)
-    return dict(zip(it, it, strict=True))
-
-
-def _now_ms(seconds: Any, micros: Any) -> int:
-    return int(seconds) * 1000 + int(micros) // 1000
+#: The freshness bound (ms) of stats that name no interval, at any setting.
+DEFAULT_BOUND_MS = 3000
 
 
 class Timing(NamedTuple):
-    """What the state of an endpoint depends on, parsed once from its two hashes."""
+    """What the state of an endpoint depends on, read once from its records' headers."""
 
     scraped_at_ms: int | None
     bound_ms: int
     failure_at_ms: int | None
-    failing: bool  # a failure hash exists
+    failing: bool  # a failure record exists
 
     def state_at(self, now_ms: int) -> tuple[State, int | None]:
         """(state, age of the stats in ms) at ``now_ms`` of the Redis clock."""
@@ -85,35 +86,19 @@ class Timing(NamedTuple):
         return ("fresh" if age <= self.bound_ms else "stale"), age
 
 
-def timing(
-    stats_raw: Mapping[str, str],
-    failure_raw: Mapping[str, str],
-    stale_after_intervals: float = 2.0,
-    stale_after_ms: int | None = None,
-) -> Timing:
-    scraped = stats_raw.get("scraped_at_ms", "")
-    at = failure_raw.get("at_ms", "")
-    bound = stale_after_ms
-    if bound is None:
-        interval = stats_raw.get("interval_ms", "")
-        bound = int(int(interval) * stale_after_intervals) if interval.isdigit() else 3000
-    return Timing(
-        int(scraped) if scraped.isdigit() else None,
-        bound,
-        int(at) if at.isdigit() else None,
-        bool(failure_raw),
-    )
+_ID, _STATE, _AGE, _OWNER, _TOKEN, _RAW, _TIMING, _PARSED = range(8)
 
 
-class EndpointView:
-    """One endpoint as readers see it. ``stats``, ``failure`` and ``entry`` are parsed on
-    first use, and the parse is shared by every later view of the same data (the cache
-    hands out a fresh view per lookup, with the age of that moment)."""
+class EndpointView(tuple):  # type: ignore[type-arg]
+    """One endpoint as readers see it; immutable (a tuple underneath, for speed: the
+    cache hands out one per lookup). ``stats``, ``failure`` and ``entry`` are parsed on
+    first use, and the parse is shared by every later view of the same records (``at``).
+    """
 
-    __slots__ = ("_parsed", "age_ms", "id", "owner", "raw", "state", "timing", "token")
+    __slots__ = ()
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         endpoint_id: str,
         *,
         state: State,
@@ -122,47 +107,57 @@ class EndpointView:
         token: int | None,
         raw: tuple[str, dict[str, str] | str, dict[str, str] | str],
         timing: Timing | None = None,
-    ) -> None:
-        self.id = endpoint_id
-        self.state = state
-        #: Age of the stats against the Redis clock (None without stats).
-        self.age_ms = age_ms
-        self.owner = owner
-        self.token = token
-        #: (registry JSON, stats hash or record body, failure hash or record body)
-        self.raw = raw
-        self.timing = timing
-        # stats, failure, entry; False = not parsed yet. Shared with copies.
-        self._parsed: list[Any] = [False, False, False]
+    ) -> EndpointView:
+        # stats, failure, entry; False = not parsed yet. Shared with the views of ``at``.
+        parsed: list[Any] = [False, False, False]
+        return tuple.__new__(cls, (endpoint_id, state, age_ms, owner, token, raw, timing, parsed))
+
+    #: The endpoint id (the registry hash field).
+    id: str = property(itemgetter(_ID))  # type: ignore[assignment]
+    #: fresh, stale, failing or unknown, as of the moment the view shows.
+    state: State = property(itemgetter(_STATE))  # type: ignore[assignment]
+    #: Age of the stats against the Redis clock (None without stats).
+    age_ms: int | None = property(itemgetter(_AGE))  # type: ignore[assignment]
+    #: The poller that wrote the newer of the endpoint's two records (docs/reader.md).
+    owner: str | None = property(itemgetter(_OWNER))  # type: ignore[assignment]
+    #: That poller's fencing token for the endpoint.
+    token: int | None = property(itemgetter(_TOKEN))  # type: ignore[assignment]
+    #: (registry JSON, stats hash or record body, failure hash or record body)
+    raw: tuple[str, dict[str, str] | str, dict[str, str] | str] = property(itemgetter(_RAW))  # type: ignore[assignment]
+    #: What the state depends on (None for a view built by hand without one).
+    timing: Timing | None = property(itemgetter(_TIMING))  # type: ignore[assignment]
 
     def at(self, now_ms: int, healthy: bool = True) -> EndpointView:
-        """This endpoint as of ``now_ms``; shares the parsed hashes with ``self``."""
-        view = EndpointView.__new__(EndpointView)
-        view.id, view.owner, view.token, view.raw = self.id, self.owner, self.token, self.raw
-        view.timing, view._parsed = self.timing, self._parsed
-        if self.timing is None:
-            view.state, view.age_ms = self.state, self.age_ms
+        """This endpoint as of ``now_ms``; shares the parsed records with ``self``."""
+        timing = self[_TIMING]
+        if timing is None:
+            state, age = self[_STATE], self[_AGE]
         else:
-            view.state, view.age_ms = self.timing.state_at(now_ms)
-        if not healthy and view.state == "fresh":
-            view.state = "stale"  # we cannot know: say so
-        return view
+            state, age = timing.state_at(now_ms)
+        if not healthy and state == "fresh":
+            state = "stale"  # we cannot know: say so
+        return tuple.__new__(
+            EndpointView,
+            (self[_ID], state, age, self[_OWNER], self[_TOKEN], self[_RAW], timing, self[_PARSED]),
+        )
 
     def _parse(self, index: int) -> Any:
-        parsed = self._parsed[index]
+        done = self[_PARSED]
+        parsed = done[index]
         if parsed is False:
+            raw = self[_RAW]
             try:
                 if index == 0:
-                    parsed = EndpointStats.from_hash(_fields(self.raw[1])) if self.raw[1] else None
+                    parsed = EndpointStats.from_hash(_fields(raw[1])) if raw[1] else None
                 elif index == 1:
-                    parsed = Failure.from_hash(_fields(self.raw[2])) if self.raw[2] else None
+                    parsed = Failure.from_hash(_fields(raw[2])) if raw[2] else None
                 else:
-                    parsed = endpoint_from_json(self.id, self.raw[0]) if self.raw[0] else None
+                    parsed = endpoint_from_json(self[_ID], raw[0]) if raw[0] else None
             except (ValueError, TypeError, KeyError, RecursionError, PollerError) as exc:
                 # Malformed data from a foreign writer reads as absent, and says so once.
-                _malformed(_RECORDS[index], self.id, exc)
+                _malformed(_RECORDS[index], self[_ID], exc)
                 parsed = None
-            self._parsed[index] = parsed
+            done[index] = parsed
         return parsed
 
     @property
@@ -206,17 +201,18 @@ class EndpointView:
     def __repr__(self) -> str:
         return f"EndpointView({self.id!r}, state={self.state!r}, age_ms={self.age_ms})"
 
+    def __getnewargs_ex__(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        # copy and pickle: rebuild through __new__ with its keywords
+        keywords: dict[str, Any] = {"state": self.state, "age_ms": self.age_ms}
+        keywords |= {"owner": self.owner, "token": self.token}
+        keywords |= {"raw": self.raw, "timing": self.timing}
+        return (self.id,), keywords
 
-def _owner(lease: str) -> tuple[str | None, int | None]:
-    if not lease:
-        return None, None
-    owner, _, token = lease.partition(" ")
-    return owner, int(token) if token.isdigit() else None
 
-
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class View:
-    """A snapshot: every registered endpoint at one moment of the Redis clock."""
+    """A snapshot: every registered endpoint at one moment of the Redis clock. Frozen:
+    a reader builds it whole, and a view shared by tasks or threads never changes."""
 
     now_ms: int
     rev: int
@@ -232,7 +228,13 @@ class View:
     confirmed_ms: int | None = None
     #: The ``ViewCache`` that made this view, if one did: a picker given the view picks
     #: on the cache's index (kept current) instead of indexing the view anew.
-    source: Any = field(default=None, repr=False, compare=False)
+    cache: ViewCache | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def source(self) -> ViewCache | None:
+        """Deprecated: ``cache``."""
+        warnings.warn("View.source is deprecated: use View.cache", DeprecationWarning, stacklevel=2)
+        return self.cache
 
     def __getitem__(self, endpoint_id: str) -> EndpointView:
         return self.endpoints[endpoint_id]

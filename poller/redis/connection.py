@@ -1,37 +1,47 @@
 """Redis clients as the poller builds them: timeouts, one quick retry, TLS, Sentinel.
 
-``connect(settings)`` is used by pollers, the CLI and (through ``from_settings``) the
-readers, so every process talks to Redis the same way. Their errors are mapped in
-``errors.py``.
+``connect(settings)`` (asyncio) is used by pollers, the CLI and (through
+``from_settings``) the asyncio reader; ``connect_sync(settings)`` builds the same client
+on redis-py's blocking API for the threaded reader: the same URL forms (Sentinel and
+Cluster included), timeouts, retry and TLS, so every process talks to Redis the same
+way. Their errors are mapped in ``errors.py``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
+import redis.cluster
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.retry import Retry as SyncRetry
 
-from poller.redis.errors import redis_call
+from poller.redis.errors import REDIS_ERRORS, redis_call, store_error
 from poller.redis.settings import RedisSettings
 
-__all__ = ["close_client", "connect", "pubsub_client", "subscribe", "tls_options"]
+__all__ = [
+    "close_client",
+    "close_client_sync",
+    "connect",
+    "connect_sync",
+    "pubsub_client",
+    "pubsub_client_sync",
+    "subscribe",
+    "tls_options",
+]
 
 log = logging.getLogger(__name__)
 
 
-def connect(settings: RedisSettings) -> aioredis.Redis | RedisCluster:
-    """A client with timeouts on every call and one quick retry on a dropped connection.
-
-    redis-py's default retry backs off for seconds; a poller prefers to fail the call
-    and try again at its next tick, with its own capped backoff.
-    """
-    options: dict[str, Any] = {
+def _options(settings: RedisSettings) -> dict[str, Any]:
+    """The client options both flavours share."""
+    return {
         "socket_timeout": settings.socket_timeout_s,
         "socket_connect_timeout": settings.connect_timeout_s,
         "decode_responses": True,
@@ -41,12 +51,39 @@ def connect(settings: RedisSettings) -> aioredis.Redis | RedisCluster:
         "health_check_interval": 10,
         **tls_options(settings),
     }
+
+
+def _is_sentinel(settings: RedisSettings) -> bool:
+    return settings.url.split("://", 1)[0] in ("redis+sentinel", "rediss+sentinel")
+
+
+def connect(settings: RedisSettings) -> aioredis.Redis | RedisCluster:
+    """A client with timeouts on every call and one quick retry on a dropped connection.
+
+    redis-py's default retry backs off for seconds; a poller prefers to fail the call
+    and try again at its next tick, with its own capped backoff.
+    """
+    options = _options(settings)
     retry = Retry(NoBackoff(), 1)
-    if settings.url.split("://", 1)[0] in ("redis+sentinel", "rediss+sentinel"):
+    if _is_sentinel(settings):
         return _sentinel_master(settings.url, retry, options)
     if settings.cluster:
         return RedisCluster.from_url(settings.url, retry=retry, **options)
     return aioredis.Redis.from_url(settings.url, retry=retry, **options)
+
+
+def connect_sync(settings: RedisSettings) -> redis.Redis | redis.cluster.RedisCluster:
+    """``connect``'s client on redis-py's blocking API (the threaded reader's)."""
+    options = _options(settings)
+    retry = SyncRetry(NoBackoff(), 1)
+    if _is_sentinel(settings):
+        return _sentinel_master_sync(settings.url, retry, options)
+    if settings.cluster:
+        try:  # the blocking Cluster client reads the slots at once, not at the first call
+            return redis.cluster.RedisCluster.from_url(settings.url, retry=retry, **options)
+        except REDIS_ERRORS as exc:
+            raise store_error(exc, "the Cluster's slot map") from exc
+    return redis.Redis.from_url(settings.url, retry=retry, **options)
 
 
 def tls_options(settings: RedisSettings) -> dict[str, Any]:
@@ -70,8 +107,56 @@ def tls_options(settings: RedisSettings) -> dict[str, Any]:
     return options
 
 
+class _SentinelURL:
+    """``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``."""
+
+    def __init__(self, url: str, options: dict[str, Any], retry: Any) -> None:
+        from urllib.parse import parse_qs, unquote, urlsplit
+
+        from poller.errors import ConfigError
+
+        parts = urlsplit(url)
+        userinfo, _, hostlist = parts.netloc.rpartition("@")
+        self.hosts: list[tuple[str, int]] = []
+        for item in hostlist.split(","):
+            host, _, port = item.rpartition(":") if ":" in item else (item, "", "26379")
+            if not host or not port.isdigit():
+                raise ConfigError(
+                    f"bad sentinel address {item!r} in the Redis URL", field="redis.url"
+                )
+            self.hosts.append((host, int(port)))
+        path = [p for p in parts.path.split("/") if p]
+        if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+            raise ConfigError(
+                "a sentinel URL names the service: redis+sentinel://host:26379/mymaster[/db]",
+                field="redis.url",
+            )
+        user, _, password = userinfo.partition(":")
+        query = parse_qs(parts.query)
+        self.tls = parts.scheme.startswith("rediss")
+        self.sentinel_kwargs: dict[str, Any] = {
+            "socket_timeout": options["socket_timeout"],
+            "socket_connect_timeout": options["socket_connect_timeout"],
+            # redis-py's default retry backs off for seconds per sentinel (~9 s for a
+            # certificate that can never verify); fail fast like the master connections.
+            "retry": retry,
+        }
+        if "sentinel_password" in query:
+            self.sentinel_kwargs["password"] = query["sentinel_password"][0]
+        if self.tls:
+            self.sentinel_kwargs["ssl"] = True
+            self.sentinel_kwargs.update((k, v) for k, v in options.items() if k.startswith("ssl_"))
+        self.service = path[0]
+        self.master: dict[str, Any] = {
+            "retry": retry,
+            "username": unquote(user) or None,
+            "password": unquote(password) or None,
+            "db": int(path[1]) if len(path) == 2 else 0,
+        }
+
+
 def _sentinel_master(url: str, retry: Retry, options: dict[str, Any]) -> aioredis.Redis:
-    """``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``.
+    """The master of a ``redis+sentinel://`` URL (``_SentinelURL``).
 
     The client asks the sentinels for the current master on every (re)connection, so it
     follows a failover by itself. The user and password are the master's; sentinels
@@ -79,49 +164,25 @@ def _sentinel_master(url: str, retry: Retry, options: dict[str, Any]) -> aioredi
     ``rediss+sentinel://`` the sentinels and the master are both spoken to over TLS, with
     the same CA and client certificate: the sentinel password must not travel in clear.
     """
-    from urllib.parse import parse_qs, unquote, urlsplit
-
     from redis.asyncio.sentinel import Sentinel
 
-    from poller.errors import ConfigError
-
-    parts = urlsplit(url)
-    userinfo, _, hostlist = parts.netloc.rpartition("@")
-    hosts: list[tuple[str, int]] = []
-    for item in hostlist.split(","):
-        host, _, port = item.rpartition(":") if ":" in item else (item, "", "26379")
-        if not host or not port.isdigit():
-            raise ConfigError(f"bad sentinel address {item!r} in the Redis URL", field="redis.url")
-        hosts.append((host, int(port)))
-    path = [p for p in parts.path.split("/") if p]
-    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
-        raise ConfigError(
-            "a sentinel URL names the service: redis+sentinel://host:26379/mymaster[/db]",
-            field="redis.url",
-        )
-    user, _, password = userinfo.partition(":")
-    query = parse_qs(parts.query)
-    tls = parts.scheme.startswith("rediss")
-    sentinel_kwargs: dict[str, Any] = {
-        "socket_timeout": options["socket_timeout"],
-        "socket_connect_timeout": options["socket_connect_timeout"],
-        # redis-py's default retry backs off for seconds per sentinel (~9 s for a
-        # certificate that can never verify); fail fast like the master connections.
-        "retry": retry,
-    }
-    if "sentinel_password" in query:
-        sentinel_kwargs["password"] = query["sentinel_password"][0]
-    if tls:
-        sentinel_kwargs["ssl"] = True
-        sentinel_kwargs.update((k, v) for k, v in options.items() if k.startswith("ssl_"))
-    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, ssl=tls, **options)  # type: ignore[no-untyped-call]
-    master: aioredis.Redis = sentinel.master_for(
-        path[0],
-        retry=retry,
-        username=unquote(user) or None,
-        password=unquote(password) or None,
-        db=int(path[1]) if len(path) == 2 else 0,
+    parsed = _SentinelURL(url, options, retry)
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        parsed.hosts, sentinel_kwargs=parsed.sentinel_kwargs, ssl=parsed.tls, **options
     )
+    master: aioredis.Redis = sentinel.master_for(parsed.service, **parsed.master)
+    return master
+
+
+def _sentinel_master_sync(url: str, retry: SyncRetry, options: dict[str, Any]) -> redis.Redis:
+    """``_sentinel_master`` on redis-py's blocking API."""
+    from redis.sentinel import Sentinel
+
+    parsed = _SentinelURL(url, options, retry)
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        parsed.hosts, sentinel_kwargs=parsed.sentinel_kwargs, ssl=parsed.tls, **options
+    )
+    master: redis.Redis = sentinel.master_for(parsed.service, **parsed.master)  # type: ignore[no-untyped-call]
     return master
 
 
@@ -131,6 +192,14 @@ async def close_client(client: Any) -> None:
     manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
     for sentinel in getattr(manager, "sentinels", ()):
         await sentinel.aclose()
+
+
+def close_client_sync(client: Any) -> None:
+    """``close_client`` for a blocking client."""
+    client.close()
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
+    for sentinel in getattr(manager, "sentinels", ()):
+        sentinel.close()
 
 
 @asynccontextmanager
@@ -170,6 +239,23 @@ async def pubsub_client(client: Any, shard_channels: tuple[str, ...] = ()) -> As
         yield own
     finally:
         await own.aclose()
+
+
+@contextmanager
+def pubsub_client_sync(client: Any, shard_channels: tuple[str, ...] = ()) -> Iterator[Any]:
+    """``pubsub_client`` for a blocking client: ``client`` itself, or on Cluster one of
+    the node that carries the shard channels (closed on exit)."""
+    if not isinstance(client, redis.cluster.RedisCluster):
+        yield client
+        return
+    key = shard_channels[0] if shard_channels else None
+    owner = client.get_node_from_key(key) if key else None  # type: ignore[no-untyped-call]
+    node = owner or client.get_random_node()  # type: ignore[no-untyped-call]
+    own = redis.Redis(host=node.host, port=int(node.port), **_pubsub_options(client))
+    try:
+        yield own
+    finally:
+        own.close()
 
 
 def _pubsub_options(client: Any) -> dict[str, Any]:

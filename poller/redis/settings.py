@@ -11,9 +11,12 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["REDIS_SCHEMES", "RedisSettings", "check_redis_url"]
+__all__ = ["NAMESPACE_PATTERN", "REDIS_SCHEMES", "RedisSettings", "check_redis_url"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+#: What a namespace may be: it is the hash tag of every key, ``{namespace}``.
+NAMESPACE_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
 _FORMS = (
@@ -110,7 +113,7 @@ class RedisSettings(BaseModel):
     #: URL; user and password may be in it (ACL).
     url: str = "redis://127.0.0.1:6379/0"
     #: Key prefix is ``{namespace}``: the hash tag keeps every key in one Cluster slot.
-    namespace: str = Field(default="llmgw", pattern=r"^[A-Za-z0-9._:-]{1,64}$")
+    namespace: str = Field(default="llmgw", pattern=NAMESPACE_PATTERN)
     #: Every command gives up after this; a scrape's write must not stall the loop.
     socket_timeout_s: float = Field(default=2.0, gt=0, le=60)
     connect_timeout_s: float = Field(default=2.0, gt=0, le=60)

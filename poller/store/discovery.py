@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from poller.redis.clock import server_ms
 from poller.redis.errors import redis_call
 from poller.schema.keys import Keys
 from poller.schema.lua import lua
@@ -116,8 +117,8 @@ async def read_sources(client: Any, keys: Keys) -> list[dict[str, Any]]:
     pipe = client.pipeline(transaction=False)
     pipe.time()
     pipe.hgetall(keys.discovery)
-    (seconds, micros), raw = await redis_call(pipe.execute(), "read discovery status")
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    now, raw = await redis_call(pipe.execute(), "read discovery status")
+    now_ms = server_ms(now)
     records: list[dict[str, Any]] = []
     for name in sorted(raw):
         try:

@@ -19,6 +19,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from poller.redis.clock import server_ms
 from poller.redis.errors import redis_call
 from poller.schema.keys import Keys
 from poller.schema.lua import lua
@@ -80,8 +81,8 @@ async def read_members(client: Client, keys: Keys) -> tuple[int, list[Member]]:
     pipe.zrange(keys.members, 0, -1, withscores=True)
     pipe.hgetall(keys.members_info)
     pipe.hgetall(keys.members_drain)
-    (seconds, micros), scored, infos, drains = await redis_call(pipe.execute(), "members")
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    now, scored, infos, drains = await redis_call(pipe.execute(), "members")
+    now_ms = server_ms(now)
     members = [
         Member(
             str(member),

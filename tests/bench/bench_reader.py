@@ -435,9 +435,9 @@ def _writer_process(conn: Any, url: str, plan: list[tuple[str, str, int, dict[st
 @contextmanager
 def watch_seqs(cache: Any) -> Iterator[dict[str, list[tuple[int, float]]]]:
     """Record (seq, time) whenever an endpoint's seq changes in the cache, by wrapping
-    this cache instance's apply/load/set_stats/apply_records (library code untouched)."""
+    this cache instance's load/set_stats/apply_records (library code untouched)."""
     seen: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    apply, load = cache.apply, cache.load
+    load = cache.load
     set_stats, apply_records = cache.set_stats, cache.apply_records
 
     def wrapped_set_stats(endpoint_id: str, record: str) -> None:
@@ -458,23 +458,18 @@ def watch_seqs(cache: Any) -> Iterator[dict[str, list[tuple[int, float]]]]:
         if not seen[e] or seen[e][-1][0] != seq:
             seen[e].append((seq, now))
 
-    def wrapped_apply(endpoint_id: str, now_ms: int, entry: Any) -> None:
-        apply(endpoint_id, now_ms, entry)
-        if entry is not None:
-            note(endpoint_id, entry, time.perf_counter())
-
     def wrapped_load(view: View) -> None:
         load(view)
         now = time.perf_counter()
         for e, v in view.endpoints.items():
             note(e, v, now)
 
-    cache.apply, cache.load = wrapped_apply, wrapped_load
+    cache.load = wrapped_load
     cache.set_stats, cache.apply_records = wrapped_set_stats, wrapped_apply_records
     try:
         yield seen
     finally:
-        cache.apply, cache.load = apply, load
+        cache.load = load
         cache.set_stats, cache.apply_records = set_stats, apply_records
 
 
@@ -528,7 +523,7 @@ async def bench_propagation(
         "rejected": rejected,
         "cache_seq_mismatches_after": stale,
         "method": "t0 in the writer process just before write_stats; seen = when the "
-        "cache stored the seq (apply/load/set_stats/apply_records wrapped on the instance, "
+        "cache stored the seq (load/set_stats/apply_records wrapped on the instance, "
         "no polling)",
     }
     return rows, info
