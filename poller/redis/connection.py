@@ -18,7 +18,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from poller.redis.errors import redis_call
-from poller.redis.settings import RedisSettings
+from poller.redis.settings import RedisSettings, parse_sentinel_url
 
 __all__ = ["close_client", "connect", "pubsub_client", "subscribe", "tls_options"]
 
@@ -71,7 +71,7 @@ def tls_options(settings: RedisSettings) -> dict[str, Any]:
 
 
 def _sentinel_master(url: str, retry: Retry, options: dict[str, Any]) -> aioredis.Redis:
-    """``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``.
+    """The master a sentinel URL names (``parse_sentinel_url`` reads it).
 
     The client asks the sentinels for the current master on every (re)connection, so it
     follows a failover by itself. The user and password are the master's; sentinels
@@ -79,29 +79,14 @@ def _sentinel_master(url: str, retry: Retry, options: dict[str, Any]) -> aioredi
     ``rediss+sentinel://`` the sentinels and the master are both spoken to over TLS, with
     the same CA and client certificate: the sentinel password must not travel in clear.
     """
-    from urllib.parse import parse_qs, unquote, urlsplit
-
     from redis.asyncio.sentinel import Sentinel
 
     from poller.errors import ConfigError
 
-    parts = urlsplit(url)
-    userinfo, _, hostlist = parts.netloc.rpartition("@")
-    hosts: list[tuple[str, int]] = []
-    for item in hostlist.split(","):
-        host, _, port = item.rpartition(":") if ":" in item else (item, "", "26379")
-        if not host or not port.isdigit():
-            raise ConfigError(f"bad sentinel address {item!r} in the Redis URL", field="redis.url")
-        hosts.append((host, int(port)))
-    path = [p for p in parts.path.split("/") if p]
-    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
-        raise ConfigError(
-            "a sentinel URL names the service: redis+sentinel://host:26379/mymaster[/db]",
-            field="redis.url",
-        )
-    user, _, password = userinfo.partition(":")
-    query = parse_qs(parts.query)
-    tls = parts.scheme.startswith("rediss")
+    try:
+        parsed = parse_sentinel_url(url)
+    except ValueError as exc:  # settings built without validation (model_construct)
+        raise ConfigError(str(exc), field="redis.url") from None
     sentinel_kwargs: dict[str, Any] = {
         "socket_timeout": options["socket_timeout"],
         "socket_connect_timeout": options["socket_connect_timeout"],
@@ -109,18 +94,20 @@ def _sentinel_master(url: str, retry: Retry, options: dict[str, Any]) -> aioredi
         # certificate that can never verify); fail fast like the master connections.
         "retry": retry,
     }
-    if "sentinel_password" in query:
-        sentinel_kwargs["password"] = query["sentinel_password"][0]
-    if tls:
+    if parsed.sentinel_password is not None:
+        sentinel_kwargs["password"] = parsed.sentinel_password
+    if parsed.tls:
         sentinel_kwargs["ssl"] = True
         sentinel_kwargs.update((k, v) for k, v in options.items() if k.startswith("ssl_"))
-    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, ssl=tls, **options)  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(
+        list(parsed.hosts), sentinel_kwargs=sentinel_kwargs, ssl=parsed.tls, **options
+    )  # type: ignore[no-untyped-call]
     master: aioredis.Redis = sentinel.master_for(
-        path[0],
+        parsed.service,
         retry=retry,
-        username=unquote(user) or None,
-        password=unquote(password) or None,
-        db=int(path[1]) if len(path) == 2 else 0,
+        username=parsed.username,
+        password=parsed.password,
+        db=parsed.db,
     )
     return master
 

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import signal
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from poller.config import Settings
 from poller.reader.reader import StatsReader
@@ -17,8 +16,9 @@ from poller.service.web.page import OperatorPage
 from poller.service.worker import Worker
 from poller.store.discovery import read_sources
 from poller.util.logs import tag_poller
+from poller.util.urls import redact_url
 
-__all__ = ["redacted", "serve"]
+__all__ = ["serve"]
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ async def serve(settings: Settings) -> int:
     log.info(
         "poller starting",
         extra={
-            "redis": redacted(settings.redis.url),
+            "redis": redact_url(settings.redis.url),
             "namespace": settings.redis.namespace,
             "interval_s": sc.interval_s,
             # Raised above stats_ttl_intervals where a takeover would outlast it.
@@ -119,14 +119,3 @@ def _page_routes(worker: Worker, settings: Settings) -> dict[str, Any]:
         settings.coordination.member_ttl_ms,
     )
     return dict(page.routes())
-
-
-def redacted(url: str) -> str:
-    """The Redis URL without its password, for logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (
-        f":{parts.port}" if parts.port else ""
-    )
-    return urlunsplit(parts._replace(netloc=netloc))
