@@ -42,7 +42,7 @@ async def check_run(settings: Settings) -> int:
                 f"{SCHEMA_VERSION}; upgrade the poller or use another namespace"
             )
         _, members = await read_members(store.client, store.keys)
-        registry = await store.registry.read_registry()
+        registry = await store.read_registry()
     finally:
         await store.close()
     pollers = ", ".join(m.id if m.state == "serving" else f"{m.id} {m.state}" for m in members)
