@@ -68,7 +68,7 @@ async def serve(settings: Settings) -> int:
             unready_reason=worker.unready_reason,
             registry=worker.metrics.exposition,
             routes={"/v1/view": view, "/v1/jobs": jobs},
-            raw_routes=_page_routes(worker, settings),
+            raw_routes=_page_routes(worker, settings, view_reader),
         )
         try:
             await health.start()
@@ -110,12 +110,14 @@ async def serve(settings: Settings) -> int:
     return worker.exit_status  # a fatal error was logged by the worker when it happened
 
 
-def _page_routes(worker: Worker, settings: Settings) -> dict[str, Any]:
-    """The operator's page (``GET /``) and its static files, on the health port."""
+def _page_routes(worker: Worker, settings: Settings, reader: StatsReader) -> dict[str, Any]:
+    """The operator's page (``GET /``) and its static files, on the health port; its view
+    comes from ``reader``, the one ``/v1/view`` answers from."""
     page = OperatorPage(
         worker.store.client,
         settings.redis.namespace,
         settings.id,
         settings.coordination.member_ttl_ms,
+        reader=reader,
     )
     return dict(page.routes())
