@@ -3,7 +3,7 @@
 Pure functions over the replies of two read-only Lua scripts (a whole snapshot, or one
 endpoint), shared by the asyncio and the threaded reader in ``reader.py``.
 
-States (DESIGN.md): **fresh** (stats younger than the bound, no newer failure),
+States (docs/schema.md): **fresh** (stats younger than the bound, no newer failure),
 **stale** (older), **failing** (a failure is current), **unknown** (nothing in Redis).
 The bound is ``stale_after_intervals`` times the interval the poller wrote with the stats.
 """

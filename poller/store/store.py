@@ -1,5 +1,6 @@
 """``RedisStore``: every Redis call of the writer side (registry, membership, leases,
-fenced writes). Key names are in ``keys.py``, the Lua scripts in ``scripts/*.lua``.
+fenced writes). Key names are in ``poller/schema/keys.py``, the Lua scripts in
+``poller/schema/scripts/*.lua`` (docs/schema.md is the contract they keep).
 
 Writes to an endpoint's view are fenced: a script checks that the endpoint's lease
 still holds the writer's token before it touches anything, so a poller that was paused
