@@ -1,4 +1,5 @@
-"""What the ``poller`` commands share: settings loading, Redis options, store commands."""
+"""What the ``poller`` commands share: settings loading and ``--config``, the Redis
+options, store commands."""
 
 from __future__ import annotations
 
