@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 .PHONY: install redis-server dnsmasq promtool chromium build-tools fmt lint test test-engines demo bench all clean clean-engines
 
 # The litellm extra at the one tested version, with the LiteLLM proxy's dependencies
-# (tests/test_litellm_proxy.py runs a real proxy); constraints/litellm.txt says why.
+# (tests/integrations/test_litellm_docs.py runs a real proxy); constraints/litellm.txt says why.
 LITELLM_PINS := constraints/litellm.txt
 
 $(BIN)/poller: pyproject.toml lab/pyproject.toml $(LITELLM_PINS)
@@ -40,7 +40,8 @@ promtool:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus >/dev/null; }
 
-# The operator's page is tested in headless Chromium (tests/test_page.py); Debian's package.
+# The operator's page is tested in headless Chromium (tests/service/test_page.py); Debian's
+# package.
 chromium:
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
 	  echo "chromium not found: installing Debian's chromium package"; \

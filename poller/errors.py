@@ -2,7 +2,7 @@
 
     PollerError
      +-- ConfigError          bad settings, registry entry or argument (also a ValueError)
-     +-- ScrapeError          one scrape failed; ``reason`` is a DESIGN.md failure reason
+     +-- ScrapeError          one scrape failed; ``reason`` is a failure reason (docs/schema.md)
      |    +-- FetchError      transport or HTTP: unreachable, timeout, http_status, auth, too_large
      |    +-- ParseError      the page is not valid exposition text (reason ``parse``)
      |    +-- ContractError   the page lacks required metrics (reason ``contract``)
@@ -54,7 +54,8 @@ class ConfigError(PollerError, ValueError):
 
 
 class ScrapeError(PollerError):
-    """One scrape of one endpoint failed. ``reason`` is one of the DESIGN.md reasons."""
+    """One scrape of one endpoint failed. ``reason`` is one of the failure reasons of
+    docs/schema.md (``P:failure:<id>``), which docs/operations.md explains."""
 
     reason: str = "parse"
 

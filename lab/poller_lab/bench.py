@@ -86,7 +86,7 @@ def bench_prometheus(fleet: Fleet) -> dict[str, Any]:
                 "scrape_timeout": f"{int(cfg.interval_s * 800)}ms",
                 "metrics_path": f"/{prefix}/metrics",
                 "static_configs": [{"targets": [host]}],
-                # keep only what the poller reads: the fair comparison (PERFORMANCE.md)
+                # keep only what the poller reads: the fair comparison (docs/performance.md)
                 "metric_relabel_configs": [
                     {
                         "source_labels": ["__name__"],

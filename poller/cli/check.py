@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
-from poller.cli.oneline import BadInput
-from poller.config import ScrapeSettings, load_settings
+from poller.cli.common import config_option, load
+from poller.config import ScrapeSettings
 from poller.errors import ConfigError
 from poller.schema.endpoint import Endpoint, endpoint_from_dict
 from poller.scrape.specs import ENGINE_SPECS
@@ -68,13 +68,7 @@ SCRAPED_ENGINES = [name for name, spec in ENGINE_SPECS.items() if spec.scraped]
     is_flag=True,
     help="Check the bundled example page of --engine, served on a loopback port.",
 )
-@click.option(
-    "--config",
-    "config_file",
-    metavar="FILE",
-    type=click.Path(dir_okay=False),
-    help="Apply this settings file's [scrape.engines.<engine>] path and overrides.",
-)
+@config_option("Apply this settings file's [scrape.engines.<engine>] path and overrides.")
 @click.option(
     "--json",
     "as_json",
@@ -109,10 +103,7 @@ def check(
         raise click.UsageError("give a URL or --example (not both)")
     scrape: ScrapeSettings | None = None
     if config_file is not None:
-        try:
-            scrape = load_settings(config_file).scrape
-        except ConfigError as exc:
-            raise BadInput(str(exc)) from None
+        scrape = load(config_file, {}).scrape
 
     async def run() -> dict[str, Any]:
         async with serve_example(engine) if example else _nothing(url or "") as base:

@@ -1,12 +1,13 @@
-"""What the ``poller`` commands share: settings loading, Redis options, store commands."""
+"""What the ``poller`` commands share: settings loading and ``--config``, the Redis
+options, store commands."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -14,6 +15,8 @@ from poller.cli.oneline import BadInput
 from poller.config import FLAT_ENV, Settings, load_settings
 from poller.errors import ConfigError, StoreAuthError, StoreError
 from poller.store.store import RedisStore
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _option_env_names() -> frozenset[str]:
@@ -39,6 +42,20 @@ def load(config: str | None, overrides: dict[str, Any]) -> Settings:
         return load_settings(config, overrides, flat_env=_option_env_names())
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
+
+
+def config_option(purpose: str) -> Callable[[F], F]:
+    """``--config FILE`` (or ``POLLER_CONFIG``): the pollers' TOML settings file, as every
+    command reads it; ``purpose`` says what this command takes from it."""
+    return click.option(
+        "--config",
+        "config_file",
+        envvar="POLLER_CONFIG",
+        show_envvar=True,
+        metavar="FILE",
+        type=click.Path(dir_okay=False),
+        help=purpose,
+    )
 
 
 REDIS_URL = click.option(

@@ -8,7 +8,14 @@ from typing import Any
 
 import click
 
-from poller.cli.common import NAMESPACE, REDIS_URL, load, run_store_command, store_session
+from poller.cli.common import (
+    NAMESPACE,
+    REDIS_URL,
+    config_option,
+    load,
+    run_store_command,
+    store_session,
+)
 from poller.cli.export import endpoints_export
 from poller.cli.oneline import BadInput
 from poller.cli.register import registration_problems
@@ -29,15 +36,9 @@ def endpoints() -> None:
     """Read and change the endpoint registry in Redis."""
 
 
-CONFIG = click.option(
-    "--config",
-    "config_file",
-    envvar="POLLER_CONFIG",
-    show_envvar=True,
-    metavar="FILE",
-    type=click.Path(dir_okay=False),
-    help="The pollers' TOML settings file: its [redis] and [scrape] (key rules, engine "
-    "paths, default engine) apply to the checks, as on the pollers.",
+CONFIG = config_option(
+    "The pollers' TOML settings file: its [redis] and [scrape] (key rules, engine "
+    "paths, default engine) apply to the checks, as on the pollers."
 )
 
 

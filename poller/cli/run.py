@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from poller.cli.common import NAMESPACE, REDIS_URL, load, run_store_command
+from poller.cli.common import NAMESPACE, REDIS_URL, config_option, load, run_store_command
 from poller.cli.oneline import BadInput
 from poller.cli.register import registration_problems
 from poller.config.registry_file import endpoints_from_file
@@ -16,15 +16,7 @@ from poller.util.logs import setup_logging
 
 
 @click.command()
-@click.option(
-    "--config",
-    "config_file",
-    envvar="POLLER_CONFIG",
-    show_envvar=True,
-    metavar="FILE",
-    type=click.Path(dir_okay=False),
-    help="TOML settings file; flags and POLLER_* variables win over it.",
-)
+@config_option("TOML settings file; flags and POLLER_* variables win over it.")
 @REDIS_URL
 @NAMESPACE
 @click.option(

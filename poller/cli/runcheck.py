@@ -15,11 +15,11 @@ from poller.config import Settings
 from poller.errors import SchemaMismatch
 from poller.redis.errors import redis_call
 from poller.schema.keys import SCHEMA_VERSION
-from poller.service.serve import redacted
 from poller.service.ttl import stats_ttl_ms
 from poller.store.members import read_members
 from poller.store.store import RedisStore
 from poller.util.logs import count
+from poller.util.urls import redact_url
 
 __all__ = ["check_run"]
 
@@ -42,14 +42,14 @@ async def check_run(settings: Settings) -> int:
                 f"{SCHEMA_VERSION}; upgrade the poller or use another namespace"
             )
         _, members = await read_members(store.client, store.keys)
-        registry = await store.registry.read_registry()
+        registry = await store.read_registry()
     finally:
         await store.close()
     pollers = ", ".join(m.id if m.state == "serving" else f"{m.id} {m.state}" for m in members)
     said_schema = f"schema {schema}" if schema else "no schema yet (the first poller claims 1)"
     invalid = f", {len(registry.invalid)} invalid" if registry.invalid else ""
     click.echo(
-        f"redis ok: {redacted(settings.redis.url)}, {said_schema}, "
+        f"redis ok: {redact_url(settings.redis.url)}, {said_schema}, "
         f"{count(len(members), 'live poller')}"
         + (f" ({pollers})" if pollers else "")
         + f", registry rev {registry.rev}: {count(len(registry.ids), 'endpoint')}{invalid}"

@@ -3,7 +3,7 @@
 Both are immutable. ``replies.py`` decodes the read scripts' replies into them, one
 decode for a snapshot, the cache and ``get(id)`` alike.
 
-States (DESIGN.md): **fresh** (stats younger than the bound, no newer failure),
+States (docs/schema.md): **fresh** (stats younger than the bound, no newer failure),
 **stale** (older), **failing** (a failure is current), **unknown** (nothing in Redis).
 The bound is ``stale_after_intervals`` times the interval the poller wrote with the stats.
 """

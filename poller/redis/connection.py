@@ -23,7 +23,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry as SyncRetry
 
 from poller.redis.errors import REDIS_ERRORS, redis_call, store_error
-from poller.redis.settings import RedisSettings
+from poller.redis.settings import RedisSettings, parse_sentinel_url
 
 __all__ = [
     "close_client",
@@ -108,32 +108,19 @@ def tls_options(settings: RedisSettings) -> dict[str, Any]:
 
 
 class _SentinelURL:
-    """``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``."""
+    """What both faces need of a sentinel URL (``parse_sentinel_url`` reads it): the
+    sentinels, their connection options, and the master's credentials and database."""
 
     def __init__(self, url: str, options: dict[str, Any], retry: Any) -> None:
-        from urllib.parse import parse_qs, unquote, urlsplit
-
         from poller.errors import ConfigError
 
-        parts = urlsplit(url)
-        userinfo, _, hostlist = parts.netloc.rpartition("@")
-        self.hosts: list[tuple[str, int]] = []
-        for item in hostlist.split(","):
-            host, _, port = item.rpartition(":") if ":" in item else (item, "", "26379")
-            if not host or not port.isdigit():
-                raise ConfigError(
-                    f"bad sentinel address {item!r} in the Redis URL", field="redis.url"
-                )
-            self.hosts.append((host, int(port)))
-        path = [p for p in parts.path.split("/") if p]
-        if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
-            raise ConfigError(
-                "a sentinel URL names the service: redis+sentinel://host:26379/mymaster[/db]",
-                field="redis.url",
-            )
-        user, _, password = userinfo.partition(":")
-        query = parse_qs(parts.query)
-        self.tls = parts.scheme.startswith("rediss")
+        try:
+            parsed = parse_sentinel_url(url)
+        except ValueError as exc:  # settings built without validation (model_construct)
+            raise ConfigError(str(exc), field="redis.url") from None
+        self.hosts = list(parsed.hosts)
+        self.tls = parsed.tls
+        self.service = parsed.service
         self.sentinel_kwargs: dict[str, Any] = {
             "socket_timeout": options["socket_timeout"],
             "socket_connect_timeout": options["socket_connect_timeout"],
@@ -141,22 +128,21 @@ class _SentinelURL:
             # certificate that can never verify); fail fast like the master connections.
             "retry": retry,
         }
-        if "sentinel_password" in query:
-            self.sentinel_kwargs["password"] = query["sentinel_password"][0]
-        if self.tls:
+        if parsed.sentinel_password is not None:
+            self.sentinel_kwargs["password"] = parsed.sentinel_password
+        if parsed.tls:
             self.sentinel_kwargs["ssl"] = True
             self.sentinel_kwargs.update((k, v) for k, v in options.items() if k.startswith("ssl_"))
-        self.service = path[0]
         self.master: dict[str, Any] = {
             "retry": retry,
-            "username": unquote(user) or None,
-            "password": unquote(password) or None,
-            "db": int(path[1]) if len(path) == 2 else 0,
+            "username": parsed.username,
+            "password": parsed.password,
+            "db": parsed.db,
         }
 
 
 def _sentinel_master(url: str, retry: Retry, options: dict[str, Any]) -> aioredis.Redis:
-    """The master of a ``redis+sentinel://`` URL (``_SentinelURL``).
+    """The master a sentinel URL names (``parse_sentinel_url`` reads it).
 
     The client asks the sentinels for the current master on every (re)connection, so it
     follows a failover by itself. The user and password are the master's; sentinels

@@ -7,11 +7,21 @@ re-exports it as the ``[redis]`` section)."""
 from __future__ import annotations
 
 import re
-from urllib.parse import parse_qs, urlsplit
+from dataclasses import dataclass
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["NAMESPACE_PATTERN", "REDIS_SCHEMES", "RedisSettings", "check_redis_url"]
+from poller.util.urls import redact_url
+
+__all__ = [
+    "NAMESPACE_PATTERN",
+    "REDIS_SCHEMES",
+    "RedisSettings",
+    "SentinelUrl",
+    "check_redis_url",
+    "parse_sentinel_url",
+]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -27,39 +37,82 @@ _FORMS = (
 _MISTYPED_SCHEME_RE = re.compile(r"^(rediss?(?:\+sentinel)?|unix)(:/?|//?|:)(?!//)(.*)$")
 
 
-def _shown(url: str) -> str:
-    """The URL as an error may print it: a password is replaced by ``***``."""
-    return re.sub(r":[^:/@]*@", ":***@", url)
-
-
 def _check_db(value: str, url: str) -> None:
     if not value.isdigit():
         raise ValueError(
-            f"database {value!r} in {_shown(url)!r} is not a number: "
+            f"database {value!r} in {redact_url(url)!r} is not a number: "
             "name it as /0, /1, ... (e.g. redis://127.0.0.1:6379/0)"
         )
 
 
-def _check_sentinel(url: str) -> None:
+@dataclass(frozen=True, slots=True)
+class SentinelUrl:
+    """A ``redis+sentinel://`` or ``rediss+sentinel://`` URL, read once
+    (``parse_sentinel_url``): what the check refuses and what the connection uses."""
+
+    #: The sentinels, in the URL's order (26379 where a host names no port; IPv6
+    #: addresses without their brackets).
+    hosts: tuple[tuple[str, int], ...]
+    #: The master's name the sentinels monitor.
+    service: str
+    db: int = 0
+    #: The master's ACL user and password (percent-decoded); None when not given.
+    username: str | None = None
+    password: str | None = None
+    #: The sentinels' own password (``?sentinel_password=``); None when not given.
+    sentinel_password: str | None = None
+    #: ``rediss+sentinel://``: sentinels and master both over TLS.
+    tls: bool = False
+
+
+def _sentinel_address(item: str, url: str) -> tuple[str, int]:
+    """``HOST[:PORT]`` or ``[IPv6][:PORT]`` -> (host, port)."""
+    if item.startswith("["):
+        host, bracket, rest = item[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ("" if rest else "26379")
+        if not bracket:
+            host = ""
+    elif ":" in item:
+        host, _, port = item.rpartition(":")
+    else:
+        host, port = item, "26379"
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bad sentinel address {item!r} in {redact_url(url)!r}: use HOST:PORT")
+    return host, int(port)
+
+
+def parse_sentinel_url(url: str) -> SentinelUrl:
+    """``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]`` (or
+    ``rediss+sentinel://``), with ``?sentinel_password=`` for the sentinels; a
+    ValueError names the part that is wrong (the URL shown without its passwords)."""
     parts = urlsplit(url)
-    for item in parts.netloc.rpartition("@")[2].split(","):
-        host, _, port = item.rpartition(":") if ":" in item else (item, "", "26379")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"bad sentinel address {item!r} in {_shown(url)!r}: use HOST:PORT")
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    hosts = tuple(_sentinel_address(item, url) for item in hostlist.split(","))
     path = [p for p in parts.path.split("/") if p]
     if not path or len(path) > 2:
         raise ValueError(
-            f"{_shown(url)!r}: a sentinel URL names the service: "
+            f"{redact_url(url)!r}: a sentinel URL names the service: "
             "redis+sentinel://HOST:26379/MASTER[/DB]"
         )
     if len(path) == 2:
         _check_db(path[1], url)
+    user, _, password = userinfo.partition(":")
+    sentinel_password = parse_qs(parts.query).get("sentinel_password")
+    return SentinelUrl(
+        hosts=hosts,
+        service=path[0],
+        db=int(path[1]) if len(path) == 2 else 0,
+        username=unquote(user) or None,
+        password=unquote(password) or None,
+        sentinel_password=sentinel_password[0] if sentinel_password else None,
+        tls=parts.scheme.startswith("rediss"),
+    )
 
 
 def _check_host_url(url: str) -> None:
     """redis:// and rediss://: a host, a port redis-py can use, at most a database."""
     parts = urlsplit(url)
-    shown = _shown(url)
+    shown = redact_url(url)
     if not parts.hostname:
         raise ValueError(f"{shown!r} has no host: use {parts.scheme}://HOST:PORT/DB")
     try:
@@ -80,12 +133,12 @@ def check_redis_url(url: str) -> str:
     """The Redis URL if redis-py (or our sentinel form) can use it as meant; else a
     ValueError naming the part that is wrong. redis-py itself raises a bare ValueError at
     the first connection for a bad scheme or port, and takes ``/abc`` as database 0."""
-    shown = _shown(url)
+    shown = redact_url(url)
     if "://" not in url:
         mistyped = _MISTYPED_SCHEME_RE.match(url)
         if mistyped:
             fixed = f"{mistyped.group(1)}://{mistyped.group(3).lstrip('/')}"
-            raise ValueError(f"{shown!r} is not a URL: did you mean {_shown(fixed)!r}?")
+            raise ValueError(f"{shown!r} is not a URL: did you mean {redact_url(fixed)!r}?")
         raise ValueError(f"{shown!r} has no scheme: use {_FORMS}")
     parts = urlsplit(url)
     if parts.scheme not in REDIS_SCHEMES:
@@ -100,7 +153,7 @@ def check_redis_url(url: str) -> str:
             raise ValueError(f"{shown!r} names no socket: use unix:///PATH/TO/redis.sock")
         return url
     if parts.scheme.endswith("+sentinel"):
-        _check_sentinel(url)
+        parse_sentinel_url(url)
         return url
     _check_host_url(url)
     return url

@@ -2,10 +2,11 @@
 
 Each signal lists its candidate sources in order of preference; the first one present on
 the page wins (engine versions renamed metrics, and old names linger on some versions).
-Series are folded by the rules in DESIGN.md: a label in ``totals`` breaks a total down
-(read only the total), a label in ``replicas`` repeats one batch (take the max over it),
-and whatever else differs between series (vLLM's and LMDeploy's ``engine``, SGLang's
-``dp_rank``) is a separate engine (sum). Sources for every name: docs/engines.md.
+Series are folded by the rules of docs/engines.md ("Folding series"): a label in
+``totals`` breaks a total down (read only the total), a label in ``replicas`` repeats one
+batch (take the max over it), and whatever else differs between series (vLLM's and
+LMDeploy's ``engine``, SGLang's ``dp_rank``) is a separate engine (sum). Sources for
+every name: docs/engines.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Failure logging as the Go poller does it: once per failure, not once per scrape.
+"""Failure logging: once per failure, not once per scrape.
 
 A failure is reported again when *what* failed changes (another reason, another set of
 missing metrics, another status code, another configuration problem), not on every

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import signal
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from poller.config import Settings
 from poller.reader.reader import StatsReader
@@ -17,8 +16,9 @@ from poller.service.web.page import OperatorPage
 from poller.service.worker import Worker
 from poller.store.discovery import read_sources
 from poller.util.logs import tag_poller
+from poller.util.urls import redact_url
 
-__all__ = ["redacted", "serve"]
+__all__ = ["serve"]
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ async def serve(settings: Settings) -> int:
             unready_reason=worker.unready_reason,
             registry=worker.metrics.exposition,
             routes={"/v1/view": view, "/v1/jobs": jobs},
-            raw_routes=_page_routes(worker, settings),
+            raw_routes=_page_routes(worker, settings, view_reader),
         )
         try:
             await health.start()
@@ -87,7 +87,7 @@ async def serve(settings: Settings) -> int:
     log.info(
         "poller starting",
         extra={
-            "redis": redacted(settings.redis.url),
+            "redis": redact_url(settings.redis.url),
             "namespace": settings.redis.namespace,
             "interval_s": sc.interval_s,
             # Raised above stats_ttl_intervals where a takeover would outlast it.
@@ -110,23 +110,14 @@ async def serve(settings: Settings) -> int:
     return worker.exit_status  # a fatal error was logged by the worker when it happened
 
 
-def _page_routes(worker: Worker, settings: Settings) -> dict[str, Any]:
-    """The operator's page (``GET /``) and its static files, on the health port."""
+def _page_routes(worker: Worker, settings: Settings, reader: StatsReader) -> dict[str, Any]:
+    """The operator's page (``GET /``) and its static files, on the health port; its view
+    comes from ``reader``, the one ``/v1/view`` answers from."""
     page = OperatorPage(
         worker.store.client,
         settings.redis.namespace,
         settings.id,
         settings.coordination.member_ttl_ms,
+        reader=reader,
     )
     return dict(page.routes())
-
-
-def redacted(url: str) -> str:
-    """The Redis URL without its password, for logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (
-        f":{parts.port}" if parts.port else ""
-    )
-    return urlunsplit(parts._replace(netloc=netloc))

@@ -57,7 +57,7 @@ class Worker:
         #: One record per held lease, shared by the coordinator (leases) and the jobs.
         self.holdings = Holdings()
         self.coordinator = Coordinator(self.store, self.id, settings.coordination, self.holdings)
-        self.registry = RegistryFollower(settings, self.store)
+        self.follower = RegistryFollower(settings, self.store)
         self.scraper = Scraper(
             max_body_bytes=settings.scrape.max_body_bytes,
             transport_factory=transport_factory,
@@ -179,14 +179,14 @@ class Worker:
             if self.drain.asked and await self.drain.write_request():
                 return  # a pass follows at once, with a heartbeat that sees it
             if full or changed:
-                await self.registry.sync()
-                self.notices.registry(empty=self.registry.size == 0)
+                await self.follower.sync()
+                self.notices.registry(empty=self.follower.size == 0)
                 if not self._started:
                     # A stable id (pod name) may find leases its previous run left:
                     # release them so they get new tokens, fencing off that run.
-                    await self.store.release_leftovers(self.id, self.registry.ids())
+                    await self.store.release_leftovers(self.id, self.follower.ids())
                     self._started = True
-                result = await self.coordinator.reconcile(self.registry.ids())
+                result = await self.coordinator.reconcile(self.follower.ids())
                 self.metrics.reconcile_duration.observe(result.duration_s)
                 if result.orphaned:
                     # A dead poller's leases lapse at most a lease TTL after its last
@@ -230,8 +230,8 @@ class Worker:
 
     def _spec(self, endpoint_id: str, token: int) -> JobSpec:
         s = self.settings.scrape
-        endpoint = self.registry.entries.get(endpoint_id)
-        error = self.registry.invalid.get(endpoint_id)
+        endpoint = self.follower.entries.get(endpoint_id)
+        error = self.follower.invalid.get(endpoint_id)
         if endpoint is None:
             return JobSpec(endpoint_id, token, None, None, error, s.interval_s, s.timeout_s)
         mapping = None
@@ -272,7 +272,7 @@ class Worker:
         if self.coordinator.epoch != self._epoch:
             if self._epoch:
                 log.warning("redis lost its data (new epoch): re-reading the registry")
-                self.registry.forget()
+                self.follower.forget()
                 self.notices.forget()
                 changed = True
             self._epoch = self.coordinator.epoch

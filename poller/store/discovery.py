@@ -5,7 +5,7 @@ A source is resolved by one poller at a time, under a fenced lease ``P:discovery
 holding ``<poller> <token>`` (tokens come from the same ``P:fence`` counter as endpoint
 leases, so they only grow). Status records live in one hash ``P:discovery``, source name ->
 JSON, each with its own ``expires_ms``: a source nobody resolves any more fades out.
-Registry writes go through ``RedisStore._apply_registry`` (revision compare-and-set).
+Registry writes go through ``RedisStore.update_registry`` (revision compare-and-set).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The registry in Redis (``P:endpoints``, its revision and events): reads, and writes
 that compare-and-set on the revision so several writers converge instead of interleaving.
 
-``RedisStore`` holds one ``RegistryCalls`` (its ``registry``) and hands it the store's
-call wrapper, so every registry call goes through the store's one ``_call``.
+``RedisStore`` holds one ``RegistryStore`` and hands it the store's call wrapper, so
+every registry call goes through the store's one ``_call``; callers use the
+``RedisStore`` methods that delegate to it (``read_registry``, ``put_endpoint``, ...).
+``Registry`` is the registry at one revision, as read.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from poller.schema.endpoint import Endpoint, endpoint_from_json, validate_endpoi
 from poller.schema.keys import Keys
 from poller.schema.lua import lua
 
-__all__ = ["Call", "Registry", "RegistryCalls", "diff_registry", "sync_diff"]
+__all__ = ["Call", "Registry", "RegistryStore", "diff_registry", "sync_diff"]
 
 T = TypeVar("T")
 
@@ -41,8 +43,8 @@ class Registry:
         return sorted([*self.endpoints, *self.invalid])
 
 
-class RegistryCalls:
-    """Registry reads and writes over ``client``, each made through ``call``."""
+class RegistryStore:
+    """The registry's reads and writes over ``client``, each made through ``call``."""
 
     def __init__(self, client: Any, keys: Keys, call: Call) -> None:
         self.client = client

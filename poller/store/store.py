@@ -1,5 +1,6 @@
 """``RedisStore``: every Redis call of the writer side (registry, membership, leases,
-fenced writes). Key names are in ``keys.py``, the Lua scripts in ``scripts/*.lua``.
+fenced writes). Key names are in ``poller/schema/keys.py``, the Lua scripts in
+``poller/schema/scripts/*.lua`` (docs/schema.md is the contract they keep).
 
 Writes to an endpoint's view are fenced: a script checks that the endpoint's lease
 still holds the writer's token before it touches anything, so a poller that was paused
@@ -32,7 +33,7 @@ from poller.schema.endpoint import Endpoint
 from poller.schema.keys import SCHEMA_VERSION, Keys
 from poller.schema.lua import lua
 from poller.store.batch import WriteBatcher
-from poller.store.registry import Registry, RegistryCalls
+from poller.store.registry import Registry, RegistryStore
 
 __all__ = ["Acquired", "Heartbeat", "RedisStore", "WriteResult"]
 
@@ -105,8 +106,9 @@ class RedisStore:
         self._write_stats = register(lua("write_stats"))
         self._write_failure = register(lua("write_failure"))
         self._heartbeat = register(lua("heartbeat"))
-        #: The registry's reads and writes, made through this store's ``_call``.
-        self.registry = RegistryCalls(client, self.keys, self._call)
+        # The registry's reads and writes, made through this store's ``_call``; the
+        # methods below delegate to it.
+        self._registry = RegistryStore(client, self.keys, self._call)
 
     @classmethod
     def from_settings(cls, settings: RedisSettings) -> RedisStore:
@@ -129,29 +131,29 @@ class RedisStore:
         result: Awaitable[Any] = script(keys=keys, args=args)
         return result
 
-    # --- registry (registry_calls.py) ----------------------------------------------------
+    # --- registry (registry.py) ---------------------------------------------------------
 
     async def registry_rev(self) -> int:
-        return await self.registry.registry_rev()
+        return await self._registry.registry_rev()
 
     async def read_registry(self) -> Registry:
-        return await self.registry.read_registry()
+        return await self._registry.read_registry()
 
     async def update_registry(
         self, expected_rev: int, remove: Sequence[str], put: Mapping[str, str]
     ) -> int:
-        return await self.registry.update_registry(expected_rev, remove, put)
+        return await self._registry.update_registry(expected_rev, remove, put)
 
     async def put_endpoint(self, endpoint: Endpoint, *, replace: bool = True) -> int:
-        return await self.registry.put_endpoint(endpoint, replace=replace)
+        return await self._registry.put_endpoint(endpoint, replace=replace)
 
     async def remove_endpoint(self, endpoint_id: str) -> int | None:
-        return await self.registry.remove_endpoint(endpoint_id)
+        return await self._registry.remove_endpoint(endpoint_id)
 
     async def replace_registry(
         self, endpoints: Mapping[str, Endpoint], *, attempts: int = 20
     ) -> tuple[int, list[str], list[str], list[str]]:
-        return await self.registry.replace_registry(endpoints, attempts=attempts)
+        return await self._registry.replace_registry(endpoints, attempts=attempts)
 
     # --- schema ------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -400,6 +401,37 @@ def test_check_applies_the_settings_engine_defaults(engine_server: str, tmp_path
     bad.write_text('[scrape.engines.nope]\nmetrics_path = "/m"\n')
     result = CliRunner().invoke(cli, ["check", "http://x", "--config", str(bad)])
     assert result.exit_code == 2 and "unknown engine 'nope'" in result.output
+
+
+def test_check_reads_the_settings_file_named_by_poller_config(
+    engine_server: str, tmp_path: Path
+) -> None:
+    """`poller check` honours POLLER_CONFIG as `run` and `endpoints` do."""
+    config = tmp_path / "poller.toml"
+    config.write_text('[scrape.engines.llamacpp]\nmetrics_path = "/metrics?model=qwen3-8b"\n')
+    args = ["check", f"{engine_server}/router", "--engine", "llamacpp", "--json"]
+    result = CliRunner().invoke(cli, args, env={"POLLER_CONFIG": str(config)})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["url"].endswith("/router/metrics?model=qwen3-8b")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[scrape.engines.nope]\nmetrics_path = "/m"\n')
+    result = CliRunner().invoke(cli, ["check", "http://x"], env={"POLLER_CONFIG": str(bad)})
+    assert result.exit_code == 2 and "unknown engine 'nope'" in result.output
+
+
+def test_every_command_defines_config_alike() -> None:
+    """One --config: the same variable, metavar and type wherever a command takes it."""
+    from tests.cli.test_cli_help import commands
+
+    found = []
+    for where, command, _ in commands(cli):  # type: ignore[arg-type]
+        for param in command.params:
+            if isinstance(param, click.Option) and "--config" in param.opts:
+                found.append(where)
+                assert param.envvar == "POLLER_CONFIG", where
+                assert param.metavar == "FILE" and param.name == "config_file", where
+                assert isinstance(param.type, click.Path) and not param.type.dir_okay, where
+    assert {"poller check", "poller run", "poller endpoints add"} <= set(found)
 
 
 def test_check_with_the_wrong_engine_names_the_one_the_page_looks_like(

@@ -85,4 +85,6 @@ def test_every_option_variable_is_a_known_name() -> None:
                 continue
             path = name.removeprefix("POLLER_").lower().split("__")
             known = name in FLAT_ENV or ("__" in name and locate_unknown(Settings, path) is None)
-            assert known, f"{where} {param.opts[-1]}: {name} is not in config_load.FLAT_ENV"
+            assert known, (
+                f"{where} {param.opts[-1]}: {name} is not in poller/config/load.py FLAT_ENV"
+            )

@@ -432,6 +432,51 @@ async def test_page_says_redis_is_unreachable_with_503() -> None:
     await client.aclose()
 
 
+async def test_the_page_reads_the_view_through_the_reader_it_is_given() -> None:
+    """The page and /v1/view share one StatsReader: the page's view is its snapshot, the
+    fleet table's heartbeats and drains are the members' records."""
+    client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    store = RedisStore(client, "pg")
+    await store.ensure_schema()
+    await store.heartbeat("p0", 5000)
+    await store.heartbeat("p1", 5000)
+    await client.hset(Keys("pg").members_drain, "p1", '{"since_ms": 1, "by": "cli"}')
+    await store.put_endpoint(Endpoint(id="a", url="http://127.0.0.1:9"))
+
+    class Counting(StatsReader):
+        snapshots = 0
+
+        async def snapshot(self) -> Any:
+            self.snapshots += 1
+            return await super().snapshot()
+
+    reader = Counting(client, "pg")
+    page = OperatorPage(client, "pg", "p0", 2000, reader=reader)
+    try:
+        view, fleet = await page.read()
+        assert reader.snapshots == 1 and page.reader is reader
+        assert view is not None and [e["id"] for e in view["endpoints"]] == ["a"]
+        assert view["pollers"] == ["p0", "p1"] and fleet.schema == "1"
+        assert fleet.expiries is not None and set(fleet.expiries) == {"p0", "p1"}
+        assert fleet.infos is not None and fleet.infos["p1"]["member_ttl_ms"] == 5000
+        assert fleet.drains == {"p1"}
+        response = await page.page("")
+        assert response.status == 200 and reader.snapshots == 2
+        assert b"drain requested" in response.body
+    finally:
+        await client.aclose()
+
+
+async def test_another_schema_version_is_a_503_that_says_so() -> None:
+    client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    await client.set(Keys("pg").schema, "2")
+    try:
+        response = await OperatorPage(client, "pg", "p0", 2000).page("")
+        assert response.status == 503 and b"Redis holds schema 2" in response.body
+    finally:
+        await client.aclose()
+
+
 # --- in a real browser ---------------------------------------------------------------------
 
 ROWS_JS = """Array.from(document.querySelectorAll('tr.endpoint')).map(r => ({

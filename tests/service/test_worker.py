@@ -12,6 +12,7 @@ import pytest
 from poller.config import ScrapeSettings, Settings
 from poller.schema.endpoint import Endpoint
 from poller.scrape.http.client import KeyPolicy
+from poller.service.follow import RegistryFollower
 from poller.service.jobs import GridJitterTrigger
 from poller.service.worker import Worker
 from poller.store.store import RedisStore
@@ -187,6 +188,14 @@ async def test_api_key_from_env_or_file(
     assert d["reason"] == "config" and "api_key_file" in d["detail"]
     values = [v for e in "abcd" for v in (await worker.store.read_failure(e)).values()]
     assert not any("secret" in v for v in values)
+
+
+async def test_the_worker_follows_the_registry_through_its_follower(worker: Worker) -> None:
+    """``Worker.follower`` is the registry as last read; ``registry`` names nothing here."""
+    await own(worker, ep("e1"), ep("e2"))
+    assert isinstance(worker.follower, RegistryFollower)
+    assert worker.follower.ids() == ["e1", "e2"] and set(worker.follower.entries) == {"e1", "e2"}
+    assert not hasattr(worker, "registry")
 
 
 async def test_invalid_registry_entry_is_a_config_failure(worker: Worker) -> None:

@@ -4,7 +4,10 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
+import fakeredis
 import pytest
 import redis.asyncio as aioredis
 
@@ -13,8 +16,11 @@ from poller.config import RedisSettings
 from poller.errors import SchemaMismatch, StoreError
 from poller.schema.endpoint import Endpoint
 from poller.schema.keys import Keys
+from poller.store.registry import Registry, RegistryStore
 from poller.store.store import RedisStore
 from tests.support.redisproc import RedisProcess
+
+T = TypeVar("T")
 
 FIELDS = {
     "engine": "vllm",
@@ -409,3 +415,28 @@ async def test_concurrent_writes_share_a_pipeline(real_client: aioredis.Redis) -
         )
     )
     assert all(r.accepted and r.value == 2 for r in again)
+
+
+async def test_the_registry_is_reached_through_the_stores_own_methods() -> None:
+    """The registry calls are the store's private part: callers use ``read_registry``,
+    ``put_endpoint``, ... and every one of them goes through the store's ``_call``."""
+    seen: list[str] = []
+
+    class Counting(RedisStore):
+        async def _call(self, awaitable: Awaitable[T], what: str) -> T:
+            seen.append(what)
+            return await super()._call(awaitable, what)
+
+    client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    store = Counting(client, "reg")
+    try:
+        assert not hasattr(store, "registry")
+        assert isinstance(store._registry, RegistryStore)
+        rev = await store.put_endpoint(ep("a"))
+        assert await store.registry_rev() == rev
+        registry = await store.read_registry()
+        assert isinstance(registry, Registry) and registry.ids == ["a"]
+        assert await store.remove_endpoint("a") == rev + 1
+        assert seen == ["update registry", "GET rev", "read registry", "HEXISTS", "update registry"]
+    finally:
+        await client.aclose()

@@ -18,6 +18,7 @@ from typing import Any
 from poller.integrations.litellm.deployments import UrlIndex
 from poller.reader.cache import ViewCache
 from poller.reader.reader import StatsReader
+from poller.util.urls import redact_url
 
 __all__ = ["ViewSource"]
 
@@ -86,7 +87,9 @@ class ViewSource:
                 stack.push_async_callback(reader.aclose)
                 self._cache = await stack.enter_async_context(reader.cached())
                 self._stack = stack
-                log.info("reading the shared view from %s (namespace %s)", _safe(url), namespace)
+                log.info(
+                    "reading the shared view from %s (namespace %s)", redact_url(url), namespace
+                )
         return self._cache
 
     async def aclose(self) -> None:
@@ -108,9 +111,3 @@ class ViewSource:
             self._index, self._index_rev = UrlIndex(pairs), cache.rev
         assert self._index is not None
         return self._index
-
-
-def _safe(url: str) -> str:
-    """The URL without a password, for the log."""
-    head, sep, tail = url.rpartition("@")
-    return f"{head.split('//')[0]}//***@{tail}" if sep else url

@@ -6,10 +6,10 @@ keeps its connections per origin. Tests pass a ``transport_factory`` (an
 ``httpx.MockTransport`` per endpoint, say) instead.
 
 Errors: every exception of a fetch goes through ``errors.to_fetch_error``, the one
-mapping from httpx's exceptions to DESIGN.md failure reasons. Secrets are resolved here,
-on the poller, from the endpoint's ``api_key_env``/``api_key_file`` (``KeyPolicy`` says
-which may be named), and never leave it except as the Authorization header (never in an
-error message or a log line).
+mapping from httpx's exceptions to the failure reasons of docs/schema.md. Secrets are
+resolved here, on the poller, from the endpoint's ``api_key_env``/``api_key_file``
+(``KeyPolicy`` says which may be named), and never leave it except as the Authorization
+header (never in an error message or a log line).
 
 URL policy: redirects are followed within the endpoint's origin only (``redirects.py``).
 With ``scrape.allowed_hosts`` set a host outside it is never contacted (a ``config``

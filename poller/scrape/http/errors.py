@@ -3,7 +3,7 @@ non-2xx answer.
 
 ``to_fetch_error`` maps what a fetch can raise (httpx's exceptions, which the transport
 builds in ``transport_errors``; the fetch's own deadline; a request that cannot be built)
-to a ``FetchError`` whose ``reason`` is a DESIGN.md failure reason:
+to a ``FetchError`` whose ``reason`` is a failure reason of docs/schema.md:
 
 - ``timeout``: the overall deadline, or httpx's connect/read timeouts;
 - ``unreachable``: refused, DNS, TLS (said first in the detail), reset, and every

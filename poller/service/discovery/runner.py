@@ -1,10 +1,11 @@
 """DNS discovery: keep the registry's discovered entries equal to what DNS says.
 
-Each source (``dns+srv://`` or ``dns+a://``, see ``config.DiscoverySource``) is resolved by
-one poller at a time: the rendezvous owner of ``discovery/<name>`` over the live members,
-under a fenced lease ``P:discovery:<name>``, so a fleet asks DNS once per source per
-refresh. A source that nobody takes (its preferred poller lacks it in its settings) is
-taken by any poller that sees its lease free three passes in a row.
+Each source (``dns+srv://`` or ``dns+a://``, see
+``poller.config.discovery.DiscoverySource``) is resolved by one poller at a time: the
+rendezvous owner of ``discovery/<name>`` over the live members, under a fenced lease
+``P:discovery:<name>``, so a fleet asks DNS once per source per refresh. A source that
+nobody takes (its preferred poller lacks it in its settings) is taken by any poller that
+sees its lease free ``ORPHAN_PASSES`` (three) passes in a row.
 
 The DNS queries are in ``resolve.py``; the Redis calls in ``poller/store/discovery.py``.
 

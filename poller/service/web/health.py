@@ -3,10 +3,9 @@
 ``/healthz``: the event loop answers. ``/readyz``: Redis reachable and our membership
 fresh; when not, the body says why (Redis refused our credentials, is unreachable, the
 heartbeat is stale). ``/metrics``: our own Prometheus metrics. Extra JSON routes
-(``/v1/view``) and raw
-routes (the operator's page and its static files, which see the query string and set
-their own headers) are plugged in by the caller. Deliberately tiny: GET only, one
-request per connection.
+(``/v1/view``) and raw routes (the operator's page and its static files, which see the
+query string and set their own headers) are plugged in by the caller. Deliberately
+tiny: GET only, one request per connection.
 """
 
 from __future__ import annotations

@@ -1,32 +1,30 @@
 """The operator's page on every poller's health port: ``GET /`` and its two static files.
 
-One server-rendered HTML page (``render.py``) of the shared view, read with the
-reader's own snapshot script and ``build_view``, so it shows what ``poller status --json``
-shows. ``/static/page.js`` refreshes it every 2 s without a reload and draws each
-endpoint's load from ``/v1/view`` as the page observes it; with scripts off the page
-reloads itself. Every response carries a Content-Security-Policy that allows scripts and
-styles from the page's own origin only, so nothing inline ever runs, even if an escape
-were missed.
+One server-rendered HTML page (``render.py``) of the shared view, read through the same
+``StatsReader`` that serves ``/v1/view`` on this port, so the two never disagree; the
+fleet table adds each live member's heartbeat expiry, own word and drain request
+(``poller/store/members.py``), and the discovery sources come from
+``poller/store/discovery.py``. ``/static/page.js`` refreshes the page every 2 s without a
+reload and draws each endpoint's load from ``/v1/view`` as the page observes it; with
+scripts off the page reloads itself. Every response carries a Content-Security-Policy
+that allows scripts and styles from the page's own origin only, so nothing inline ever
+runs, even if an escape were missed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Mapping
 from dataclasses import replace
 from importlib import resources
 from typing import Any
 
 from poller._version import __version__
 from poller.errors import StoreError
-from poller.reader.replies import build_view, snapshot_call
-from poller.redis.errors import redis_call
-from poller.schema.keys import Keys
-from poller.schema.lua import lua
+from poller.reader.reader import StatsReader
 from poller.service.web.health import RawRoute, Response
 from poller.service.web.render import Fleet, parse_query, render_page, with_entries
 from poller.store.discovery import read_sources
+from poller.store.members import read_members
 
 __all__ = ["CSP", "OperatorPage"]
 
@@ -47,14 +45,26 @@ _STATIC = {
 
 
 class OperatorPage:
-    """Routes for ``HealthServer(raw_routes=...)``; reads Redis through ``client``."""
+    """Routes for ``HealthServer(raw_routes=...)``; reads Redis through ``client``.
 
-    def __init__(self, client: Any, namespace: str, poller_id: str, member_ttl_ms: int) -> None:
+    ``reader`` is the server's ``StatsReader`` on that client (one is made when not
+    given): the page's view is its ``snapshot()``.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        namespace: str,
+        poller_id: str,
+        member_ttl_ms: int,
+        *,
+        reader: StatsReader | None = None,
+    ) -> None:
         self.client = client
-        self.keys = Keys(namespace)
+        self.reader = reader if reader is not None else StatsReader(client, namespace)
+        self.keys = self.reader.keys
         self.poller_id = poller_id
         self.member_ttl_ms = member_ttl_ms
-        self._snapshot = client.register_script(lua("snapshot"))
         folder = resources.files("poller.service.web") / "static"
         self._files = {path: (folder / path.rsplit("/", 1)[1]).read_bytes() for path in _STATIC}
 
@@ -74,21 +84,21 @@ class OperatorPage:
         """(``View.to_dict()`` or None when Redis is unreachable, what the page adds)."""
         fleet = Fleet(self.poller_id, __version__, self.member_ttl_ms)
         try:
-            keys, args = snapshot_call(self.keys)
-            reply = await redis_call(self._snapshot(keys=keys, args=args), "snapshot")
-            schema = await redis_call(self.client.get(self.keys.schema), "GET schema")
+            # Raises SchemaMismatch (a StoreError) when Redis holds another schema version.
+            view = await self.reader.snapshot()
+            _, members = await read_members(self.client, self.keys)
             sources = await read_sources(self.client, self.keys)
-            infos = await redis_call(self.client.hgetall(self.keys.members_info), "members info")
-            drains = await redis_call(self.client.hgetall(self.keys.members_drain), "drains")
         except StoreError as exc:
             return None, replace(fleet, reachable=False, error=str(exc))
-        members = reply[4]
-        expiries = {str(members[i]): float(members[i + 1]) for i in range(0, len(members), 2)}
         # ~20 ms per 1,000 endpoints with the rendering: off the loop that runs the scrapes.
-        view = await asyncio.to_thread(lambda: with_entries(build_view(reply)))
-        view["sources"] = sources  # DNS discovery sources, as /v1/view carries them
-        return view, replace(
-            fleet, schema=schema or "", expiries=expiries, infos=_infos(infos), drains=set(drains)
+        shown = await asyncio.to_thread(with_entries, view)
+        shown["sources"] = sources  # DNS discovery sources, as /v1/view carries them
+        return shown, replace(
+            fleet,
+            schema=str(shown["schema"]),  # the version the snapshot checked Redis holds
+            expiries={m.id: float(m.expires_ms) for m in members},
+            infos={m.id: m.info for m in members},
+            drains={m.id for m in members if m.drain is not None},
         )
 
     async def page(self, query: str) -> Response:
@@ -105,16 +115,3 @@ class OperatorPage:
 async def _no_icon(query: str) -> Response:
     """Browsers ask for it; an empty answer keeps their consoles free of 404s."""
     return Response(204, "image/x-icon", b"", _HEADERS)
-
-
-def _infos(raw: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """``P:members:info``: poller id -> its JSON object; anything else is skipped."""
-    out: dict[str, dict[str, Any]] = {}
-    for poller, text in raw.items():
-        try:
-            value = json.loads(text)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            out[str(poller)] = value
-    return out

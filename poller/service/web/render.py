@@ -1,7 +1,8 @@
 """The operator's page as HTML: pure functions from ``View.to_dict()`` to markup.
 
 Everything shown comes from the same dict ``poller status --json`` prints, so the page
-and the CLI agree on states and numbers (the state rules live in ``reader/view.py`` only).
+and the CLI agree on states and numbers (the state rules live in
+``poller/reader/view.py``; ``format.shown_state`` only tells ``sleeping`` from fresh).
 Every value that comes from the registry or an engine page (ids, engines, owners, model
 and adapter names, failure details, discovery sources) is untrusted and goes through
 ``_e``; nothing else writes text into the markup.
