@@ -23,7 +23,7 @@ URLS = {
 def example(kind: str) -> str:
     """The code block that follows the doc's marker for ``kind``."""
     text = DOC.read_text("utf-8")
-    marker = f"<!-- worked example ({kind}): run by tests/test_reader_doc.py -->"
+    marker = f"<!-- worked example ({kind}): run by tests/reader/test_reader_doc.py -->"
     found = re.search(re.escape(marker) + r"\s*```python\n(.*?)```", text, re.S)
     assert found, f"docs/reader.md lost its {kind} example"
     return found.group(1)
