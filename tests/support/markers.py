@@ -48,12 +48,17 @@ IMPLIES: dict[str, tuple[str, ...]] = {
     "sentinel": ("redis_server",),
 }
 
-#: Fixtures of tests/conftest.py that start a server -> the marker of a test using them.
+#: Fixtures that start a server -> the marker of a test using them: tests/conftest.py's,
+#: and those of a test module that only some of its tests use.
 FIXTURES: dict[str, str] = {
     "redis_server": "redis_server",
     "own_redis": "redis_server",
     "real_client": "redis_server",
     "redis_cluster": "redis_cluster",
+    "dns_server": "dnsmasq",  # tests/service/test_discovery.py
+    "locked": "redis_server",  # tests/store/test_redis_auth.py
+    "tls_redis": "redis_server",  # tests/store/test_tls.py
+    "mtls_redis": "redis_server",  # tests/store/test_tls.py
 }
 
 #: The ``store`` fixture's params that start a server -> their marker.
