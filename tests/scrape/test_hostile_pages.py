@@ -177,6 +177,7 @@ def read_like_the_worker(mapping: EngineMapping, body: bytes, content_type: str 
     assert all(isinstance(v, str) and v != "nan" for v in fields.values()), fields
 
 
+@pytest.mark.slow  # 200 generated pages for each draw of an engine: seconds
 @FUZZ
 @given(engine=st.sampled_from(SCRAPED), data=st.data())
 def test_fuzzed_pages_end_in_signals_or_a_scrape_error(engine: str, data: st.DataObject) -> None:
