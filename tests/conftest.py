@@ -1,6 +1,13 @@
+"""Fixtures every test folder shares, and the marking of tests that need a server.
+
+Tests are marked from the fixtures they use (tests/support/markers.py says which), and the
+running test is handed to that module, so that the helpers which start a server can refuse
+to when the test lacks its marker.
+"""
+
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import fakeredis
@@ -8,8 +15,32 @@ import pytest
 import redis.asyncio as aioredis
 
 from poller.store.store import RedisStore
+from tests.support import markers
 from tests.support.paths import DATA
 from tests.support.redisproc import RedisCluster, RedisProcess
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with the servers its fixtures start, and what its markers imply."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        store_param = callspec.params.get("store") if callspec is not None else None
+        needed = markers.markers_for(getattr(item, "fixturenames", []), store_param)
+        for name in {m.name for m in item.iter_markers()}:
+            needed.update(markers.IMPLIES.get(name, ()))
+        for name in sorted(needed):
+            if item.get_closest_marker(name) is None:
+                item.add_marker(name)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """The running test, set-up to tear-down, for ``markers.require``."""
+    markers.enter(item)
+    try:
+        return (yield)
+    finally:
+        markers.leave()
 
 
 @pytest.fixture

@@ -17,13 +17,13 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from poller_lab.embedded import Proc, free_port
-from tests.support.litellm_fleet import HELD, NS, Fleet, fleet
+from poller_lab.embedded import free_port
+from tests.support.litellm_fleet import HELD, NS, Fleet, fleet, litellm_proxy
 from tests.support.paths import REPO
 from tests.support.procs import until
 
 # A proxy starts in 12-30 s on a loaded 2-core machine: far from the default 120 s bound.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.redis_server, pytest.mark.timeout(600)]
 in_fleet_loop = pytest.mark.asyncio(loop_scope="module")
 
 DOC = REPO / "docs" / "litellm.md"
@@ -72,19 +72,14 @@ def test_the_doc_config_names_the_filter_and_an_endpoint_id() -> None:
     assert "llmgw_endpoint: vllm-4" in config
 
 
+@pytest.mark.litellm_proxy
 @in_fleet_loop
 async def test_proxy_with_the_doc_config_sends_nothing_to_the_three(
     f: Fleet, tmp_path: Path
 ) -> None:
     (tmp_path / "config.yaml").write_text(doc_block("proxy config.yaml", "yaml"))
     port = free_port()
-    litellm_cli = str(Path(sys.executable).parent / "litellm")
-    proc = Proc(
-        "litellm-proxy",
-        [litellm_cli, "--config", str(tmp_path / "config.yaml"), "--port", str(port)],
-        tmp_path / "proxy.log",
-        env=env_for(f),
-    )
+    proc = litellm_proxy(tmp_path / "config.yaml", port, tmp_path / "proxy.log", env_for(f))
     base = f"http://127.0.0.1:{port}"
     try:
         async with httpx.AsyncClient(timeout=60.0, trust_env=False) as http:

@@ -96,6 +96,7 @@ async def test_no_redis_url_fails_open_and_says_so_once(
     assert "POLLER_REDIS_URL" in caplog.text
 
 
+@pytest.mark.redis_server
 async def test_redis_absent_then_present_then_lost(
     no_env: None, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -26,6 +26,7 @@ from poller.integrations.litellm import LoadAwareFilter, LoadAwareStrategy
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.redis_server,  # the fleet's own redis-server and `poller run`
     pytest.mark.timeout(400),  # the fleet starts a simulator, a poller and Redis
     pytest.mark.asyncio(loop_scope="module"),
     # LiteLLM's own types make pydantic warn; nothing of ours.

@@ -52,6 +52,7 @@ def check_story(out: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.redis_server
 @pytest.mark.timeout(300)  # the subprocess's own 240 s bound fails first
 def test_demo_with_redis_server(tmp_path: Path) -> None:
     out = run_demo(tmp_path, None)
@@ -68,6 +69,7 @@ def test_demo_falls_back_to_fakeredis(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.redis_server
 @pytest.mark.timeout(240)  # the subprocess's own 180 s bound fails first
 def test_bench_quick_json_has_every_field() -> None:
     result = subprocess.run(

@@ -27,6 +27,7 @@ POLICY_SET = ("round-robin", "pick-deterministic", "picker", "oracle")
 
 
 @pytest.mark.slow
+@pytest.mark.redis_server
 def test_quick_routing_bench_end_to_end() -> None:
     marker = f"ROUTING_TEST_{uuid.uuid4().hex}"
     args = [sys.executable, "-m", "poller", "bench", "--section", "routing", "--quick"]

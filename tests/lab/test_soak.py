@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.redis_server]
 
 # A minute of soak plus start-up and the final checks; the bound only ends a hung run.
 SOAK_TIMEOUT_S = 240

@@ -592,6 +592,7 @@ def canonical(samples: Iterable[Key]) -> Counter[Key]:
     return Counter((n.removesuffix("_total"), labels, v) for n, labels, v in samples)
 
 
+@pytest.mark.slow  # 300 generated pages through both parsers: seconds
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pages(), st.data())
 def test_generated_pages_agree_with_prometheus_client(
@@ -649,6 +650,7 @@ def test_fuzz_text(text: str) -> None:
     check_only_parse_errors(text, ["foo", "f", "fo", "o"])
 
 
+@pytest.mark.slow  # 300 mutated pages: seconds
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pages(), st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 3), st.text(max_size=3))))
 def test_fuzz_mutated_pages(
@@ -687,7 +689,12 @@ ADVERSARIAL = [
         [Sample("foo", {"a": '"' * HALF}, 1.0)],
         id="500k-escaped-quotes",
     ),
-    pytest.param("foo 1\n" * 200_000, [Sample("foo", {}, 1.0)] * 200_000, id="200k-lines"),
+    pytest.param(
+        "foo 1\n" * 200_000,
+        [Sample("foo", {}, 1.0)] * 200_000,
+        id="200k-lines",
+        marks=pytest.mark.slow,  # 200,000 samples built and compared: seconds
+    ),
     pytest.param("# " + "x" * MILLION + "\nfoo 1", [Sample("foo", {}, 1.0)], id="1MB-comment"),
     pytest.param("\n" * MILLION + "foo 2", [Sample("foo", {}, 2.0)], id="1M-blank-lines"),
     pytest.param(

@@ -424,6 +424,7 @@ async def test_a_failing_raw_route_is_a_500_and_the_server_lives_on() -> None:
         await health.stop()
 
 
+@pytest.mark.slow  # seconds of the client's connection attempts to a closed port
 async def test_page_says_redis_is_unreachable_with_503() -> None:
     client = aioredis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
     page = OperatorPage(client, "pg", "p0", 2000)
@@ -491,6 +492,7 @@ PAGE_WAIT_S = 60
 
 
 @pytest.mark.slow
+@pytest.mark.chromium
 async def test_in_headless_chromium(own_redis: RedisProcess, tmp_path: Path) -> None:
     ns = "page"
     sim, admin, registry = start_sim(tmp_path, 7, "vllm,sglang,llamacpp,tgi", cpu=None)

@@ -17,7 +17,7 @@ from poller_lab.sim import Simulator, fleet
 from tests.support.procs import PollerProc, until
 from tests.support.redisproc import RedisCluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.redis_cluster]
 NS = "clu"
 
 

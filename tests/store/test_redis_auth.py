@@ -107,6 +107,7 @@ def test_run_with_a_wrong_password_stops_with_one_line_and_exit_2(
     assert "unreachable" not in log
 
 
+@pytest.mark.redis_server
 async def test_a_password_changed_under_a_running_poller_is_an_error_and_readyz_says_so(
     tmp_path: Path,
 ) -> None:

@@ -44,7 +44,7 @@ from tests.support.procs import PollerProc, until
 from tests.support.redisproc import RedisProcess
 from tests.support.tcpproxy import TcpProxy
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.redis_server]
 NS = "rf"
 KEYS = Keys(NS)
 COORD_ERRORS = 'poller_redis_errors_total{operation="coordination"}'

@@ -21,7 +21,7 @@ from poller_lab.sim import Simulator, fleet
 from tests.support.procs import PollerProc, until
 from tests.support.redisproc import RedisProcess, redis_server_binary, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sentinel]
 NS = "sen"
 
 

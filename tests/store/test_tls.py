@@ -196,6 +196,7 @@ async def test_unverifiable_server_is_a_store_error_naming_tls(
     assert "SSL" in str(err.value)
 
 
+@pytest.mark.redis_server
 async def test_host_name_is_verified(pki: Pki) -> None:
     server = TlsRedis(pki, wrong_name=True).start()
     try:
@@ -254,6 +255,7 @@ async def test_client_certificate_required(mtls_redis: TlsRedis, pki: Pki) -> No
                 await store.ping()
 
 
+@pytest.mark.sentinel
 async def test_sentinel_over_tls(pki: Pki, tmp_path: Path) -> None:
     """rediss+sentinel://: TLS to the sentinel and to the master it names."""
     master = TlsRedis(pki).start()

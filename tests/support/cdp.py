@@ -4,7 +4,8 @@ A small helper instead of a browser-automation package: the protocol is JSON ove
 websocket, and aiohttp (already a dependency of the service) speaks websockets, so the
 test needs no driver binary and no new package. Chromium gets a fresh empty profile and
 loopback-only flags; it is stopped by pid. A missing Chromium is a loud failure with the
-install hint, never a skip.
+install hint, never a skip. Only a test marked ``chromium`` may start one
+(tests/support/markers.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from tests.support.markers import require
 
 INSTALL_HINT = (
     "chromium not found on PATH: the browser test needs it. Install it "
@@ -42,6 +45,8 @@ FLAGS = [
 
 
 def chromium_binary() -> str:
+    """The Chromium to start; only a test marked ``chromium`` may ask for it."""
+    require("chromium", "a headless Chromium")
     for name in ("chromium", "chromium-browser"):
         path = shutil.which(name)
         if path is not None:

@@ -2,7 +2,8 @@
 
 Records change the way they do in life for a poller: the server is restarted with a new
 configuration on the same port. Queries are logged to a file, so tests can count what
-the pollers asked. A missing dnsmasq is a loud failure with the install hint.
+the pollers asked. A missing dnsmasq is a loud failure with the install hint. Only a
+test marked ``dnsmasq`` may start one (tests/support/markers.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import dns.resolver
 
 from poller_lab.embedded import free_port
+from tests.support.markers import require
 
 INSTALL_HINT = (
     "dnsmasq not found on PATH: the discovery tests need it. "
@@ -31,6 +33,8 @@ ZONE = "test"
 
 
 def dnsmasq_binary() -> str:
+    """The dnsmasq to start; only a test marked ``dnsmasq`` may ask for it."""
+    require("dnsmasq", "a dnsmasq")
     path = shutil.which("dnsmasq") or shutil.which("dnsmasq", path="/usr/sbin:/sbin")
     if path is None:
         raise RuntimeError(INSTALL_HINT)

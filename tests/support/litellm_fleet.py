@@ -5,7 +5,9 @@ queue filled by requests of the test's own that hold their slot for 1,000 s), on
 failing (HTTP 500 on every path) and one asleep (vLLM sleep mode). The simulator runs
 as a process of its own (LiteLLM's work in the test's event loop must not delay its
 answers), a ``poller run`` process scrapes it into a redis-server of the test's own, and
-``fleet()`` yields once the view shows all of it.
+``fleet()`` yields once the view shows all of it (a test using it is marked
+``redis_server``); ``litellm_proxy()`` starts a real LiteLLM proxy process (marked
+``litellm_proxy``: tests/support/markers.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +27,8 @@ import redis.asyncio as aioredis
 from poller.reader import StatsReader, ViewCache
 from poller.schema.endpoint import Endpoint
 from poller.store.store import RedisStore
-from poller_lab.embedded import start_sim
+from poller_lab.embedded import Proc, start_sim
+from tests.support.markers import require
 from tests.support.procs import PollerProc, until
 from tests.support.redisproc import RedisProcess
 
@@ -150,3 +154,13 @@ async def fleet(
     finally:
         sim.stop()
         redis.cleanup()
+
+
+def litellm_proxy(config: Path, port: int, log: Path, env: dict[str, str]) -> Proc:
+    """A real LiteLLM proxy (this environment's ``litellm`` command) on ``port``, logging
+    to ``log``; the caller stops it."""
+    require("litellm_proxy", "a LiteLLM proxy")
+    litellm_cli = str(Path(sys.executable).parent / "litellm")
+    return Proc(
+        "litellm-proxy", [litellm_cli, "--config", str(config), "--port", str(port)], log, env=env
+    )

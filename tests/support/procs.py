@@ -1,4 +1,8 @@
-"""`poller run` processes for integration tests: start, signal, read health and logs."""
+"""`poller run` processes for integration tests: start, signal, read health and logs.
+
+Each runs against a real Redis, so only a test marked ``redis_server`` may start one
+(tests/support/markers.py).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from poller_lab.embedded import poller_args
+from tests.support.markers import require
 from tests.support.redisproc import free_port
 
 
@@ -43,6 +48,7 @@ class PollerProc:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> PollerProc:
+        require("redis_server", "a `poller run` process against a real Redis")
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.args,

@@ -3,6 +3,9 @@
 Each test that needs real Redis behaviour (TTL expiry, Lua, pub/sub, restarts, pauses,
 Cluster) gets its own server, so it can stop, restart or SIGSTOP it without touching
 anyone else's. A missing redis-server is a loud failure with the install hint.
+
+Only a test marked ``redis_server`` may start one (``redis_cluster`` for a Cluster,
+``sentinel`` for a server in Sentinel mode): tests/support/markers.py.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from poller_lab.embedded import free_port, private_redis_args, wait_until
+from tests.support.markers import require
 
 START_TIMEOUT_S = 60.0  # a process start on a loaded 2-core machine: ample headroom
 INSTALL_HINT = (
@@ -27,6 +31,8 @@ INSTALL_HINT = (
 
 
 def redis_server_binary() -> str:
+    """The redis-server to start; only a test marked ``redis_server`` may ask for it."""
+    require("redis_server", "a redis-server")
     path = shutil.which("redis-server")
     if path is None:
         raise RuntimeError(INSTALL_HINT)
@@ -82,6 +88,8 @@ class RedisProcess:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisProcess:
+        if "--sentinel" in self.extra_args:
+            require("sentinel", "a redis-server in Sentinel mode")
         args = [
             redis_server_binary(),
             *([str(self.config_file)] if self.config_file else []),
@@ -164,6 +172,7 @@ class RedisCluster:
         return self.nodes[0].url
 
     def start(self) -> RedisCluster:
+        require("redis_cluster", "a Redis Cluster")
         for node in self.nodes:
             node.start()
         cli = shutil.which("redis-cli")

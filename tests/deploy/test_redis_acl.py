@@ -1,0 +1,285 @@
+"""users.acl and every Redis config under deploy/redis, loaded by a real redis-server: each
+ACL user gets exactly its commands, a poller and a reader run as the ACL users, and
+replication and Sentinel authenticate."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import yaml
+from click.testing import CliRunner
+
+from poller.cli import cli
+from poller.config import load_settings
+from tests.support.deploy import ACL_FILE, ADMIN, DEPLOY, GATEWAY, POLLER
+from tests.support.markers import require
+from tests.support.redisproc import free_cluster_port, free_port, redis_server_binary, wait_until
+
+pytestmark = pytest.mark.redis_server
+
+
+class _Redis:
+    """A redis-server started with extra arguments; its clients log in as ACL users."""
+
+    def __init__(
+        self, args: list[str], cwd: Path, *, sentinel: bool = False, cluster: bool = False
+    ) -> None:
+        # A cluster node also binds port + 10000 for its bus.
+        self.port = free_cluster_port() if cluster else free_port()
+        self.cwd = cwd
+        self._clients: dict[tuple[str, str] | None, redis.Redis] = {}
+        cwd.mkdir(parents=True, exist_ok=True)
+        command = [redis_server_binary(), *args, "--port", str(self.port), "--bind", "127.0.0.1"]
+        if sentinel:
+            require("sentinel", "a redis-server in Sentinel mode")
+            command.append("--sentinel")
+        command += ["--logfile", str(cwd / "redis.log")]
+        self.proc = subprocess.Popen(
+            command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                return True
+            try:  # any answer will do: with the ACL file, PING wants a user first
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as conn:
+                    conn.sendall(b"PING\r\n")
+                    return conn.recv(64).startswith((b"+PONG", b"-NOAUTH"))
+            except OSError:
+                return False
+
+        wait_until(up, 60, what=f"redis-server {args[:1]}")  # seconds on a loaded machine
+        if self.proc.poll() is not None:
+            log = (cwd / "redis.log").read_text(errors="replace")[-2000:]
+            raise AssertionError(f"redis-server {args} exited at start:\n{log}")
+
+    def client(self, user: tuple[str, str] | None = ADMIN) -> redis.Redis:
+        """One client per user, closed by stop()."""
+        if user not in self._clients:
+            username, password = user if user else (None, None)
+            self._clients[user] = redis.Redis(
+                port=self.port,
+                username=username,
+                password=password,
+                decode_responses=True,
+                socket_timeout=5,
+            )
+        return self._clients[user]
+
+    def url(self, user: tuple[str, str]) -> str:
+        return f"redis://{user[0]}:{user[1]}@127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def acl_redis(tmp_path: Path) -> Iterator[_Redis]:
+    server = _Redis(
+        ["--save", "", "--appendonly", "no", "--aclfile", str(ACL_FILE)], tmp_path / "acl"
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _dryrun(client: redis.Redis, user: str, *command: str) -> bool:
+    return bool(client.execute_command("ACL", "DRYRUN", user, *command) == "OK")
+
+
+def test_acl_file_loads_and_each_user_gets_exactly_its_commands(acl_redis: _Redis) -> None:
+    admin = acl_redis.client()
+    listed = {line.split()[1]: line for line in admin.execute_command("ACL", "LIST")}
+    assert set(listed) == {
+        "default",
+        "admin",
+        "poller",
+        "gateway",
+        "replica",
+        "sentinel",
+        "monitor",
+    }
+    assert " off " in listed["default"] + " "
+    key = "{llmgw}:x"
+    ev, up, sha = "{llmgw}:events", "{llmgw}:updates", "0" * 40
+    poller_may = [
+        ("GET", key), ("SET", key, "1"), ("INCR", key), ("DEL", key), ("MGET", key),
+        ("HSET", key, "f", "v"), ("HGET", key, "f"), ("HGETALL", key), ("HDEL", key, "f"),
+        ("HEXISTS", key, "f"), ("PEXPIRE", key, "1"), ("PTTL", key), ("ZADD", key, "1", "m"),
+        ("ZREM", key, "m"), ("ZRANGEBYSCORE", key, "0", "1"), ("ZRANGE", key, "0", "-1"),
+        ("ZREMRANGEBYSCORE", key, "0", "1"), ("TIME",), ("PUBLISH", ev, "x"), ("SUBSCRIBE", ev),
+        ("EVALSHA", sha, "1", key), ("EVAL", "return 1", "1", key), ("SCRIPT", "LOAD", "return 1"),
+        ("PING",), ("MULTI",), ("EXEC",), ("SPUBLISH", up, "x"),
+    ]  # fmt: skip
+    for command in poller_may:
+        assert _dryrun(admin, "poller", *command), f"poller may not {command}"
+    gateway_may = [
+        ("GET", key), ("MGET", key), ("HGET", key, "f"), ("HGETALL", key), ("HEXISTS", key, "f"),
+        ("ZRANGE", key, "0", "-1"), ("ZRANGEBYSCORE", key, "0", "1"), ("TIME",), ("PING",),
+        ("SUBSCRIBE", ev), ("EVALSHA", sha, "1", key), ("EVALSHA_RO", sha, "1", key),
+        ("SCRIPT", "LOAD", "return 1"), ("MULTI",), ("EXEC",), ("SSUBSCRIBE", up),
+    ]  # fmt: skip
+    for command in gateway_may:
+        assert _dryrun(admin, "gateway", *command), f"gateway may not {command}"
+    for user, command in [
+        ("poller", ("SET", "other", "1")),
+        ("poller", ("FLUSHALL",)),
+        ("poller", ("KEYS", "*")),
+        ("poller", ("CONFIG", "GET", "*")),
+        ("poller", ("PUBLISH", "other", "x")),
+        ("gateway", ("SET", key, "1")),
+        ("gateway", ("HSET", key, "f", "v")),
+        ("gateway", ("DEL", key)),
+        ("gateway", ("PUBLISH", "{llmgw}:events", "x")),
+        ("gateway", ("SPUBLISH", "{llmgw}:updates", "x")),
+        ("poller", ("SPUBLISH", "other", "x")),
+        ("gateway", ("EVAL", "return 1", "0")),
+        ("gateway", ("GET", "other")),
+    ]:
+        assert not _dryrun(admin, user, *command), f"{user} may {command}"
+
+
+def test_a_poller_and_a_reader_run_as_the_acl_users(acl_redis: _Redis, tmp_path: Path) -> None:
+    """The real code paths, not a list: registry sync, poller run, gateway reads."""
+    from poller.reader import StatsReader, SyncStatsReader
+    from poller.scrape.check import serve_example
+    from poller.service.worker import Worker
+
+    async def scenario() -> None:
+        async with serve_example("vllm") as base:
+            registry = tmp_path / "endpoints.yaml"
+            registry.write_text(
+                yaml.safe_dump({"endpoints": [{"id": "acl-vllm", "url": base, "engine": "vllm"}]})
+            )
+            sync = await asyncio.to_thread(
+                CliRunner().invoke,
+                cli,
+                ["endpoints", "sync", str(registry), "--redis-url", acl_redis.url(POLLER)],
+            )
+            assert sync.exit_code == 0, sync.output
+            settings = load_settings(
+                None,
+                {"redis.url": acl_redis.url(POLLER), "id": "acl-poller", "health.port": 0},
+                environ={},
+            )
+            worker = Worker(settings)
+            reader = StatsReader.from_url(acl_redis.url(GATEWAY))
+            await worker.start()
+            try:
+                deadline = time.monotonic() + 30  # start-up: ample for a loaded machine
+                while True:
+                    view = (await reader.snapshot()).to_dict()
+                    states = {e["id"]: e["state"] for e in view["endpoints"]}
+                    if states.get("acl-vllm") == "fresh":
+                        break
+                    assert time.monotonic() < deadline, f"never fresh: {view}"
+                    await asyncio.sleep(0.1)
+                async with reader.cached() as cache:  # SSUBSCRIBE P:updates, probes
+                    seq = cache.get("acl-vllm").stats.seq  # type: ignore[union-attr]
+                    while (e := cache.get("acl-vllm")) is None or e.stats.seq <= seq + 1:  # type: ignore[union-attr]
+                        assert time.monotonic() < deadline + 10, "no update reached the cache"
+                        await asyncio.sleep(0.05)
+                    assert cache.healthy
+                # Drain as the poller user: the CLI's request and wait, the undo, and the
+                # poller writing its own request (SIGUSR1).
+                drain = ["drain", "acl-poller", "--redis-url", acl_redis.url(POLLER)]
+                invoke = CliRunner().invoke
+                drained = await asyncio.to_thread(invoke, cli, [*drain, "--force", "--wait", "60"])
+                assert drained.exit_code == 0 and "holds no lease" in drained.output, drained.output
+                undone = await asyncio.to_thread(invoke, cli, [*drain, "--undo"])
+                assert undone.exit_code == 0, undone.output
+                worker.drain.request()
+                while not worker.draining:
+                    assert time.monotonic() < deadline + 30, "the poller's own drain request"
+                    await asyncio.sleep(0.05)
+            finally:
+                await worker.stop()
+                await reader.aclose()
+
+    asyncio.run(scenario())
+    sync_reader = SyncStatsReader.from_url(acl_redis.url(GATEWAY))
+    try:
+        assert sync_reader.get("acl-vllm") is not None
+        sync_reader.live_pollers()
+    finally:
+        sync_reader.close()
+    status = CliRunner().invoke(cli, ["status", "--json", "--redis-url", acl_redis.url(GATEWAY)])
+    assert status.exit_code == 0, status.output
+
+    admin = acl_redis.client()
+    denied = admin.execute_command("ACL", "LOG")
+    assert not denied, f"commands refused to the ACL users: {denied}"
+    # The gateway cannot write, not even through a script it loads itself.
+    gateway = acl_redis.client(GATEWAY)
+    script = gateway.register_script("return redis.call('SET', KEYS[1], 'x')")
+    with pytest.raises(redis.ResponseError, match="can't run this command"):
+        script(keys=["{llmgw}:schema"])
+
+
+@pytest.mark.sentinel
+def test_every_redis_config_starts_and_replication_and_sentinel_authenticate(
+    tmp_path: Path,
+) -> None:
+    configs = DEPLOY / "redis"
+    acl = ["--aclfile", str(ACL_FILE)]
+    started: list[_Redis] = []
+    try:
+        single = _Redis([str(configs / "single" / "redis.conf"), *acl], tmp_path / "single")
+        started.append(single)
+        assert single.client().config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+
+        node = _Redis(
+            [str(configs / "cluster" / "redis.conf"), *acl], tmp_path / "cluster", cluster=True
+        )
+        started.append(node)
+        assert node.client().info("cluster")["cluster_enabled"] == 1
+
+        # Sentinel rewrites the files it manages: work on copies.
+        conf = tmp_path / "sentinel-redis.conf"
+        shutil.copy(configs / "sentinel" / "redis.conf", conf)
+        primary = _Redis([str(conf), *acl], tmp_path / "primary")
+        started.append(primary)
+        shutil.copy(configs / "sentinel" / "redis.conf", tmp_path / "replica.conf")
+        replica = _Redis(
+            [str(tmp_path / "replica.conf"), *acl, "--replicaof", "127.0.0.1", str(primary.port)],
+            tmp_path / "replica",
+        )
+        started.append(replica)
+        wait_until(
+            lambda: replica.client().info("replication").get("master_link_status") == "up",
+            60,
+            what="the replica to sync as the `replica` user",
+        )
+        text = (configs / "sentinel" / "sentinel.conf").read_text(encoding="utf-8")
+        monitor = re.search(r"^sentinel monitor (\S+) (\S+) (\d+) (\d+)$", text, re.M)
+        assert monitor is not None
+        name = monitor.group(1)
+        text = text.replace(monitor.group(0), f"sentinel monitor {name} 127.0.0.1 {primary.port} 1")
+        (tmp_path / "sentinel.conf").write_text(text)
+        sentinel = _Redis([str(tmp_path / "sentinel.conf")], tmp_path / "sentinel", sentinel=True)
+        started.append(sentinel)
+
+        def watched() -> bool:
+            state = sentinel.client(None).sentinel_master(name)
+            return bool(state["flags"] == "master" and state["num-slaves"] >= 1)
+
+        wait_until(watched, 60, what="Sentinel to see the primary and its replica")
+        for server in (primary, replica):
+            assert not server.client().execute_command("ACL", "LOG"), "Sentinel or replica refused"
+    finally:
+        for server in started:
+            server.stop()
