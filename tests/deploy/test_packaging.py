@@ -32,11 +32,12 @@ from packaging.utils import canonicalize_name
 from poller._version import __version__
 from poller.cli.app import COMMANDS_GROUP, LAB_COMMANDS
 from tests.support.deploy import (
+    DEPLOY,
     ENGINES,
     docker_stages,
-    dockerfile,
     dockerignore_patterns,
     dockerignored,
+    load_yaml,
     run_tool,
 )
 from tests.support.paths import REPO
@@ -246,18 +247,44 @@ def test_the_service_extra_pulls_in_no_lab_dependency() -> None:
     assert not found, f"needed by the service extra (name: required by): {found}"
 
 
+def _copied_from(stage: list[tuple[str, str]]) -> set[str]:
+    froms = {rest.split()[0].removeprefix("--from=") for w, rest in stage if w == "COPY"}
+    return {f for f in froms if not f.startswith("--")} - {""}
+
+
 def test_the_image_installs_only_the_service_extra_and_no_lab() -> None:
+    """The production image (the final stage, and every stage it copies from) installs the
+    service extra and never the lab; only the `lab` stage, a separate `--target` for
+    compose's simulator, does."""
     stages = docker_stages()
-    runs = " ".join(rest for stage in stages.values() for word, rest in stage if word == "RUN")
+    final = list(stages)[-1]
+    assert final != "lab", "the default target must be the production image"
+    product, todo = set(), [final]
+    while todo:
+        name = todo.pop()
+        product.add(name)
+        todo += [s for s in _copied_from(stages[name]) if s in stages and s not in product]
+        base = stages[name][0][1]
+        if base in stages and base not in product:
+            todo.append(base)
+    assert "lab" not in product
+    runs = " ".join(rest for name in product for word, rest in stages[name] if word == "RUN")
     assert set(re.findall(r"\[([\w,-]+)\]", runs)) == {"service"}
-    for word, rest in dockerfile():
-        assert not re.search(r"\blab\b|poller_lab", rest), f"{word} {rest}"
-        if word == "COPY" and not rest.startswith("--from="):
-            *sources, _dest = rest.split()
-            assert all(s.split("/")[0] != "lab" for s in sources), rest
+    for name in product:
+        for word, rest in stages[name]:
+            assert not re.search(r"\blab\b|poller_lab", rest), f"{name}: {word} {rest}"
+    lab = stages["lab"]
+    assert any(w == "RUN" and "install ./lab" in rest for w, rest in lab), lab
     patterns = dockerignore_patterns()
-    for rel in ("lab/pyproject.toml", "lab/poller_lab/__init__.py", "lab/poller_lab/sim/sim.py"):
+    for rel in ("lab/pyproject.toml", "lab/poller_lab/__init__.py", "lab/poller_lab/sim/cli.py"):
+        assert not dockerignored(rel, patterns), f"{rel}: the lab stage copies it"
+    for rel in ("lab/tests/x.py", "lab/.venv/bin/python", "lab/poller_lab/__pycache__/x.pyc"):
         assert dockerignored(rel, patterns), f"{rel} must stay out of the build context"
+    compose = load_yaml(DEPLOY / "compose.yaml")
+    sim = compose["services"]["sim"]
+    assert sim["build"]["target"] == "lab" and sim["image"] != "llmgw-poller:dev"
+    others = [s for n, s in compose["services"].items() if n != "sim" and "build" in s]
+    assert all(s["build"].get("target", final) == final for s in others)
 
 
 def test_the_lab_pins_this_version_of_the_poller() -> None:
