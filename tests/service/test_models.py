@@ -361,3 +361,37 @@ async def test_the_running_poller_writes_the_names_it_read(
         finally:
             proc.cleanup()
             await client.aclose()
+
+
+# --- the operator's page -------------------------------------------------------------------
+
+
+def test_the_page_shows_each_endpoints_models() -> None:
+    from poller.service.web.render import Fleet, Query, render_main
+
+    rows = [
+        {
+            "id": endpoint_id,
+            "state": "fresh",
+            "engine": "llamacpp",
+            "age_ms": 100,
+            "owner": "p0",
+            "token": 1,
+            "stats": stats,
+            "failure": None,
+            "url": "http://10.0.0.1:8080",
+            "labels": {},
+            "registry_engine": "llamacpp",
+        }
+        for endpoint_id, stats in (
+            ("named", {"running": 0, "waiting": 0, "models": [LLAMA, "<b>x</b>"]}),
+            ("bare", {"running": 0, "waiting": 0, "models": []}),
+            ("never", None),
+        )
+    ]
+    view = {"schema": 1, "now_ms": 1, "rev": 1, "pollers": [], "counts": {}, "endpoints": rows}
+    html = render_main(view, Fleet("p0", "0", 2000), Query())
+    assert '<th class="models">models</th>' in html
+    assert f'<td class="models" title="{LLAMA}, &lt;b&gt;x&lt;/b&gt;">' in html
+    assert f"{LLAMA}, &lt;b&gt;x&lt;/b&gt;</td>" in html  # escaped: names are untrusted
+    assert html.count('<td class="models" title="">-</td>') == 2
