@@ -8,8 +8,9 @@ worker; ``stop()`` cancels every scrape and waits for them before clients close.
 
 Model names: the stats' ``models`` are the page's names, then the names the engine lists
 on ``/v1/models``, then the entry's declared ``models`` (docs/schema.md). ``/v1/models``
-is asked only when the page names no model, and at most once per lease (again only if
-the entry's URL changes under it); a failed read never fails the scrape.
+is asked only of engines whose page names none (``EngineSpec.models_from_api``: llama.cpp,
+TGI, trtllm-serve) when this page names no model, and at most once per lease (again
+only if the entry's URL changes under it); a failed read never fails the scrape.
 """
 
 from __future__ import annotations
@@ -317,7 +318,7 @@ class JobRunner:
         elapsed = time.perf_counter() - started
         self._count_scrape(spec.engine, "ok")
         self.metrics.scrape_duration.observe(elapsed)
-        if not signals.models and window.models is None:
+        if not signals.models and window.models is None and spec.mapping.spec.models_from_api:
             window.models = await self._read_models(spec)
         signals = self._with_models(signals, spec, window)
         rate = prefix_hit_rate(

@@ -247,6 +247,19 @@ async def test_models_are_read_once_per_lease_where_the_page_has_none(
     assert engines.asked("tgi") == 3
 
 
+async def test_engines_whose_page_names_the_model_are_never_asked(
+    worker: Worker, engines: Engines
+) -> None:
+    # a vLLM page without model_name (hand-written, or an old version): not asked either
+    engines.pages["v"] = b"vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n" + (
+        b"vllm:kv_cache_usage_perc 0.1\n"
+    )
+    await own(worker, ep("v", "vllm", models=["declared"]))
+    await worker.scrape_once("v")
+    assert engines.asked("v") == 0
+    assert await models_of(worker, "v") == "declared"
+
+
 async def test_declared_models_join_the_read_ones(worker: Worker, engines: Engines) -> None:
     engines.pages["l"] = LLAMACPP_PAGE
     engines.models["l"] = lambda _: httpx.Response(200, content=listing("qwen3-8b"))
