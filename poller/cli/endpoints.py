@@ -130,6 +130,15 @@ def _labels(values: tuple[str, ...]) -> dict[str, str]:
     metavar="K=V",
     help="A label for readers to select by (zone=a); repeatable.",
 )
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    metavar="NAME",
+    show_default="none: only the names the pollers read",
+    help="A model the endpoint serves, for engines whose page names none (llama.cpp, "
+    "TGI) or an alias; added to the names the pollers read; repeatable.",
+)
 @click.option("--replace", is_flag=True, help="Overwrite an existing entry with this id.")
 @CONFIG
 @REDIS_URL
@@ -144,6 +153,7 @@ def endpoints_add(
     interval_s: float | None,
     timeout_s: float | None,
     labels: tuple[str, ...],
+    models: tuple[str, ...],
     replace: bool,
     config_file: str | None,
     redis_url: str | None,
@@ -151,6 +161,8 @@ def endpoints_add(
 ) -> None:
     """Add (or with --replace, update) one endpoint."""
     data: dict[str, Any] = {"url": url, "labels": _labels(labels)}
+    if models:
+        data["models"] = list(models)
     for key, value in (
         ("engine", engine),
         ("metrics_path", metrics_path),

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from poller.reader.view import EndpointView, View
 from poller.service.web.format import fmt_age as _age
-from poller.service.web.format import labels_text
+from poller.service.web.format import labels_text, models_text
 
 __all__ = ["SORT_KEYS", "render"]
 
@@ -86,6 +86,7 @@ def render(
         ("KV%", "right"),
         ("HIT%", "right"),
         ("LORA", "left"),
+        ("MODELS", "left"),
         ("AGE", "right"),
         ("URL", "left"),
         ("LABELS", "left"),
@@ -117,6 +118,7 @@ def render(
             _pct(stats.kv_cache_usage if stats else None),
             _pct(stats.prefix_cache_hit_rate if stats else None),
             lora,
+            models_text(stats.models if stats is not None else None),
             _age(e.age_ms),
             e.entry.url if e.entry is not None else "-",
             labels_text(e.entry.labels if e.entry is not None else None),

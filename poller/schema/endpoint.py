@@ -29,6 +29,8 @@ __all__ = [
     "endpoint_from_json",
     "endpoint_from_dict",
     "check_overrides",
+    "check_model_name",
+    "merge_models",
     "validate_endpoint_id",
 ]
 
@@ -50,6 +52,10 @@ _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,199}")
 _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SECRET_KEYS = frozenset({"api_key", "apikey", "token", "bearer", "password", "authorization"})
 MAX_ENTRY_BYTES = 16 * 1024  # a registry entry is a few hundred bytes; refuse abuse
+#: Model names an entry may declare, and the length of one (Hugging Face ids are at most
+#: 96 characters; a path-like name with a revision stays well under this).
+MAX_MODELS = 32
+MAX_MODEL_CHARS = 256
 
 
 def validate_endpoint_id(endpoint_id: str) -> str:
@@ -137,6 +143,9 @@ class Endpoint(BaseModel):
     tls_ca_file: str | None = None
     #: https only: do not verify the engine's certificate (logged as a WARNING).
     tls_insecure: bool = False
+    #: Model names the endpoint serves, added to those the poller reads from the engine
+    #: (its page's model label, else its /v1/models): docs/schema.md.
+    models: tuple[str, ...] = ()
     #: The discovery source that created (and owns) this entry; None for hand-written ones.
     source: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -210,6 +219,21 @@ class Endpoint(BaseModel):
     def _check_overrides(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
         return check_overrides(value)
 
+    @field_validator("models")
+    @classmethod
+    def _check_models(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(value) > MAX_MODELS:
+            raise ValueError(f"{len(value)} model names: at most {MAX_MODELS}")
+        seen: set[str] = set()
+        for name in value:
+            problem = check_model_name(name)
+            if problem:
+                raise ValueError(problem)
+            if name in seen:
+                raise ValueError(f"model {name!r} is listed twice")
+            seen.add(name)
+        return value
+
     @model_validator(mode="after")
     def _check_combination(self) -> Endpoint:
         if self.api_key_env and self.api_key_file:
@@ -281,3 +305,30 @@ def check_overrides(value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, .
             if not _METRIC_NAME_RE.fullmatch(name):
                 raise ValueError(f"override for {signal!r}: {name!r} is not a metric name")
     return value
+
+
+def check_model_name(name: str) -> str | None:
+    """Why ``name`` cannot be a model name of the view, or None if it can.
+
+    The stats field ``models`` is a comma-separated list (docs/schema.md), so a name holds
+    no comma; no whitespace or control characters either (a request's ``model`` never has
+    them, and they would make ``poller status`` lie).
+    """
+    if not name:
+        return "a model name is empty"
+    if len(name) > MAX_MODEL_CHARS:
+        return f"model name {name[:40]!r}... is longer than {MAX_MODEL_CHARS} characters"
+    if "," in name:
+        return f"model name {name[:80]!r} has a comma (the view's models are comma-separated)"
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in name):
+        return f"model name {name[:80]!r} has whitespace or control characters"
+    return None
+
+
+def merge_models(*sources: tuple[str, ...]) -> tuple[str, ...]:
+    """The names of every source, each once, in the order met (page, /v1/models, entry)."""
+    seen: dict[str, None] = {}
+    for names in sources:
+        for name in names:
+            seen.setdefault(name, None)
+    return tuple(seen)

@@ -113,6 +113,9 @@ class EngineSpec:
     #: vLLM's ``engine_sleep_state``: the series labelled ``sleep_state="awake"``.
     awake: Metric | None = None
     model_labels: tuple[str, ...] = ()
+    #: The page names no model (or a placeholder): the poller reads the names from the
+    #: engine's /v1/models once per lease (poller/scrape/models.py).
+    models_from_api: bool = False
     #: KV-cache capacity in tokens, summed over engines like ``running``.
     kv_capacity_tokens: tuple[Capacity, ...] = ()
     #: Waiting requests broken down by a reason label (vLLM): (metric, label).
@@ -208,6 +211,7 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
                 ),
             ),
             queries_exclude_hits=True,
+            models_from_api=True,
             required=frozenset({"running", "waiting"}),
         ),
         EngineSpec(
@@ -228,6 +232,7 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
                 ),
             ),
             model_labels=("model_name",),
+            models_from_api=True,  # model_name is the literal "undefined"
             kv_capacity_tokens=(
                 Product(
                     Metric("trtllm_kv_cache_max_blocks"), Metric("trtllm_kv_cache_tokens_per_block")
@@ -265,6 +270,7 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
             "tgi",
             running=_m("tgi_batch_current_size"),
             waiting=_m("tgi_queue_size"),
+            models_from_api=True,
             required=frozenset({"running", "waiting"}),  # TGI publishes no KV usage
         ),
         EngineSpec(

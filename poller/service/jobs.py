@@ -5,6 +5,12 @@ a change replaces the job, a scrape in flight finishes with the record it starte
 and its fenced write decides whether it still counts. A rejected write discards the
 lease's record here (cancelling its other scrapes), unschedules its job and wakes the
 worker; ``stop()`` cancels every scrape and waits for them before clients close.
+
+Model names: the stats' ``models`` are the page's names, then the names the engine lists
+on ``/v1/models``, then the entry's declared ``models`` (docs/schema.md). ``/v1/models``
+is asked only of engines whose page names none (``EngineSpec.models_from_api``: llama.cpp,
+TGI, trtllm-serve) when this page names no model, and at most once per lease (again
+only if the entry's URL changes under it); a failed read never fails the scrape.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace as replaced
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,8 +31,10 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from poller.config import Settings
 from poller.errors import ScrapeError, StoreAuthError, StoreError
-from poller.schema.stats import prefix_hit_rate, stats_fields
+from poller.schema.endpoint import merge_models
+from poller.schema.stats import Signals, prefix_hit_rate, stats_fields
 from poller.scrape.http.client import Scraper
+from poller.scrape.models import read_models
 from poller.service.metrics import PollerMetrics, Surprises
 from poller.service.owned import Holdings, JobSpec, Owned, Window
 from poller.service.ttl import stats_ttl_ms
@@ -111,6 +120,8 @@ class JobRunner:
         self._scheduler: AsyncIOScheduler | None = None
         self._stopping = False
         self._refusal_logged = False
+        # Endpoints whose /v1/models read failed here already: said once, then DEBUG.
+        self._models_failed: set[str] = set()
         self._background: set[asyncio.Task[None]] = set()
         # Label children resolved once, not per scrape: (engine, result) -> counter child.
         self._scrape_counters: dict[tuple[str, str], Any] = {}
@@ -179,6 +190,8 @@ class JobRunner:
         old, record.spec = record.spec, spec
         if old is None or old.engine != spec.engine:
             record.window = Window()  # another engine's counters
+        elif _url(old) != _url(spec):
+            record.window.models = None  # another engine's names: ask it again
         job = None if self._scheduler is None else self._scheduler.get_job(spec.endpoint_id)
         first_run = job.next_run_time if job is not None else None
         self._schedule(spec, first_run or datetime.now(UTC))
@@ -305,6 +318,9 @@ class JobRunner:
         elapsed = time.perf_counter() - started
         self._count_scrape(spec.engine, "ok")
         self.metrics.scrape_duration.observe(elapsed)
+        if not signals.models and window.models is None and spec.mapping.spec.models_from_api:
+            window.models = await self._read_models(spec)
+        signals = self._with_models(signals, spec, window)
         rate = prefix_hit_rate(
             signals.prefix_cache_hits_total,
             signals.prefix_cache_queries_total,
@@ -334,6 +350,50 @@ class JobRunner:
         window.prev_queries = signals.prefix_cache_queries_total
         window.prev_rate = rate
         window.failures.recovered(spec.endpoint_id)
+
+    @staticmethod
+    def _with_models(signals: Signals, spec: JobSpec, window: Window) -> Signals:
+        """The page's names, then those read from /v1/models, then the entry's own."""
+        declared = spec.endpoint.models if spec.endpoint is not None else ()
+        if not declared and not window.models:
+            return signals  # the common case: nothing to add
+        models = merge_models(signals.models, window.models or (), declared)
+        return signals if models == signals.models else replaced(signals, models=models)
+
+    async def _read_models(self, spec: JobSpec) -> tuple[str, ...]:
+        """The names the engine lists on /v1/models; () when the read fails, which is
+        logged once per endpoint (the endpoint keeps its declared names)."""
+        endpoint = spec.endpoint
+        assert endpoint is not None
+        try:
+            names = await read_models(self.scraper, endpoint, spec.timeout_s)
+        except ScrapeError as exc:
+            self._models_unread(spec, f"{exc.reason}: {exc.detail}")
+            return ()
+        except Exception as exc:  # a bug, never the scrape's failure
+            self.surprises.report("models", exc)
+            return ()
+        self._models_failed.discard(spec.endpoint_id)
+        log.debug(
+            "models read",
+            extra={"endpoint": spec.endpoint_id, "models": ",".join(names) or "(none)"},
+        )
+        return names
+
+    def _models_unread(self, spec: JobSpec, why: str) -> None:
+        fields = {"endpoint": spec.endpoint_id, "why": why}
+        if spec.endpoint_id in self._models_failed:
+            log.debug("/v1/models not read", extra=fields)
+            return
+        self._models_failed.add(spec.endpoint_id)
+        if spec.endpoint is not None and spec.endpoint.models:
+            log.info("/v1/models not read: the endpoint keeps its declared models", extra=fields)
+        else:
+            log.warning(
+                "/v1/models not read: the endpoint lists no model, so no pick for a model "
+                "chooses it; declare them in its registry entry (models)",
+                extra=fields,
+            )
 
     def _ttl_ms(self, spec: JobSpec) -> int:
         # Long enough that the record outlives a takeover (service/ttl.py).
@@ -394,3 +454,7 @@ class JobRunner:
         self.unschedule(spec.endpoint_id, "lease lost")
         self.metrics.leases_held.set(len(self.specs))
         self._wake()  # a pass now, to take what rendezvous still gives us
+
+
+def _url(spec: JobSpec) -> str | None:
+    return spec.endpoint.url if spec.endpoint is not None else None

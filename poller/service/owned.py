@@ -40,9 +40,10 @@ class JobSpec:
 
 class Window:
     """What a job carries from one scrape to the next while we hold the lease: the
-    counters of the prefix-cache hit-rate window and the failure last reported."""
+    counters of the prefix-cache hit-rate window, the failure last reported, and the
+    model names read from the engine's /v1/models (None: not asked yet this lease)."""
 
-    __slots__ = ("prev_hits", "prev_queries", "prev_rate", "failures")
+    __slots__ = ("prev_hits", "prev_queries", "prev_rate", "failures", "models")
 
     def __init__(self, seed: Mapping[str, str] | None = None) -> None:
         seed = seed or {}
@@ -50,6 +51,7 @@ class Window:
         self.prev_queries = _num(seed.get("prefix_cache_queries_total"))
         self.prev_rate = _num(seed.get("prefix_cache_hit_rate"))
         self.failures = FailureLog()
+        self.models: tuple[str, ...] | None = None
 
 
 def _num(value: str | None) -> float | None:

@@ -33,11 +33,12 @@ def test_status_shows_url_labels_and_the_registry_engine(redis_server: RedisProc
     out = runner.invoke(cli, ["status"], env=env).output
     header, *rows = out.splitlines()[1:4]
     assert header.split() == [
-        *("ID", "ENGINE", "STATE", "OWNER", "RUN", "WAIT", "KV%", "HIT%", "LORA", "AGE"),
+        *("ID", "ENGINE", "STATE", "OWNER", "RUN", "WAIT", "KV%", "HIT%", "LORA", "MODELS"),
+        "AGE",
         *("URL", "LABELS", "FAILURE"),
     ]
     # never read: the engine is the registry's (or the pollers' default), not '-'
-    assert rows[0].split() == ["a", "sglang", "unknown", *["-"] * 7, "http://10.0.0.1:8000"] + [
+    assert rows[0].split() == ["a", "sglang", "unknown", *["-"] * 8, "http://10.0.0.1:8000"] + [
         "zone=b",
         "-",
     ]

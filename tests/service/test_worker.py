@@ -223,7 +223,9 @@ async def test_engine_path_and_overrides(worker: Worker, engines: Engines) -> No
     )
     await worker.scrape_once("t")
     await worker.scrape_once("m")
-    assert [r.url.path for r in engines.requests] == ["/prometheus/metrics", "/custom"]
+    # trtllm-serve's page names no model ("undefined"): its /v1/models is read, once
+    paths = ["/prometheus/metrics", "/v1/models", "/custom"]
+    assert [r.url.path for r in engines.requests] == paths
     assert (await worker.store.read_stats("t"))["engine"] == "trtllm"
     assert (await worker.store.read_stats("m"))["running"] == "1"
 

@@ -1,4 +1,5 @@
-"""Fetch one /metrics page: timeouts, a body cap, bearer auth, redirects, TLS.
+"""Fetch one /metrics page (or another path of an endpoint, such as ``/v1/models``):
+timeouts, a body cap, bearer auth, redirects, TLS.
 
 httpx is the client API; under it, one ``WireTransport`` (``wire.py``: asyncio protocols,
 answers parsed by llhttp) per distinct TLS setting carries every endpoint's requests and
@@ -148,26 +149,51 @@ class Scraper:
 
     async def fetch(self, endpoint: Endpoint, default_path: str, timeout_s: float) -> Fetched:
         """GET the page within ``timeout_s`` overall (a drip-fed body cannot stretch it)."""
+        url = metrics_url(endpoint, default_path)
+        return await self._fetch(endpoint, url, _ACCEPT, timeout_s, prepared=True)
+
+    async def fetch_path(
+        self, endpoint: Endpoint, path: str, timeout_s: float, accept: str = "application/json"
+    ) -> Fetched:
+        """GET another path of the endpoint's base URL (``/v1/models``) under the page's
+        rules: the same key, TLS, allowlist, same-origin redirects, body cap and overall
+        timeout. Its request is built for this call only (the page's stays prepared)."""
+        return await self._fetch(endpoint, endpoint.url + path, accept, timeout_s, prepared=False)
+
+    async def _fetch(
+        self, endpoint: Endpoint, url: str, accept: str, timeout_s: float, *, prepared: bool
+    ) -> Fetched:
         headers = {
-            "Accept": _ACCEPT,
+            "Accept": accept,
             "Accept-Encoding": "gzip" if endpoint.accept_gzip else "identity",
         }
         api_key = resolve_api_key(endpoint, self.key_policy)
         if api_key is not None:
             headers["Authorization"] = f"Bearer {api_key}"
-        url = metrics_url(endpoint, default_path)
         started = time.perf_counter()
         try:
             async with asyncio.timeout(timeout_s):
-                return await self._get(endpoint, url, headers, timeout_s, started)
+                return await self._get(endpoint, url, headers, timeout_s, started, prepared)
         except MAPPED as exc:
             raise to_fetch_error(exc, endpoint.id, timeout_s) from exc
 
     async def _get(
-        self, endpoint: Endpoint, url: str, headers: dict[str, str], timeout_s: float, t0: float
+        self,
+        endpoint: Endpoint,
+        url: str,
+        headers: dict[str, str],
+        timeout_s: float,
+        t0: float,
+        prepared: bool = True,
     ) -> Fetched:
         client = await self._client(endpoint)
-        request = self._prepared(client, endpoint, url, headers, timeout_s)
+        if prepared:
+            request = self._prepared(client, endpoint, url, headers, timeout_s)
+        else:
+            request = client.build_request(
+                "GET", url, headers=headers, timeout=_timeouts(timeout_s)
+            )
+            self._check_host(endpoint, request)
         if endpoint.tls_insecure and endpoint.id not in self._warned_insecure:
             self._warned_insecure.add(endpoint.id)
             log.warning(

@@ -3,7 +3,7 @@ format, the engine an endpoint is registered with, its labels, its state."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from poller.reader.view import View
@@ -12,6 +12,7 @@ __all__ = [
     "fmt_age",
     "labels_text",
     "lora_text",
+    "models_text",
     "pct",
     "stat",
     "registry_engine",
@@ -83,3 +84,13 @@ def lora_text(endpoint: Mapping[str, Any]) -> str:
     waiting = stats.get("lora_waiting") or ()
     text = running + (f" (waiting: {', '.join(str(a) for a in waiting)})" if waiting else "")
     return text + (f" / max {stats['lora_max']}" if stats.get("lora_max") is not None else "")
+
+
+def models_text(models: Sequence[str] | None, shown: int = 3) -> str:
+    """The stats' model names (what a pick for a model matches: docs/schema.md) as one
+    cell: the first ``shown``, then how many more."""
+    names = list(models or ())
+    if not names:
+        return "-"
+    text = ", ".join(names[:shown])
+    return text + (f" (+{len(names) - shown} more)" if len(names) > shown else "")

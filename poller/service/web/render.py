@@ -21,6 +21,7 @@ from poller.service.web.format import (
     fmt_age,
     labels_text,
     lora_text,
+    models_text,
     pct,
     registry_engine,
     shown_state,
@@ -269,6 +270,8 @@ def _row(e: Mapping[str, Any], now_ms: int) -> str:
         f'<td class="num kv">{pct(stat(e, "kv_cache_usage"))}</td>',
         f'<td class="num hit">{pct(stat(e, "prefix_cache_hit_rate"))}</td>',
         f'<td class="lora">{_e(lora_text(e))}</td>',
+        f'<td class="models" title="{_e(", ".join(stat(e, "models") or ()))}">'
+        f"{_e(models_text(stat(e, 'models')))}</td>",
         f'<td class="num age">{_e(fmt_age(e.get("age_ms")))}</td>',
         _failure(e, now_ms),
         f'<td class="load" data-id="{_e(e["id"])}"></td>',
@@ -316,6 +319,9 @@ def _head(q: Query) -> str:
             mark = " ▲" if q.order == "asc" else " ▼"
         link = _e(q.link(sort=column, order=order))
         cells.append(f'<th class="{column}"><a class="sort" href="{link}">{title}{mark}</a></th>')
+        if column == "lora":
+            # the names a pick for a model matches; not a sort key
+            cells.append('<th class="models">models</th>')
     cells.append('<th class="failure">failure (reason, since, detail)</th>')
     cells.append(
         '<th class="load" title="running (solid) and waiting (dashed), last 5 min">load</th>'
@@ -338,7 +344,7 @@ def render_main(view: Mapping[str, Any] | None, fleet: Fleet, q: Query) -> str:
     body = "".join(_row(e, int(view["now_ms"])) for e in rows)
     if not body:
         what = "no endpoint matches" if view["endpoints"] else "the registry is empty"
-        body = f'<tr><td colspan="12" class="empty">{what}</td></tr>'
+        body = f'<tr><td colspan="13" class="empty">{what}</td></tr>'
     return (
         f'<main id="page" data-now-ms="{_e(view["now_ms"])}">{summary}{_fleet(view, fleet)}'
         f"{_sources(view)}"
