@@ -23,7 +23,7 @@ import os
 import re
 import secrets
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,11 +39,14 @@ __all__ = [
     "Instance",
     "Member",
     "cancel_drain",
+    "duplicate_line",
+    "duplicate_of",
     "lease_holders",
     "leases_of",
     "read_members",
     "request_drain",
     "this_process",
+    "where",
 ]
 
 Client = Redis | RedisCluster
@@ -81,7 +84,7 @@ def this_process() -> Instance:
     return _this
 
 
-def where(record: dict[str, Any]) -> str:
+def where(record: Mapping[str, Any]) -> str:
     """``host web-3 pid 4242`` from an info or duplicate record (``?`` where absent)."""
     host, pid = record.get("host"), record.get("pid")
     host = host if isinstance(host, str) and host else "?"
@@ -128,13 +131,34 @@ class Member:
         """What an operator reads under the fleet table ("" without a duplicate)."""
         if self.duplicate is None:
             return ""
-        at = self.duplicate.get("at_ms")
-        ago = f"{max(0, now_ms - at) / 1000:.1f}s ago" if isinstance(at, int) else "recently"
-        return (
-            f"{self.id} is seen from two processes: {where(self.info)} holds it, "
-            f"{where(self.duplicate)} heartbeated under it {ago} and was turned away; "
-            "give each poller its own --id"
-        )
+        return duplicate_line(self.id, self.info, self.duplicate, now_ms)
+
+
+def duplicate_line(
+    poller_id: str, info: Mapping[str, Any], duplicate: Mapping[str, Any], now_ms: int
+) -> str:
+    """``p1 is seen from two processes: ...``: the holder, the other and what to do."""
+    at = duplicate.get("at_ms")
+    ago = f"{max(0, now_ms - at) / 1000:.1f}s ago" if isinstance(at, int) else "recently"
+    return (
+        f"{poller_id} is seen from two processes: {where(info)} holds it, "
+        f"{where(duplicate)} heartbeated under it {ago} and was turned away; "
+        "give each poller its own --id"
+    )
+
+
+def duplicate_of(text: Any, info: Mapping[str, Any], now_ms: int) -> dict[str, Any] | None:
+    """The member's ``P:members:duplicates`` entry if still in force (not past its
+    ``expires_ms``) and of another instance than the member's own, else None."""
+    if text is None:
+        return None
+    record = _object(text)
+    expires = record.get("expires_ms")
+    if isinstance(expires, int) and expires < now_ms:
+        return None
+    if record.get("instance") is not None and record.get("instance") == info.get("instance"):
+        return None
+    return record
 
 
 def _object(text: Any) -> dict[str, Any]:
@@ -167,23 +191,10 @@ async def read_members(client: Client, keys: Keys) -> tuple[int, list[Member]]:
                 int(score),
                 info,
                 _object(drains[member]) if member in drains else None,
-                _duplicate(duplicates.get(member), info, now_ms),
+                duplicate_of(duplicates.get(member), info, now_ms),
             )
         )
     return now_ms, sorted(members, key=lambda m: m.id)
-
-
-def _duplicate(text: Any, info: dict[str, Any], now_ms: int) -> dict[str, Any] | None:
-    """A duplicate record still in force, of another instance than the member's own."""
-    if text is None:
-        return None
-    record = _object(text)
-    expires = record.get("expires_ms")
-    if isinstance(expires, int) and expires < now_ms:
-        return None
-    if record.get("instance") is not None and record.get("instance") == info.get("instance"):
-        return None
-    return record
 
 
 async def request_drain(client: Client, keys: Keys, poller_id: str, by: str) -> str:

@@ -27,6 +27,7 @@ from poller.schema.lua import lua
 from poller.service.web.health import RawRoute, Response
 from poller.service.web.render import Fleet, parse_query, render_page, with_entries
 from poller.store.discovery import read_sources
+from poller.store.members import duplicate_of
 
 __all__ = ["CSP", "OperatorPage"]
 
@@ -80,6 +81,9 @@ class OperatorPage:
             sources = await read_sources(self.client, self.keys)
             infos = await redis_call(self.client.hgetall(self.keys.members_info), "members info")
             drains = await redis_call(self.client.hgetall(self.keys.members_drain), "drains")
+            duplicates = await redis_call(
+                self.client.hgetall(self.keys.members_duplicates), "duplicates"
+            )
         except StoreError as exc:
             return None, replace(fleet, reachable=False, error=str(exc))
         members = reply[4]
@@ -87,8 +91,20 @@ class OperatorPage:
         # ~20 ms per 1,000 endpoints with the rendering: off the loop that runs the scrapes.
         view = await asyncio.to_thread(lambda: with_entries(build_view(reply)))
         view["sources"] = sources  # DNS discovery sources, as /v1/view carries them
+        known = _infos(infos)
+        now_ms = int(view["now_ms"])
+        seen_twice = {
+            poller: record
+            for poller, text in duplicates.items()
+            if (record := duplicate_of(text, known.get(poller, {}), now_ms)) is not None
+        }
         return view, replace(
-            fleet, schema=schema or "", expiries=expiries, infos=_infos(infos), drains=set(drains)
+            fleet,
+            schema=schema or "",
+            expiries=expiries,
+            infos=known,
+            drains=set(drains),
+            duplicates=seen_twice,
         )
 
     async def page(self, query: str) -> Response:
