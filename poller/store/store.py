@@ -209,11 +209,11 @@ class RedisStore:
             info = {"version": __version__, "member_ttl_ms": member_ttl_ms, **me.record()}
             args += [_json(info), me.token, DUPLICATE_MEMORY_MS, _json(me.record())]
         reply = await self._call(self._heartbeat(keys=keys, args=args), "heartbeat")
-        if poller_id and reply[1] != SCHEMA_VERSION:
-            raise self._mismatch(reply[1])
         rest = [str(m) for m in reply[3:]]
         if poller_id and rest[0] == "":  # the id is held: "", its expiry, its info
             raise _conflict(poller_id, int(reply[0]), float(rest[1]), rest[2])
+        if poller_id and reply[1] != SCHEMA_VERSION:
+            raise self._mismatch(reply[1])
         draining: list[str] = []
         if poller_id:  # members, "", then the draining ones (ids are never empty)
             split = rest.index("")
