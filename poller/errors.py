@@ -2,6 +2,7 @@
 
     PollerError
      +-- ConfigError          bad settings, registry entry or argument (also a ValueError)
+     +-- IdentityConflict     another live process heartbeats under this poller's id
      +-- ScrapeError          one scrape failed; ``reason`` is a failure reason (docs/schema.md)
      |    +-- FetchError      transport or HTTP: unreachable, timeout, http_status, auth, too_large
      |    +-- ParseError      the page is not valid exposition text (reason ``parse``)
@@ -19,12 +20,14 @@ there is one) and the problem.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 __all__ = [
     "ConfigError",
     "ContractError",
     "FetchError",
+    "IdentityConflict",
     "ParseError",
     "PollerError",
     "SchemaMismatch",
@@ -51,6 +54,58 @@ class ConfigError(PollerError, ValueError):
             p for p in (f"endpoint {endpoint!r}" if endpoint else "", field or "") if p
         )
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class IdentityConflict(PollerError):
+    """Another live process heartbeats under this poller's id (``poller/store/members.py``):
+    refused at start, or, with ``joined``, taken from this poller while it ran. ``host``
+    and ``pid`` name that process (None: its poller version does not record them),
+    ``age_ms`` its last heartbeat's age (None: unknown), ``wait_ms`` the time until that
+    heartbeat expires."""
+
+    def __init__(
+        self,
+        poller_id: str,
+        *,
+        host: str | None,
+        pid: int | None,
+        age_ms: float | None,
+        wait_ms: float,
+        joined: bool = False,
+    ) -> None:
+        self.poller_id = poller_id
+        self.host = host
+        self.pid = pid
+        self.age_ms = age_ms
+        self.wait_ms = wait_ms
+        self.joined = joined
+        where = f"host {host or '?'} pid {pid if pid is not None else '?'}"
+        if host is None and pid is None:
+            where = "host and pid not recorded"
+        if joined:
+            message = (
+                f"poller id {poller_id!r} was taken by another process ({where}): stopped "
+                "scraping, exiting; stop one of the two, or give each its own --id"
+            )
+        else:
+            age = "unknown" if age_ms is None else f"{age_ms / 1000:.1f}s ago"
+            message = (
+                f"poller id {poller_id!r} is held by another live process ({where}, last "
+                f"heartbeat {age}): stop that one, pick another --id, or wait "
+                f"{math.ceil(wait_ms / 100) / 10:.1f}s if it crashed"
+            )
+        super().__init__(message)
+
+    def taken(self) -> IdentityConflict:
+        """The same conflict, met by a poller that was running under the id."""
+        return IdentityConflict(
+            self.poller_id,
+            host=self.host,
+            pid=self.pid,
+            age_ms=self.age_ms,
+            wait_ms=self.wait_ms,
+            joined=True,
+        )
 
 
 class ScrapeError(PollerError):

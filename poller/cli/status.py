@@ -47,7 +47,7 @@ def status(
     """Print the shared view: every endpoint, its state, load and owner."""
     from rich.console import Console, Group
 
-    from poller.cli.fleet import Fleet, fleet_table, read_fleet
+    from poller.cli.fleet import Fleet, fleet_parts, read_fleet
     from poller.cli.render import render
     from poller.reader.reader import StatsReader
     from poller.reader.view import View
@@ -68,7 +68,7 @@ def status(
             return view, found, await read_fleet(reader.client, reader.keys, view.endpoints)
 
         def draw(view: View, found: list[dict[str, Any]], fleet: Fleet) -> Group:
-            return render(view, sort, found, [fleet_table(fleet)] if fleet.members else [])
+            return render(view, sort, found, fleet_parts(fleet) if fleet.members else [])
 
         async def frame() -> Any:
             """The next frame: the tables, or the error of this read (the watch goes on)."""

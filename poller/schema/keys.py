@@ -21,11 +21,15 @@ class Keys:
         self.endpoints = f"{self.prefix}:endpoints"
         self.endpoints_rev = f"{self.prefix}:endpoints:rev"
         self.members = f"{self.prefix}:members"
-        # poller id -> JSON {version, member_ttl_ms}: what the heartbeat alone cannot say.
+        # poller id -> JSON {version, member_ttl_ms, instance, host, pid}: what the
+        # heartbeat alone cannot say, and which process holds the id.
         self.members_info = f"{self.prefix}:members:info"
         # poller id -> JSON {since_ms, by}: drain requests (CLI or SIGUSR1). A draining
         # member keeps its membership but rendezvous gives it nothing (docs/schema.md).
         self.members_drain = f"{self.prefix}:members:drain"
+        # poller id -> JSON {instance, host, pid, at_ms, expires_ms}: the latest other
+        # process that heartbeated under a live member's id and was turned away.
+        self.members_duplicates = f"{self.prefix}:members:duplicates"
         self.fence = f"{self.prefix}:fence"
         self.events = f"{self.prefix}:events"
         # A shard channel (SSUBSCRIBE) carrying what events carries, plus each stats and

@@ -15,7 +15,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from poller.config import CoordinationSettings
+from poller.errors import IdentityConflict
 from poller.service.owned import Holdings
+from poller.store.members import Instance
 from poller.store.store import RedisStore
 from poller.util.logs import count, few
 
@@ -78,9 +80,15 @@ class Coordinator:
         poller_id: str,
         settings: CoordinationSettings,
         holdings: Holdings | None = None,
+        instance: Instance | None = None,
     ):
         self.store = store
         self.poller_id = poller_id
+        #: The process we heartbeat as (None: this process, ``this_process()``).
+        self.instance = instance
+        #: A heartbeat under our id succeeded: from then on, another instance under it
+        #: took the id from us (``IdentityConflict.joined``) rather than refused our start.
+        self.joined = False
         self.settings = settings
         self.holdings = holdings if holdings is not None else Holdings()
         self.members: list[str] = []
@@ -98,8 +106,18 @@ class Coordinator:
 
     async def heartbeat(self) -> bool:
         """Refresh membership; returns True when the live members, or which of them
-        drain, changed."""
-        beat = await self.store.heartbeat(self.poller_id, self.settings.member_ttl_ms)
+        drain, changed.
+
+        Raises IdentityConflict when another live process holds our id."""
+        try:
+            beat = await self.store.heartbeat(
+                self.poller_id, self.settings.member_ttl_ms, self.instance
+            )
+        except IdentityConflict as exc:
+            if self.joined:
+                raise exc.taken() from None
+            raise
+        self.joined = True
         self.redis_now_ms, self.epoch = beat.now_ms, beat.epoch
         changed = beat.members != self.members or beat.draining != self.draining
         if beat.members != self.members:
@@ -202,6 +220,7 @@ class Coordinator:
         """Graceful exit: leave membership first, so survivors' next reconcile no longer
         prefers us, then release every lease (publishing ``released``)."""
         await self.store.leave(self.poller_id)
+        self.joined = False
         held = self.held
         for e, token in held.items():
             self.holdings.discard(e, token)

@@ -20,7 +20,14 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 
 from poller.config import Settings, effective_timeout_s
-from poller.errors import ConfigError, PollerError, SchemaMismatch, StoreAuthError, StoreError
+from poller.errors import (
+    ConfigError,
+    IdentityConflict,
+    PollerError,
+    SchemaMismatch,
+    StoreAuthError,
+    StoreError,
+)
 from poller.redis.errors import redis_call
 from poller.scrape.engines import mapping_for_endpoint
 from poller.scrape.http.client import KeyPolicy, Scraper, TransportFactory
@@ -112,7 +119,9 @@ class Worker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.jobs.stop(timeout_s)
-        if self.last_heartbeat or self.holdings:  # never joined: nothing to leave
+        # Never joined: nothing to leave. Our id taken: the membership is the other's.
+        joined = self.last_heartbeat or self.holdings
+        if joined and not isinstance(self.fatal, IdentityConflict):
             try:
                 async with asyncio.timeout(timeout_s):
                     released = await self.coordinator.leave()
@@ -125,9 +134,10 @@ class Worker:
 
     @property
     def ready(self) -> bool:
-        """Redis reachable and our membership fresh."""
+        """Redis reachable and our membership fresh (and not stopped for good)."""
         fresh_s = self.settings.coordination.member_ttl_ms / 1000
-        return self.redis_ok and time.monotonic() - self.last_heartbeat < fresh_s
+        fresh = time.monotonic() - self.last_heartbeat < fresh_s
+        return self.fatal is None and self.redis_ok and fresh
 
     def unready_reason(self) -> str:
         """Why the poller is not ready ("" when it is), for ``/readyz``'s body."""
@@ -324,6 +334,10 @@ class Worker:
             except SchemaMismatch as exc:
                 self._fail(exc)
                 return
+            except IdentityConflict as exc:
+                self._drop_everything()
+                self._fail(exc)
+                return
             except StoreError as exc:
                 if isinstance(exc, StoreAuthError) and not self._redis_known:
                     # Refused at the first contact: a wrong password or user in the
@@ -345,6 +359,13 @@ class Worker:
             except TimeoutError:
                 pass
 
+    def _drop_everything(self) -> None:
+        """Another process holds our id: end every job and forget every lease at once,
+        releasing nothing (a lease of our id may be the other's now; the rest lapse)."""
+        for record in self.holdings.records():
+            self.jobs.remove(record.endpoint_id)
+        self.metrics.leases_held.set(0)
+
     def _fail(self, exc: PollerError) -> None:
         """Stop the poller for good (``serve`` exits with ``exit_status``)."""
         self.fatal = exc
@@ -356,10 +377,11 @@ class Worker:
     @property
     def exit_status(self) -> int:
         """0, or why the poller stopped: 2 for a mistake in its settings (credentials
-        Redis refused), 1 otherwise."""
+        Redis refused, an id another live process holds at start), 1 otherwise."""
         if self.fatal is None:
             return 0
-        return 2 if isinstance(self.fatal, StoreAuthError) else 1
+        refused = isinstance(self.fatal, IdentityConflict) and not self.fatal.joined
+        return 2 if isinstance(self.fatal, StoreAuthError) or refused else 1
 
     async def _events_loop(self) -> None:
         """Wake the coordination loop on registry changes and released leases."""

@@ -1,6 +1,14 @@
 """The live pollers as operators see them (``poller status``, the page, ``poller drain``):
-membership, each member's own word (``P:members:info``) and drain requests
-(``P:members:drain``).
+membership, each member's own word (``P:members:info``), drain requests
+(``P:members:drain``) and duplicates (``P:members:duplicates``).
+
+One id, one process: every process heartbeats with a random instance token of its own
+(``this_process()``) and records it, with its host and pid, in its info. The heartbeat
+script checks and claims the id in one step: a process that finds its id held by a live
+member of another instance writes nothing but a duplicate record (its instance, host,
+pid) and is told who holds the id; it refuses to start, or stops if it was running (its
+entry was rewritten under it). The record flags the id in ``poller status`` and on the
+page until it expires (``DUPLICATE_MEMORY_MS``) or the member goes.
 
 A drain request is written by ``poller drain ID`` (or by the poller itself on SIGUSR1)
 and removed by ``poller drain ID --undo``, or with the member when it leaves or expires.
@@ -11,8 +19,11 @@ true``) and rendezvous gives it nothing from then on, in every poller.
 from __future__ import annotations
 
 import json
+import os
 import re
-from collections.abc import Iterable
+import secrets
+import socket
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,16 +36,61 @@ from poller.schema.keys import Keys
 from poller.schema.lua import lua
 
 __all__ = [
+    "DUPLICATE_MEMORY_MS",
+    "Instance",
     "Member",
     "cancel_drain",
+    "duplicate_line",
+    "duplicate_of",
     "lease_holders",
     "leases_of",
     "read_members",
     "request_drain",
+    "this_process",
+    "where",
 ]
 
 Client = Redis | RedisCluster
 _BY = re.compile(r"[A-Za-z0-9._@-]{1,64}")
+
+#: How long a duplicate record flags its id (unless the member goes first).
+DUPLICATE_MEMORY_MS = 600_000
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """One process heartbeating under a poller id: a random token, its host and pid."""
+
+    token: str
+    host: str
+    pid: int
+
+    @classmethod
+    def new(cls) -> Instance:
+        return cls(secrets.token_hex(8), socket.gethostname(), os.getpid())
+
+    def record(self) -> dict[str, Any]:
+        """The fields the member info and a duplicate record carry."""
+        return {"instance": self.token, "host": self.host, "pid": self.pid}
+
+
+_this: Instance | None = None
+
+
+def this_process() -> Instance:
+    """This process's instance (a new one in a forked child)."""
+    global _this
+    if _this is None or _this.pid != os.getpid():
+        _this = Instance.new()
+    return _this
+
+
+def where(record: Mapping[str, Any]) -> str:
+    """``host web-3 pid 4242`` from an info or duplicate record (``?`` where absent)."""
+    host, pid = record.get("host"), record.get("pid")
+    host = host if isinstance(host, str) and host else "?"
+    pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else "?"
+    return f"host {host} pid {pid}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +102,9 @@ class Member:
     info: dict[str, Any] = field(default_factory=dict)
     #: The drain request (``since_ms``, ``by``), None without one.
     drain: dict[str, Any] | None = None
+    #: Another process seen under this id (``instance``, ``host``, ``pid``, ``at_ms``,
+    #: ``expires_ms``), None without one.
+    duplicate: dict[str, Any] | None = None
 
     @property
     def state(self) -> str:
@@ -63,7 +122,44 @@ class Member:
             "version": self.info.get("version"),
             "member_ttl_ms": self.info.get("member_ttl_ms"),
             "drain": self.drain,
+            "instance": self.info.get("instance"),
+            "host": self.info.get("host"),
+            "pid": self.info.get("pid"),
+            "duplicate": self.duplicate,
         }
+
+    def duplicate_line(self, now_ms: int) -> str:
+        """What an operator reads under the fleet table ("" without a duplicate)."""
+        if self.duplicate is None:
+            return ""
+        return duplicate_line(self.id, self.info, self.duplicate, now_ms)
+
+
+def duplicate_line(
+    poller_id: str, info: Mapping[str, Any], duplicate: Mapping[str, Any], now_ms: int
+) -> str:
+    """``p1 is seen from two processes: ...``: the holder, the other and what to do."""
+    at = duplicate.get("at_ms")
+    ago = f"{max(0, now_ms - at) / 1000:.1f}s ago" if isinstance(at, int) else "recently"
+    return (
+        f"{poller_id} is seen from two processes: {where(info)} holds it, "
+        f"{where(duplicate)} heartbeated under it {ago} and was turned away; "
+        "give each poller its own --id"
+    )
+
+
+def duplicate_of(text: Any, info: Mapping[str, Any], now_ms: int) -> dict[str, Any] | None:
+    """The member's ``P:members:duplicates`` entry if still in force (not past its
+    ``expires_ms``) and of another instance than the member's own, else None."""
+    if text is None:
+        return None
+    record = _object(text)
+    expires = record.get("expires_ms")
+    if isinstance(expires, int) and expires < now_ms:
+        return None
+    if record.get("instance") is not None and record.get("instance") == info.get("instance"):
+        return None
+    return record
 
 
 def _object(text: Any) -> dict[str, Any]:
@@ -81,18 +177,24 @@ async def read_members(client: Client, keys: Keys) -> tuple[int, list[Member]]:
     pipe.zrange(keys.members, 0, -1, withscores=True)
     pipe.hgetall(keys.members_info)
     pipe.hgetall(keys.members_drain)
-    now, scored, infos, drains = await redis_call(pipe.execute(), "members")
+    pipe.hgetall(keys.members_duplicates)
+    replies = await redis_call(pipe.execute(), "members")
+    now, scored, infos, drains, duplicates = replies
     now_ms = server_ms(now)
-    members = [
-        Member(
-            str(member),
-            int(score),
-            _object(infos.get(member)),
-            _object(drains[member]) if member in drains else None,
+    members = []
+    for member, score in scored:
+        if score < now_ms:
+            continue
+        info = _object(infos.get(member))
+        members.append(
+            Member(
+                str(member),
+                int(score),
+                info,
+                _object(drains[member]) if member in drains else None,
+                duplicate_of(duplicates.get(member), info, now_ms),
+            )
         )
-        for member, score in scored
-        if score >= now_ms
-    ]
     return now_ms, sorted(members, key=lambda m: m.id)
 
 

@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from poller._version import __version__
-from poller.errors import SchemaMismatch
+from poller.errors import IdentityConflict, SchemaMismatch
 from poller.redis.connection import close_client, connect, subscribe
 from poller.redis.errors import redis_call
 from poller.redis.settings import RedisSettings
@@ -33,6 +33,7 @@ from poller.schema.endpoint import Endpoint
 from poller.schema.keys import SCHEMA_VERSION, Keys
 from poller.schema.lua import lua
 from poller.store.batch import WriteBatcher
+from poller.store.members import DUPLICATE_MEMORY_MS, Instance, this_process
 from poller.store.registry import Registry, RegistryStore
 
 __all__ = ["Acquired", "Heartbeat", "RedisStore", "WriteResult"]
@@ -77,6 +78,30 @@ class WriteResult:
     value: int = 0
     #: The lease's current value when rejected ("" when the lease is gone).
     holder: str = ""
+
+
+def _json(value: Mapping[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _conflict(poller_id: str, now_ms: int, expires_ms: float, info_text: str) -> IdentityConflict:
+    """The refusal the heartbeat script's "held" reply means."""
+    try:
+        info = json.loads(info_text) if info_text else {}
+    except ValueError:
+        info = {}
+    if not isinstance(info, dict):
+        info = {}
+    host, pid, ttl = info.get("host"), info.get("pid"), info.get("member_ttl_ms")
+    left_ms = max(0.0, expires_ms - now_ms)
+    age_ms = max(0.0, ttl - left_ms) if isinstance(ttl, int) and ttl > 0 else None
+    return IdentityConflict(
+        poller_id,
+        host=host if isinstance(host, str) and host else None,
+        pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+        age_ms=age_ms,
+        wait_ms=left_ms,
+    )
 
 
 def _fenced_value(poller_id: str, token: int) -> str:
@@ -169,20 +194,28 @@ class RedisStore:
 
     # --- membership ----------------------------------------------------------------------
 
-    async def heartbeat(self, poller_id: str, member_ttl_ms: int) -> Heartbeat:
-        """Refresh our membership (with an empty ``poller_id``: only read it).
+    async def heartbeat(
+        self, poller_id: str, member_ttl_ms: int, instance: Instance | None = None
+    ) -> Heartbeat:
+        """Refresh our membership (with an empty ``poller_id``: only read it) as
+        ``instance`` (default: this process's).
 
-        Raises SchemaMismatch if Redis holds data of another schema version."""
+        Raises SchemaMismatch if Redis holds data of another schema version, and
+        IdentityConflict if a live member of another instance holds ``poller_id`` (then
+        nothing but a duplicate record is written: ``poller/store/members.py``)."""
         keys = [self.keys.members, self.keys.schema, self.keys.epoch]
         args: list[str | int] = [poller_id, member_ttl_ms, SCHEMA_VERSION, secrets.token_hex(8)]
         if poller_id:
-            keys += [self.keys.members_info, self.keys.members_drain]
-            info = {"version": __version__, "member_ttl_ms": member_ttl_ms}
-            args.append(json.dumps(info, separators=(",", ":")))
+            me = instance or this_process()
+            keys += [self.keys.members_info, self.keys.members_drain, self.keys.members_duplicates]
+            info = {"version": __version__, "member_ttl_ms": member_ttl_ms, **me.record()}
+            args += [_json(info), me.token, DUPLICATE_MEMORY_MS, _json(me.record())]
         reply = await self._call(self._heartbeat(keys=keys, args=args), "heartbeat")
+        rest = [str(m) for m in reply[3:]]
+        if poller_id and rest[0] == "":  # the id is held: "", its expiry, its info
+            raise _conflict(poller_id, int(reply[0]), float(rest[1]), rest[2])
         if poller_id and reply[1] != SCHEMA_VERSION:
             raise self._mismatch(reply[1])
-        rest = [str(m) for m in reply[3:]]
         draining: list[str] = []
         if poller_id:  # members, "", then the draining ones (ids are never empty)
             split = rest.index("")
@@ -204,6 +237,7 @@ class RedisStore:
         pipe.zrem(self.keys.members, poller_id)
         pipe.hdel(self.keys.members_info, poller_id)
         pipe.hdel(self.keys.members_drain, poller_id)
+        pipe.hdel(self.keys.members_duplicates, poller_id)
         await self._call(pipe.execute(), "leave")
 
     # --- leases --------------------------------------------------------------------------

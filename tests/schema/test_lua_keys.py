@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from poller.errors import IdentityConflict
 from poller.reader.reader import StatsReader
 from poller.schema.endpoint import Endpoint
 from poller.schema.lua import lua
 from poller.store.discovery import DiscoveryStore
-from poller.store.members import request_drain
+from poller.store.members import Instance, request_drain
 from poller.store.store import RedisStore
 from tests.support.redisproc import RedisProcess
 
@@ -94,6 +95,8 @@ async def test_every_script_touches_only_what_its_keys_declare(client: DeclaredK
     assert await request_drain(client, store.keys, "p1", "cli") == "already"
     assert await request_drain(client, store.keys, "nobody", "cli") == "not live"
     assert (await store.heartbeat("p1", 5000)).draining == ("p1",)  # info says draining
+    with pytest.raises(IdentityConflict):  # the refusal: another process under the id
+        await store.heartbeat("p1", 5000, Instance("other", "elsewhere", 1))
     e1 = Endpoint(id="e1", url="http://e1.test")
     await store.put_endpoint(e1)
     await store.put_endpoint(Endpoint(id="e2", url="http://e2.test"))

@@ -16,6 +16,7 @@ from poller.config import RedisSettings
 from poller.errors import SchemaMismatch, StoreError
 from poller.schema.endpoint import Endpoint
 from poller.schema.keys import Keys
+from poller.store.members import this_process
 from poller.store.registry import Registry, RegistryStore
 from poller.store.store import RedisStore
 from tests.support.redisproc import RedisProcess
@@ -211,7 +212,9 @@ async def test_heartbeat_prunes_expired_members(store: RedisStore) -> None:
     # Each member's own word beside its score; pruned with it.
     info = await store.client.hgetall("{test}:members:info")
     assert sorted(info) == ["p1", "p2"]
-    assert json.loads(info["p2"]) == {"version": __version__, "member_ttl_ms": 5000}
+    me = this_process()  # the process heartbeating: its token, host and pid
+    expected = {"version": __version__, "member_ttl_ms": 5000, **me.record()}
+    assert json.loads(info["p2"]) == expected
     await store.leave("p1")
     assert await store.live_members() == ["p2"]
 

@@ -99,6 +99,7 @@ class OperatorPage:
             expiries={m.id: float(m.expires_ms) for m in members},
             infos={m.id: m.info for m in members},
             drains={m.id for m in members if m.drain is not None},
+            duplicates={m.id: m.duplicate for m in members if m.duplicate is not None},
         )
 
     async def page(self, query: str) -> Response:

@@ -28,6 +28,7 @@ from poller.service.web.format import (
     stat,
     with_entries,
 )
+from poller.store.members import duplicate_line
 
 __all__ = [
     "COLUMNS",
@@ -118,6 +119,9 @@ class Fleet:
     infos: Mapping[str, Mapping[str, Any]] | None = None
     #: Live members a drain is requested for (``P:members:drain``).
     drains: Set[str] = frozenset()
+    #: Live members seen from two processes: id -> the other's duplicate record
+    #: (``P:members:duplicates``, in force).
+    duplicates: Mapping[str, Mapping[str, Any]] | None = None
 
 
 _SORT_KEYS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
@@ -169,6 +173,7 @@ def _fleet(view: Mapping[str, Any] | None, fleet: Fleet) -> str:
         if e.get("owner"):
             held[e["owner"]] = held.get(e["owner"], 0) + 1
     rows = []
+    lines: list[str] = []  # one per id seen from two processes, under the table
     for poller in view["pollers"]:
         expiry = (fleet.expiries or {}).get(poller)
         info = (fleet.infos or {}).get(poller, {})
@@ -181,9 +186,15 @@ def _fleet(view: Mapping[str, Any] | None, fleet: Fleet) -> str:
         if poller in fleet.drains:  # acknowledged in its own info, or not (yet)
             state = "draining" if info.get("draining") is True else "drain requested"
         classes = "poller" + (" self" if me else "") + (" draining" if state != "serving" else "")
+        duplicate = (fleet.duplicates or {}).get(poller)
+        flag = ""
+        if duplicate is not None:
+            classes += " duplicate"
+            flag = ' <span class="bad">DUPLICATE</span>'
+            lines.append(duplicate_line(poller, info, duplicate, now))
         rows.append(
             f'<tr class="{classes}" data-id="{_e(poller)}">'
-            f'<td class="id">{_e(poller)}{" (this page)" if me else ""}</td>'
+            f'<td class="id">{_e(poller)}{" (this page)" if me else ""}{flag}</td>'
             f'<td class="state">{state}</td>'
             f'<td class="num leases">{held.get(poller, 0)}</td>'
             f'<td class="num beat">{_e(fmt_age(beat))}</td>'
@@ -195,7 +206,9 @@ def _fleet(view: Mapping[str, Any] | None, fleet: Fleet) -> str:
         '<section id="fleet"><h2>Fleet</h2><table class="fleet"><thead><tr>'
         "<th>poller</th><th>state</th><th>leases held</th>"
         "<th>last heartbeat</th><th>heartbeat expires in</th><th>version</th>"
-        f"</tr></thead><tbody>{body}</tbody></table></section>"
+        f"</tr></thead><tbody>{body}</tbody></table>"
+        + "".join(f'<p class="duplicate bad">{_e(line)}</p>' for line in lines)
+        + "</section>"
     )
 
 
