@@ -314,6 +314,7 @@ def test_the_sync_reader_reads_a_cluster_through_from_settings(
                 time.sleep(0.01)
 
 
+@pytest.mark.sentinel
 def test_the_sync_reader_reads_through_sentinel(tmp_path: Path) -> None:
     master = RedisProcess().start()
     conf = tmp_path / "sentinel.conf"
