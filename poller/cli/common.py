@@ -14,7 +14,9 @@ import click
 from poller.cli.oneline import BadInput
 from poller.config import FLAT_ENV, Settings, load_settings
 from poller.errors import ConfigError, StoreAuthError, StoreError
+from poller.redis.settings import RedisSettings
 from poller.store.store import RedisStore
+from poller.util.urls import redact_url
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -77,14 +79,35 @@ NAMESPACE = click.option(
 )
 
 
+def redis_line(settings: RedisSettings) -> str:
+    """The Redis and the namespace a command reads, as its first line says them
+    (``redis://127.0.0.1:6379/0 namespace llmgw``; the password redacted)."""
+    return f"{redact_url(settings.url)} namespace {settings.namespace}"
+
+
+def redis_json(settings: RedisSettings) -> dict[str, str]:
+    """``redis_line`` for ``--json``: ``{"redis": URL, "namespace": NS}``."""
+    return {"redis": redact_url(settings.url), "namespace": settings.namespace}
+
+
 @asynccontextmanager
 async def store_session(
-    redis_url: str | None, namespace: str | None, config: str | None = None
+    redis_url: str | None,
+    namespace: str | None,
+    config: str | None = None,
+    *,
+    read_only: bool = False,
 ) -> AsyncIterator[RedisStore]:
+    """The store of the settings. A command that changes the registry claims the schema
+    version first (``ensure_schema``); a ``read_only`` one only checks it and writes
+    nothing, so it runs as a read-only ACL user (deploy/redis/users.acl: ``gateway``)."""
     settings = load(config, {"redis.url": redis_url, "redis.namespace": namespace})
     store = RedisStore.from_settings(settings.redis)
     try:
-        await store.ensure_schema()
+        if read_only:
+            await store.check_schema()
+        else:
+            await store.ensure_schema()
         yield store
     finally:
         await store.close()

@@ -13,6 +13,8 @@ from poller.cli.common import (
     REDIS_URL,
     config_option,
     load,
+    redis_json,
+    redis_line,
     run_store_command,
     store_session,
 )
@@ -222,15 +224,17 @@ def endpoints_rm(endpoint_id: str, redis_url: str | None, namespace: str | None)
 @REDIS_URL
 @NAMESPACE
 def endpoints_ls(as_json: bool, redis_url: str | None, namespace: str | None) -> None:
-    """List the registry (invalid entries are shown with their error)."""
+    """List the registry (invalid entries are shown with their error); reads only."""
+    settings = load(None, {"redis.url": redis_url, "redis.namespace": namespace})
 
     async def go() -> Any:
-        async with store_session(redis_url, namespace) as store:
+        async with store_session(redis_url, namespace, read_only=True) as store:
             return await store.read_registry()
 
     registry = run_store_command(go())
     if as_json:
         out = {
+            **redis_json(settings.redis),
             "rev": registry.rev,
             "endpoints": [
                 {"id": e.id, **e.model_dump(exclude={"id"}, exclude_defaults=True)}
@@ -240,6 +244,7 @@ def endpoints_ls(as_json: bool, redis_url: str | None, namespace: str | None) ->
         }
         click.echo(json.dumps(out, indent=2, default=list))
         return
+    click.echo(redis_line(settings.redis))
     click.echo(
         f"registry rev {registry.rev}: {len(registry.endpoints)} endpoints"
         + (f", {len(registry.invalid)} invalid" if registry.invalid else "")

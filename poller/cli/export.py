@@ -3,6 +3,8 @@
 Hand-written entries only by default: discovery entries (those with ``source``) belong
 to their DNS source, which rewrites them, and ``sync`` leaves them alone anyway. So
 ``export > f; sync f`` changes nothing, and ``sync f`` on an empty registry rebuilds it.
+It only reads (a read-only ACL user may run it), and says on stderr which Redis and
+namespace it read.
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ from typing import Any
 
 import click
 
-from poller.cli.common import NAMESPACE, REDIS_URL, run_store_command, store_session
+from poller.cli.common import (
+    NAMESPACE,
+    REDIS_URL,
+    load,
+    redis_line,
+    run_store_command,
+    store_session,
+)
 from poller.cli.oneline import BadInput
 from poller.schema.endpoint import Endpoint
 
@@ -71,9 +80,10 @@ def endpoints_export(
 ) -> None:
     """Write the registry as a file `poller endpoints sync` reads back."""
     kind = _format_of(output, fmt)
+    settings = load(None, {"redis.url": redis_url, "redis.namespace": namespace})
 
     async def go() -> Any:
-        async with store_session(redis_url, namespace) as store:
+        async with store_session(redis_url, namespace, read_only=True) as store:
             return await store.read_registry()
 
     registry = run_store_command(go())
@@ -85,8 +95,8 @@ def endpoints_export(
         import yaml
 
         head = (
-            f"# poller endpoints export (registry rev {registry.rev}): "
-            "`poller endpoints sync FILE` reads it back\n"
+            f"# poller endpoints export (registry rev {registry.rev} of "
+            f"{redis_line(settings.redis)}): `poller endpoints sync FILE` reads it back\n"
         )
         text = head + yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
     if output:
@@ -96,6 +106,11 @@ def endpoints_export(
             raise click.ClickException(f"cannot write {output}: {exc.strerror}") from None
     else:
         click.echo(text, nl=False)
+    click.echo(
+        f"note: {len(entries)} entries of registry rev {registry.rev} of "
+        f"{redis_line(settings.redis)}",
+        err=True,
+    )
     skipped = len(registry.endpoints) - len(entries)
     if skipped:
         click.echo(f"note: {skipped} discovered entries left out (--include-discovered)", err=True)

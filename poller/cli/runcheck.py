@@ -3,11 +3,18 @@
 For a deploy pipeline, an init container or an operator about to start a poller: it
 reads, never writes (no schema claimed, no membership, no lease), and says what a poller
 would find: the schema version, the live pollers, the registry's size.
+It also listens on the health port for a moment, as a poller would, so a port in use
+fails here rather than at the start of the real run.
 Exit status: 0 ready to run; 2 a bad setting (before anything is contacted) or Redis
-refusing the credentials; 1 Redis unreachable or holding another schema version.
+refusing the credentials; 1 the health port in use, Redis unreachable or holding another
+schema version.
 """
 
 from __future__ import annotations
+
+import asyncio
+import errno
+import sys
 
 import click
 
@@ -24,6 +31,32 @@ from poller.util.urls import redact_url
 __all__ = ["check_run"]
 
 
+async def _check_health_port(host: str, port: int) -> None:
+    """Listen on the health port as ``poller run`` would (``asyncio.start_server``), and
+    let go at once; one line and exit 1 when it cannot (0: no health server)."""
+    if not port:
+        return
+    try:
+        server = await asyncio.start_server(_refuse, host, port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            said = f"health port {port} on {host} is in use"
+        else:
+            said = f"cannot listen on health port {port} on {host}: {exc.strerror or exc}"
+        click.echo(
+            f"Error: {said}: stop what holds it, or set another (--health-port, "
+            "POLLER_HEALTH_PORT; 0 turns the health server off)",
+            err=True,
+        )
+        sys.exit(1)
+    server.close()
+    await server.wait_closed()
+
+
+async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.close()
+
+
 async def check_run(settings: Settings) -> int:
     sc = settings.scrape
     ttl_s = stats_ttl_ms(sc.interval_s, sc.timeout_s, settings.coordination, sc.stats_ttl_intervals)
@@ -33,6 +66,7 @@ async def check_run(settings: Settings) -> int:
         f"health port {settings.health.port or 'off'}"
         + (f", endpoints file {settings.endpoints_file}" if settings.endpoints_file else "")
     )
+    await _check_health_port(settings.health.host, settings.health.port)
     store = RedisStore.from_settings(settings.redis)
     try:
         schema = await redis_call(store.client.get(store.keys.schema), "GET schema")

@@ -9,8 +9,12 @@ from typing import Any
 
 import click
 
-from poller.cli.common import NAMESPACE, REDIS_URL, load, store_failure
+from poller.cli.common import NAMESPACE, REDIS_URL, load, redis_json, redis_line, store_failure
 from poller.errors import SchemaMismatch, StoreError
+from poller.schema.keys import Keys
+
+#: At most this many SCAN calls (of COUNT 1000) look for other namespaces' schema keys.
+SCAN_CALLS = 10
 
 
 @click.command()
@@ -44,8 +48,10 @@ def status(
     sort: str,
     stale_after_ms: int | None,
 ) -> None:
-    """Print the shared view: every endpoint, its state, load and owner."""
+    """Print the shared view: every endpoint, its state, load and owner; first, the
+    Redis and namespace read."""
     from rich.console import Console, Group
+    from rich.text import Text
 
     from poller.cli.fleet import Fleet, fleet_parts, read_fleet
     from poller.cli.render import render
@@ -62,13 +68,20 @@ def status(
         # from_settings, not from_url: POLLER_REDIS__TLS_* and cluster settings apply too
         reader = StatsReader.from_settings(settings.redis, stale_after_ms=stale_after_ms)
 
-        async def read() -> tuple[View, list[dict[str, Any]], Fleet]:
+        async def read() -> tuple[View, list[dict[str, Any]], Fleet, list[str] | None]:
             view = await reader.snapshot()
             found = await sources(reader)
-            return view, found, await read_fleet(reader.client, reader.keys, view.endpoints)
+            fleet = await read_fleet(reader.client, reader.keys, view.endpoints)
+            others = await namespaces(reader.client) if view.schema_missing else None
+            return view, found, fleet, others
 
-        def draw(view: View, found: list[dict[str, Any]], fleet: Fleet) -> Group:
-            return render(view, sort, found, fleet_parts(fleet) if fleet.members else [])
+        def draw(
+            view: View, found: list[dict[str, Any]], fleet: Fleet, others: list[str] | None
+        ) -> Group:
+            lines = [Text(redis_line(settings.redis))]
+            lines += [Text(line, style="yellow") for line in no_schema(view, reader.keys, others)]
+            table = render(view, sort, found, fleet_parts(fleet) if fleet.members else [])
+            return Group(*lines, table)
 
         async def frame() -> Any:
             """The next frame: the tables, or the error of this read (the watch goes on)."""
@@ -78,12 +91,12 @@ def status(
                 return f"[red]Error: {exc}[/red]"
 
         try:
-            view, found, fleet = await read()
+            view, found, fleet, others = await read()
             if as_json:
-                shown_json = {**with_entries(view), "sources": found, "members": fleet.to_json()}
-                click.echo(json.dumps(shown_json, indent=2))
+                said = {**with_entries(view), "sources": found, "members": fleet.to_json()}
+                click.echo(json.dumps(_read_from(settings, view, others) | said, indent=2))
                 return
-            shown = draw(view, found, fleet)
+            shown = draw(view, found, fleet, others)
             if watch:
                 await _watch(console, shown, frame)
             else:
@@ -99,7 +112,8 @@ def status(
         if as_json and isinstance(exc, SchemaMismatch):
             # a script reading stdout learns why there is no view
             found = {"schema": exc.found, "reader_schema": exc.expected}
-            click.echo(json.dumps({"error": "schema_mismatch", "message": str(exc), **found}))
+            said = {"error": "schema_mismatch", "message": str(exc), **found}
+            click.echo(json.dumps({**redis_json(settings.redis), **said}))
         store_failure(exc)
 
 
@@ -128,3 +142,49 @@ async def sources(reader: Any) -> list[dict[str, Any]]:
 
     found: list[dict[str, Any]] = await read_sources(reader.client, reader.keys)
     return found
+
+
+def _read_from(settings: Any, view: Any, others: list[str] | None) -> dict[str, Any]:
+    """``--json``'s first keys: the Redis and namespace read, and whether the namespace
+    has a schema key (with the namespaces that do, when it has none)."""
+    said = {**redis_json(settings.redis), "schema_missing": view.schema_missing}
+    return said if others is None else {**said, "namespaces": others}
+
+
+def no_schema(view: Any, keys: Keys, others: list[str] | None) -> list[str]:
+    """What status says of a namespace without a schema key, and the namespaces that
+    have one on this Redis (when a bounded SCAN could find them); nothing for one with."""
+    if not view.schema_missing:
+        return []
+    said = [
+        f"namespace {keys.namespace} has no schema key ({keys.schema}): nothing ever wrote "
+        "it: wrong namespace?"
+    ]
+    if others:
+        said.append(f"namespaces on this Redis: {', '.join(others)} (--namespace NS)")
+    elif others is not None:
+        said.append("no namespace on this Redis has a schema key: no poller has run here")
+    return said
+
+
+async def namespaces(client: Any) -> list[str] | None:
+    """The namespaces with a schema key, sorted, from at most ``SCAN_CALLS`` SCANs; None
+    when they cannot be listed cheaply (a Cluster, a user without SCAN, a keyspace too
+    large to walk)."""
+    from redis.asyncio.cluster import RedisCluster
+
+    from poller.redis.errors import REDIS_ERRORS
+
+    if isinstance(client, RedisCluster):
+        return None
+    found: set[str] = set()
+    cursor = 0
+    try:
+        for _ in range(SCAN_CALLS):
+            cursor, names = await client.scan(cursor, match="{*}:schema", count=1000)
+            found.update(str(name)[1:].rpartition("}:schema")[0] for name in names)
+            if not cursor:
+                return sorted(found - {""})
+    except REDIS_ERRORS:
+        return None  # not permitted (a read-only ACL user) or failing: say nothing
+    return None

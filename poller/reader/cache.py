@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from poller.reader.replies import LazyEndpoints, check_schema, view_from_records
-from poller.reader.view import EndpointView, View
+from poller.reader.view import EndpointView, View, log_schema_missing
 from poller.redis.clock import server_ms
 from poller.schema.records import written_ms
 
@@ -36,7 +36,13 @@ class ViewCache:
     #: Changes remembered for ``changes_since``; an index further behind rebuilds.
     CHANGE_LOG_MAX = 4096
 
-    def __init__(self, stale_after_intervals: float = 2.0, stale_after_ms: int | None = None):
+    def __init__(
+        self,
+        stale_after_intervals: float = 2.0,
+        stale_after_ms: int | None = None,
+        *,
+        namespace: str = "",
+    ):
         self.stale_after_intervals = stale_after_intervals
         self.stale_after_ms = stale_after_ms
         self._entries: dict[str, str] = {}
@@ -46,7 +52,12 @@ class ViewCache:
         self._offset_ms = 0.0
         self.rev = -1
         self.pollers: list[str] = []
-        self.healthy = False
+        #: The namespace read, for the log line that says it has no schema key.
+        self.namespace = namespace
+        #: The namespace has no schema key (``View.schema_missing``): nothing ever wrote
+        #: there, most likely a wrong namespace. ``healthy`` is False meanwhile.
+        self.schema_missing = False
+        self._reachable = False
         self.loaded = False
         self.updated_at = 0.0  # monotonic seconds of the last reply applied
         #: Monotonic seconds of the last sign of life from Redis (a reply, an update, a
@@ -56,6 +67,23 @@ class ViewCache:
         # (start, ids changed): ids[i] made version start + i + 1. One attribute, replaced
         # whole, so a thread reading it never pairs one log with another's start.
         self._changes: tuple[int, list[str]] = (0, [])
+
+    @property
+    def healthy(self) -> bool:
+        """Redis answers and the namespace has a schema key: the view is what pollers
+        wrote. False while Redis is unreachable (the last view is served, marked stale)
+        or while the namespace has no schema key (``schema_missing``)."""
+        return self._reachable and not self.schema_missing
+
+    @healthy.setter
+    def healthy(self, reachable: bool) -> None:
+        """Whether Redis answers (the protocol sets it; the schema key is read apart)."""
+        self._reachable = reachable
+
+    def _schema(self, missing: bool) -> None:
+        if missing and not self.schema_missing:
+            log_schema_missing(self.namespace or "(unnamed)")
+        self.schema_missing = missing
 
     def _clock(self, redis_now_ms: int) -> None:
         self._offset_ms = redis_now_ms - time.monotonic() * 1000
@@ -112,6 +140,7 @@ class ViewCache:
             self._built = dict(endpoints)
         self.rev = view.rev
         self.pollers = view.pollers
+        self._schema(view.schema_missing)
         self._clock(view.now_ms)
         self.loaded = True
         self._changes = (self.version + 1, [])
@@ -144,6 +173,7 @@ class ViewCache:
         """GET_RECORDS' reply: the endpoint as a snapshot shows it, or gone."""
         if len(reply) > 5:
             check_schema(reply[5])
+            self._schema(not reply[5])
         self._clock(server_ms(reply))
         self._built.pop(endpoint_id, None)
         self._changed(endpoint_id)
@@ -204,6 +234,7 @@ class ViewCache:
             offset_ms=self._offset_ms,
             healthy=healthy,
             confirmed_ms=self.confirmed_ms(),
+            schema_missing=self.schema_missing,
             cache=self,
         )
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import re
@@ -148,6 +149,8 @@ class _Reader:
             read_at_ms=time.monotonic() * 1000,
         )
         self._held = held_after(reply, view)
+        if len(reply) > 8 and not reply[8]:  # no schema key: nothing ever wrote here
+            view = dataclasses.replace(view, schema_missing=True)
         return view
 
     def _records_call(self, endpoint_id: str) -> tuple[list[str], list[str]]:
@@ -165,7 +168,10 @@ class _Reader:
         return sorted(str(m) for m in reply[3:])
 
     def _protocol(self) -> Protocol:
-        return Protocol(ViewCache(self.stale_after_intervals, self.stale_after_ms), self.resync_s)
+        cache = ViewCache(
+            self.stale_after_intervals, self.stale_after_ms, namespace=self.keys.namespace
+        )
+        return Protocol(cache, self.resync_s)
 
 
 class StatsReader(_Reader):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from poller.errors import PollerError
 from poller.schema.endpoint import Endpoint, endpoint_from_json
-from poller.schema.keys import SCHEMA_VERSION
+from poller.schema.keys import SCHEMA_VERSION, Keys
 from poller.schema.stats import EndpointStats, Failure
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ __all__ = [
     "State",
     "Timing",
     "View",
+    "log_schema_missing",
 ]
 
 State = Literal["fresh", "stale", "failing", "unknown"]
@@ -48,6 +49,17 @@ def _malformed(record: str, endpoint_id: str, exc: Exception) -> None:
     level = logging.DEBUG if kind in _reported else logging.WARNING
     _reported.add(kind)
     log.log(level, "malformed %s of endpoint %s read as absent: %s", record, endpoint_id, exc)
+
+
+def log_schema_missing(namespace: str) -> None:
+    """The one WARNING a cached reader logs when its namespace has no schema key (again
+    only after the key appeared and went)."""
+    log.warning(
+        "namespace %s has no schema key (%s): nothing ever wrote it: wrong namespace? "
+        "The view stays empty and the cache unhealthy until a poller writes there",
+        namespace,
+        Keys(namespace).schema,
+    )
 
 
 def _fields(raw: Mapping[str, str] | str) -> dict[str, str]:
@@ -226,6 +238,10 @@ class View:
     healthy: bool = True
     #: Redis clock of the reader's last contact with Redis (None: ``now_ms``).
     confirmed_ms: int | None = None
+    #: True when the namespace has no schema key (``{namespace}:schema``): nothing ever
+    #: wrote there (no poller, no ``poller endpoints`` change), which mostly means a wrong
+    #: namespace. The view is empty then, and a cache built on it is not ``healthy``.
+    schema_missing: bool = False
     #: The ``ViewCache`` that made this view, if one did: a picker given the view picks
     #: on the cache's index (kept current) instead of indexing the view anew.
     cache: ViewCache | None = field(default=None, repr=False, compare=False)

@@ -5,24 +5,33 @@
 on redis-py's blocking API for the threaded reader: the same URL forms (Sentinel and
 Cluster included), timeouts, retry and TLS, so every process talks to Redis the same
 way. Their errors are mapped in ``errors.py``.
+
+A ``rediss://`` client whose TLS handshake fails (a timeout, or a reply that is no TLS
+record) asks the port once in plain text; a Redis answering there is a plain port, and
+the connection raises ``NotTLS`` at once, then and on every retry, rather than a timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.connection
 import redis.cluster
+import redis.connection
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.retry import Retry as SyncRetry
 
-from poller.redis.errors import REDIS_ERRORS, redis_call, store_error
+from poller.redis.errors import REDIS_ERRORS, NotTLS, redis_call, store_error
 from poller.redis.settings import RedisSettings, parse_sentinel_url
 
 __all__ = [
@@ -37,6 +46,97 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: How long the plain-text question to a port whose TLS handshake failed may take.
+PLAIN_PROBE_S = 1.0
+_PING = b"PING\r\n"
+
+
+def _plain_answer(head: bytes) -> bool:
+    """A RESP reply to PING (+PONG, -NOAUTH, -ERR ...): the port speaks plain Redis."""
+    return head[:1] in (b"+", b"-")
+
+
+def _speaks_plain(host: str, port: int, timeout_s: float) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.sendall(_PING)
+            return _plain_answer(sock.recv(1))
+    except OSError:
+        return False
+
+
+async def _speaks_plain_async(host: str, port: int, timeout_s: float) -> bool:
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                writer.write(_PING)
+                return _plain_answer(await reader.read(1))
+            finally:
+                writer.close()
+    except (OSError, TimeoutError):
+        return False
+
+
+def _handshake_failure(exc: BaseException) -> bool:
+    """A failure that a plain port explains: a timeout, or bytes that are no TLS record
+    (not a certificate refused, not a port nobody listens on)."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return False
+    return isinstance(exc, TimeoutError | ssl.SSLError)
+
+
+class _TLSConnection(redis.connection.SSLConnection):
+    """redis-py's TLS connection that names a plain port (``NotTLS``)."""
+
+    _plain = False
+
+    def _connect(self) -> Any:
+        if self._plain:
+            raise NotTLS(self.host, self.port)
+        return super()._connect()  # type: ignore[no-untyped-call]
+
+    def _wrap_socket_with_ssl(self, sock: Any) -> Any:
+        try:
+            return super()._wrap_socket_with_ssl(sock)  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            if _handshake_failure(exc) and _speaks_plain(self.host, self.port, PLAIN_PROBE_S):
+                self._plain = True
+                raise NotTLS(self.host, self.port) from exc
+            raise
+
+
+class _AsyncTLSConnection(redis.asyncio.connection.SSLConnection):
+    """``_TLSConnection`` for the asyncio client."""
+
+    _plain = False
+
+    async def _connect(self) -> None:
+        if self._plain:
+            raise NotTLS(self.host, self.port)
+        try:
+            await super()._connect()  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            if _handshake_failure(exc) and await _speaks_plain_async(
+                self.host, self.port, PLAIN_PROBE_S
+            ):
+                self._plain = True
+                raise NotTLS(self.host, self.port) from exc
+            raise
+
+
+C = TypeVar("C", aioredis.Redis, redis.Redis)
+
+
+def _name_plain_ports(client: C) -> C:
+    """``client`` with its TLS connections replaced by ours (a rediss:// URL's)."""
+    pool = client.connection_pool
+    if pool.connection_class is redis.asyncio.connection.SSLConnection:
+        pool.connection_class = _AsyncTLSConnection
+    elif pool.connection_class is redis.connection.SSLConnection:
+        pool.connection_class = _TLSConnection  # type: ignore[assignment]
+    return client
 
 
 def _options(settings: RedisSettings) -> dict[str, Any]:
@@ -69,7 +169,8 @@ def connect(settings: RedisSettings) -> aioredis.Redis | RedisCluster:
         return _sentinel_master(settings.url, retry, options)
     if settings.cluster:
         return RedisCluster.from_url(settings.url, retry=retry, **options)
-    return aioredis.Redis.from_url(settings.url, retry=retry, **options)
+    client: aioredis.Redis = aioredis.Redis.from_url(settings.url, retry=retry, **options)
+    return _name_plain_ports(client)
 
 
 def connect_sync(settings: RedisSettings) -> redis.Redis | redis.cluster.RedisCluster:
@@ -83,7 +184,8 @@ def connect_sync(settings: RedisSettings) -> redis.Redis | redis.cluster.RedisCl
             return redis.cluster.RedisCluster.from_url(settings.url, retry=retry, **options)
         except REDIS_ERRORS as exc:
             raise store_error(exc, "the Cluster's slot map") from exc
-    return redis.Redis.from_url(settings.url, retry=retry, **options)
+    client: redis.Redis = redis.Redis.from_url(settings.url, retry=retry, **options)
+    return _name_plain_ports(client)
 
 
 def tls_options(settings: RedisSettings) -> dict[str, Any]:

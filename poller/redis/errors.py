@@ -2,10 +2,15 @@
 
     redis-py raises (Redis replies)                         the poller raises
     AuthenticationError (WRONGPASS, NOAUTH, "invalid        StoreAuthError, kind "authentication"
-      username-password pair"), AuthorizationError
+      username-password pair"), AuthorizationError          (no password sent: says to put one
+                                                            in the URL)
     NoPermissionError (NOPERM), a script's command refused  StoreAuthError, kind "permission"
       by the ACL ("The user executing the script can't ...")
+    NotTLS (connection.py: a rediss:// URL at a port        StoreUnreachable ("does not speak
+      that answers plain RESP)                                TLS")
     ConnectionError, TimeoutError, OSError                  StoreUnreachable
+    ResponseError "unknown command 'SENTINEL'" (a           StoreError ("not a Sentinel")
+      redis+sentinel:// URL at a plain Redis)
     ResponseError (anything else Redis refused)             StoreError ("rejected")
     any other RedisError; UnicodeDecodeError                StoreError
 
@@ -15,6 +20,7 @@ Every caller (store, discovery, reader, worker, CLI) goes through ``redis_call``
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -22,7 +28,14 @@ import redis.exceptions as rexc
 
 from poller.errors import StoreAuthError, StoreError, StoreUnreachable
 
-__all__ = ["REDIS_ERRORS", "redis_call", "redis_call_sync", "reply_error", "store_error"]
+__all__ = [
+    "REDIS_ERRORS",
+    "NotTLS",
+    "redis_call",
+    "redis_call_sync",
+    "reply_error",
+    "store_error",
+]
 
 T = TypeVar("T")
 
@@ -32,12 +45,43 @@ REDIS_ERRORS: tuple[type[BaseException], ...] = (rexc.RedisError, OSError, Unico
 # Error replies (or their start) that mean the ACL or the credentials, not the call.
 _AUTH_PREFIXES = ("WRONGPASS", "NOAUTH", "invalid username-password pair", "invalid password")
 _PERMISSION_MARKS = ("NOPERM", "The user executing the script can't", "no permissions to")
+# The replies of a server that wants a password the client never sent: NOAUTH to a
+# command, or (RESP3 clients) to the HELLO that opens the connection.
+_NO_PASSWORD_MARKS = ("NOAUTH", "Authentication required", "HELLO must be called with the client")
+_NOT_SENTINEL = re.compile(r"unknown command .SENTINEL.", re.IGNORECASE)
+
+
+class NotTLS(rexc.ConnectionError):
+    """A TLS connection (``rediss://``) met a server that answers plain RESP: the port
+    is a plain Redis port. Raised by ``poller.redis.connection``'s TLS connections."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(f"the server at {host}:{port} does not speak TLS")
+        self.host = host
+        self.port = port
+
+
+def _not_tls(exc: BaseException) -> NotTLS | None:
+    """The ``NotTLS`` behind ``exc``: redis-py's asyncio client wraps what a connection
+    raises in a ConnectionError of its own."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None or isinstance(seen, NotTLS):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def store_error(exc: BaseException, what: str) -> StoreError:
     """Our exception for ``exc``, raised by redis-py (or the socket) during ``what``."""
     if isinstance(exc, StoreError):
         return exc
+    plain = _not_tls(exc)
+    if plain is not None:
+        return StoreUnreachable(
+            f"the server at {plain.host}:{plain.port} does not speak TLS: use redis:// or "
+            f"the TLS port (during {what})"
+        )
     if isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
         return _auth(str(exc), what)
     if isinstance(exc, rexc.ResponseError):
@@ -64,10 +108,24 @@ def reply_error(message: str, what: str) -> StoreError:
         )
     if message.startswith(_AUTH_PREFIXES):
         return _auth(message, what)
+    if _NOT_SENTINEL.search(message):
+        return StoreError(
+            f"the server a redis+sentinel:// URL names is not a Sentinel (it does not know "
+            f"SENTINEL; during {what}): use redis://HOST:PORT/DB for a plain Redis, or the "
+            "Sentinels' port (26379) with the master's name"
+        )
     return StoreError(f"Redis rejected {what}: {message}")
 
 
 def _auth(message: str, what: str) -> StoreAuthError:
+    if any(mark in message for mark in _NO_PASSWORD_MARKS):
+        return StoreAuthError(
+            f"Redis refused authentication: it wants a password and the Redis URL has none "
+            f"(during {what}): put the user and password in it, "
+            "redis://USER:PASSWORD@HOST:PORT/DB "
+            "(redis://:PASSWORD@HOST:PORT/DB for requirepass)",
+            kind="authentication",
+        )
     return StoreAuthError(
         f"Redis refused authentication: {message} (during {what}; check the user and "
         "password in the Redis URL)",

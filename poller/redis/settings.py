@@ -134,6 +134,9 @@ def check_redis_url(url: str) -> str:
     ValueError naming the part that is wrong. redis-py itself raises a bare ValueError at
     the first connection for a bad scheme or port, and takes ``/abc`` as database 0."""
     shown = redact_url(url)
+    if url != url.strip():
+        where = "trailing" if url == url.lstrip() else "leading"
+        raise ValueError(f"{where} space in the Redis URL {shown!r}: remove it")
     if "://" not in url:
         mistyped = _MISTYPED_SCHEME_RE.match(url)
         if mistyped:

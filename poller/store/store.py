@@ -183,11 +183,21 @@ class RedisStore:
     # --- schema ------------------------------------------------------------------------
 
     async def ensure_schema(self) -> None:
-        """Claim schema v1 in an empty Redis; refuse to run against another version."""
+        """Claim schema v1 in an empty Redis; refuse to run against another version.
+        Commands that change the registry call this; read-only ones ``check_schema``."""
         await self._call(self.client.set(self.keys.schema, SCHEMA_VERSION, nx=True), "SET schema")
         found = await self._call(self.client.get(self.keys.schema), "GET schema")
         if found != SCHEMA_VERSION:
             raise self._mismatch(None if found is None else str(found))
+
+    async def check_schema(self) -> str | None:
+        """The schema version Redis holds (None: nothing ever wrote this namespace),
+        writing nothing: a read-only ACL user may call it. Another version raises
+        ``SchemaMismatch``."""
+        found = await self._call(self.client.get(self.keys.schema), "GET schema")
+        if found is not None and found != SCHEMA_VERSION:
+            raise self._mismatch(str(found))
+        return None if found is None else str(found)
 
     async def ping(self) -> bool:
         return bool(await self._call(self.client.ping(), "PING"))

@@ -26,6 +26,7 @@ def run(redis_server: RedisProcess):  # type: ignore[no-untyped-def]
         env = {"POLLER_REDIS_URL": redis_server.url, "POLLER_NAMESPACE": NS, **(env or {})}
         return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
 
+    invoke.url = redis_server.url  # type: ignore[attr-defined]
     return invoke
 
 
@@ -191,9 +192,11 @@ def test_status_json_and_plain_table(run) -> None:  # type: ignore[no-untyped-de
     table = run("status")
     assert "\x1b[" not in table.output  # piped: no colours
     assert "0 live pollers" in table.output and "unknown 1" in table.output
-    assert table.output.splitlines()[1].split()[:3] == ["ID", "ENGINE", "STATE"]
+    assert table.output.splitlines()[0] == f"{run.url} namespace {NS}"  # what it read
+    assert table.output.splitlines()[2].split()[:3] == ["ID", "ENGINE", "STATE"]
     snapshot = json.loads(run("status", "--json").output)
     assert set(snapshot) == {
+        "redis", "namespace", "schema_missing",
         "schema", "now_ms", "rev", "pollers", "counts", "endpoints", "sources", "members"
     }  # fmt: skip
     assert snapshot["members"] == []  # the live pollers with their state (none here)

@@ -31,7 +31,7 @@ def test_status_shows_url_labels_and_the_registry_engine(redis_server: RedisProc
     ):
         assert runner.invoke(cli, ["endpoints", "add", *args], env=env).exit_code == 0
     out = runner.invoke(cli, ["status"], env=env).output
-    header, *rows = out.splitlines()[1:4]
+    header, *rows = out.splitlines()[2:5]  # after the Redis line and the counts
     assert header.split() == [
         *("ID", "ENGINE", "STATE", "OWNER", "RUN", "WAIT", "KV%", "HIT%", "LORA", "MODELS"),
         "AGE",

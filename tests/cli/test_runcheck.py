@@ -20,12 +20,22 @@ def run_check(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
 def test_check_says_what_a_poller_would_find_and_writes_nothing(own_redis: RedisProcess) -> None:
     client = redis.Redis.from_url(own_redis.url, decode_responses=True)
     try:
-        empty = run_check("--redis-url", own_redis.url, "--id", "p7", "--interval", "1")
+        port = free_port()  # the check listens on it for a moment: a free one
+        empty = run_check(
+            "--redis-url",
+            own_redis.url,
+            "--id",
+            "p7",
+            "--interval",
+            "1",
+            "--health-port",
+            str(port),
+        )
         assert empty.returncode == 0, empty.stderr
         first, second = empty.stdout.splitlines()
         assert first == (
             f"settings ok: poller p7, namespace {NS}, interval 1s (timeout 0.5s, stats live 6s), "
-            "health port 9464"
+            f"health port {port}"
         )
         assert second == (
             f"redis ok: {own_redis.url}, no schema yet (the first poller claims 1), "
@@ -40,7 +50,7 @@ def test_check_says_what_a_poller_would_find_and_writes_nothing(own_redis: Redis
         far = 2**50
         client.zadd("{chk}:members", {"p1": far, "p2": far})
         client.hset("{chk}:members:drain", "p2", '{"since_ms": 1, "by": "cli"}')
-        found = run_check("--redis-url", own_redis.url)
+        found = run_check("--redis-url", own_redis.url, "--health-port", "0")
         assert found.returncode == 0, found.stderr
         assert found.stdout.splitlines()[1] == (
             f"redis ok: {own_redis.url}, schema 1, 2 live pollers (p1, p2 drain requested), "
@@ -48,7 +58,7 @@ def test_check_says_what_a_poller_would_find_and_writes_nothing(own_redis: Redis
         )
 
         client.set("{chk}:schema", "2")
-        other = run_check("--redis-url", own_redis.url)
+        other = run_check("--redis-url", own_redis.url, "--health-port", "0")
         assert other.returncode == 1 and "schema version '2'" in other.stderr
         assert other.stderr.count("\n") == 1 and "Traceback" not in other.stderr
     finally:
@@ -64,7 +74,7 @@ def test_a_bad_setting_is_one_line_and_exit_2_before_redis_is_contacted() -> Non
 
 def test_unreachable_redis_is_another_exit_status() -> None:
     unreachable = f"redis://127.0.0.1:{free_port()}/0"
-    down = run_check("--redis-url", unreachable)
+    down = run_check("--redis-url", unreachable, "--health-port", "0")
     assert down.returncode == 1, (down.stdout, down.stderr)
     assert down.stdout.startswith("settings ok:")
     assert down.stderr.startswith("Error: ") and "unreachable" in down.stderr

@@ -17,6 +17,7 @@ from poller.reader.replies import LazyEndpoints, build_view
 from poller.reader.view import EndpointView, View
 from poller.redis.connection import subscribe
 from poller.schema.endpoint import Endpoint
+from poller.schema.keys import SCHEMA_VERSION
 from poller.store.store import RedisStore
 from tests.support.redisproc import RedisCluster, RedisProcess
 
@@ -665,6 +666,8 @@ def test_sync_reader_notices_a_frozen_redis(own_redis: RedisProcess) -> None:
     reader = SyncStatsReader.from_settings(
         RedisSettings(url=own_redis.url, namespace=NS, socket_timeout_s=0.5)
     )
+    # A namespace a poller wrote (one without a schema key is never healthy).
+    reader.client.set(reader.keys.schema, SCHEMA_VERSION)
     try:
         with reader.cached() as cache:
             assert cache.healthy
