@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from rich.live import Live
 from poller.cli.render import render
 from poller.reader.reader import StatsReader
 from poller.reader.view import View
+from poller.service.coordinator import assign
+from poller.util.logs import count
 from poller_lab.bench_fleet import sync_registry
 from poller_lab.embedded import Proc, http_json, redis_for, start_pollers, start_sim, workdir
 
@@ -46,8 +49,8 @@ class Demo:
         http_json(f"{self.admin}/admin/endpoints/{self.failing}/fault", {"mode": "http500"})
         http_json(f"{self.admin}/admin/endpoints/{self.missing}/fault", {"mode": "missing"})
         self.say(
-            f"simulator: {len(ids)} endpoints, in turn of {len(ENGINES.split(','))} engine "
-            f"kinds ({ENGINES}); {self.failing} answers HTTP 500, "
+            f"simulator: {count(len(ids), 'endpoint')}, in turn of "
+            f"{len(ENGINES.split(','))} engine kinds ({ENGINES}); {self.failing} answers HTTP 500, "
             f"{self.missing} lacks its KV-cache metric"
         )
         self.ids = ["poller-0", "poller-1", "poller-2"]
@@ -74,6 +77,18 @@ class Demo:
 
 def _owned(view: View, poller: str) -> list[str]:
     return sorted(e.id for e in view.endpoints.values() if e.owner == poller)
+
+
+def _steady_split(view: View, pollers: list[str]) -> dict[str, str] | None:
+    """endpoint -> owner when all ``pollers`` are live and every endpoint is held by the
+    one rendezvous gives it among the live members; None while that is not so."""
+    live = sorted(view.pollers)
+    if not set(pollers) <= set(live):
+        return None
+    split = assign(live, view.endpoints)
+    if any(view[e].owner != owner for e, owner in split.items()):
+        return None
+    return split
 
 
 def run_demo(
@@ -132,6 +147,8 @@ class Script:
         self.victims: list[str] = []
         self.restarted_at: float | None = None
         self.rebalanced = False
+        #: The steady split seen on the last read (endpoint -> owner), None: not steady.
+        self.split: dict[str, str] | None = None
 
     @property
     def done(self) -> bool:
@@ -158,7 +175,7 @@ class Script:
                 self.demo.procs["poller-1"].signal(signal.SIGKILL)
                 self.killed_at = now
                 self.say(
-                    f"killed poller-1 (SIGKILL) holding {len(self.victims)} endpoints: "
+                    f"killed poller-1 (SIGKILL) holding {count(len(self.victims), 'endpoint')}: "
                     f"{', '.join(self.victims) or 'none'}"
                 )
             return
@@ -166,8 +183,9 @@ class Script:
             owners = {view[e].owner for e in self.victims if e in view.endpoints}
             if owners and None not in owners and "poller-1" not in owners:
                 who = ", ".join(sorted(str(o) for o in owners))
+                verb = "scrapes" if len(owners) == 1 else "scrape"
                 self.say(
-                    f"takeover: {who} now scrape poller-1's endpoints "
+                    f"takeover: {who} now {verb} poller-1's endpoints "
                     f"({now - self.killed_at:.1f} s after the kill: its lease and "
                     "heartbeat lapsed)"
                 )
@@ -178,11 +196,20 @@ class Script:
                 self.demo.start_poller("poller-1")
                 self.restarted_at = now
                 self.say("restarted poller-1: rendezvous hashing gives it back its share")
-        elif not self.rebalanced and _owned(view, "poller-1"):
+        elif not self.rebalanced:
+            # The steady split: every endpoint with its rendezvous owner among the three,
+            # seen on two reads in a row (leases still moving show on the second).
+            split = _steady_split(view, self.demo.ids)
+            if split is None or split != self.split:
+                self.split = split
+                return
             self.rebalanced = True
+            held = Counter(split.values())
+            shares = ", ".join(f"{p} {held[p]}" for p in self.demo.ids)
             self.say(
-                f"rebalanced: poller-1 owns {len(_owned(view, 'poller-1'))} endpoints again "
-                f"({now - self.restarted_at:.1f} s after its restart)"
+                f"rebalanced: poller-1 owns {count(held['poller-1'], 'endpoint')} again; "
+                f"every poller holds its rendezvous share ({shares}), "
+                f"{now - self.restarted_at:.1f} s after its restart"
             )
 
 

@@ -108,7 +108,9 @@ async def test_redis_absent_then_present_then_lost(
             assert await f.async_filter_deployments("chat", given, None) == given
             assert await f.async_filter_deployments("chat", given, None) == given
             assert f.fail_open_total == 2
-            assert warnings_of(caplog, "cannot be read (no view from Redis yet)") == 1
+            # Never reached yet: not "lost".
+            assert warnings_of(caplog, "cannot be read (cannot reach Redis: no view read") == 1
+            assert warnings_of(caplog, "lost Redis") == 0
 
             server.start()
             await publish(server.url)
@@ -128,7 +130,8 @@ async def test_redis_absent_then_present_then_lost(
             lost = f.fail_open_total
             assert await f.async_filter_deployments("chat", given, None) == given
             assert f.fail_open_total == lost + 1
-            assert warnings_of(caplog, "cannot be read (Redis lost)") == 1
+            assert warnings_of(caplog, "cannot be read (lost Redis: no answer for ") == 1
+            assert warnings_of(caplog, "longer than stale_grace_s)") == 1
     finally:
         await f.aclose()
         server.cleanup()
@@ -154,5 +157,42 @@ async def test_no_current_numbers_for_any_endpoint_fails_open(
             assert await f.async_filter_deployments("chat", given, None) == given
         assert f.fail_open_total == 1
         assert warnings_of(caplog, "cannot be read (no current numbers for e1, e2)") == 1
+    finally:
+        await f.aclose()
+
+
+async def test_an_engine_naming_no_model_is_judged_without_one(
+    no_env: None, own_redis: RedisProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """llama.cpp, TGI and trtllm-serve pages name no model: their endpoints list none in
+    the view, and take the deployment's requests; one listing another model does not."""
+    client = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
+    store = RedisStore(client, NS)
+    await store.heartbeat("p1", 60_000)
+    for port in (1, 2):
+        await store.put_endpoint(Endpoint(id=f"e{port}", url=f"http://h:{port}"))
+    for acquired in await store.acquire_leases("p1", ["e1", "e2"], 60_000):
+        assert acquired.token is not None
+        stats = {"engine": "llamacpp", "running": "0", "waiting": "0", "interval_ms": "60000"}
+        if acquired.endpoint_id == "e2":
+            stats |= {"engine": "vllm", "models": "acme/x"}
+        written = await store.write_stats(
+            acquired.endpoint_id, "p1", acquired.token, stats, lease_ttl_ms=60_000,
+            stats_ttl_ms=120_000,
+        )  # fmt: skip
+        assert written.accepted
+    await client.aclose()
+    f = LoadAwareFilter(redis_url=own_redis.url, namespace=NS)
+    given = deployments()
+    try:
+        with caplog.at_level(logging.WARNING, LOG):
+            cache = await f.routing.source.open()
+            await until(lambda: cache.loaded, 60, "the first snapshot")
+            for _ in range(3):
+                assert await f.async_filter_deployments("chat", given, None) == given[:1]
+        assert [r.getMessage() for r in caplog.records if r.name == LOG] == [
+            f"LiteLLM deployment d2 of model group 'chat' (endpoint e2) dropped: serves "
+            f"another model (lists acme/x, not {MODEL})"
+        ]
     finally:
         await f.aclose()

@@ -5,7 +5,9 @@ endpoints receive nothing, and every request is counted in flight exactly once."
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
+import re
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest_asyncio
 
 from tests.support.litellm_fleet import BAD, HELD, HOLD_TOKENS, MODEL, OK, Fleet, fleet
 from tests.support.procs import until
+from tests.support.redisproc import RedisProcess
 
 # isort: off
 # litellm_fleet first: it sets LITELLM_LOCAL_MODEL_COST_MAP before litellm loads.
@@ -129,6 +132,145 @@ async def test_a_model_no_endpoint_serves_gets_litellms_no_deployment_error(f: F
         assert strategy.tickets.in_flight() == 0
     finally:
         strategy.uninstall()
+
+
+# --- deployments the view does not know, and saying why -----------------------------------
+
+LOG = "poller.integrations.litellm"
+
+
+def said(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOG and r.levelname == "WARNING"]
+
+
+def ghost(f: Fleet, group: str = "chat") -> dict[str, Any]:
+    """A deployment naming an endpoint id the registry lacks (a typo), sending to ok-a."""
+    entry = deployment(f, "ok-a", group=group, llmgw_endpoint="ok-x", id="ghost")
+    return entry
+
+
+def deployment_id(response: Any) -> str:
+    return str(response._hidden_params["model_id"])
+
+
+async def test_filter_keeps_an_unknown_endpoint_id_and_says_why_once(
+    f: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    load_filter = LoadAwareFilter(cache=f.cache)
+    named = [deployment(f, e, id=e) for e in (*OK[:2], *BAD)]
+    router = litellm.Router(model_list=[*named, ghost(f)], num_retries=0)
+    litellm.logging_callback_manager.add_litellm_callback(load_filter)
+    random.seed(3)  # LiteLLM's shuffle draws from the module's random source
+    try:
+        with caplog.at_level(logging.WARNING, LOG):
+            chosen = []
+            for i in range(40):
+                response = await router.acompletion(
+                    model="chat", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=2
+                )
+                chosen.append(deployment_id(response))
+    finally:
+        litellm.logging_callback_manager.remove_callback_from_all_lists(load_filter)
+    served = Counter(chosen)
+    assert set(served) <= {*OK[:2], "ghost"} and served["ghost"] > 0, served  # kept, chosen
+    assert load_filter.dropped_total == 3 * 40  # the bad three, never the ghost
+    lines = said(caplog)
+    assert (
+        lines.count(
+            "LiteLLM deployment ghost of model group 'chat': names endpoint 'ok-x' in "
+            "model_info.llmgw_endpoint, which the registry lacks: kept, uninformed (the view "
+            "does not judge it; the strategy uses it only when no mapped deployment is eligible)"
+        )
+        == 1
+    ), lines
+    # Each dropped deployment once, with its reason, not once per request.
+    dropped = [line for line in lines if " dropped: " in line]
+    assert len(dropped) == 3, dropped
+    assert (
+        "LiteLLM deployment asleep of model group 'chat' (endpoint asleep) dropped: asleep "
+        "(sleep mode)"
+    ) in dropped
+    assert any(
+        line.startswith(
+            "LiteLLM deployment failing of model group 'chat' (endpoint failing) "
+            "dropped: failing (http_status"
+        )
+        for line in dropped
+    ), dropped
+    assert any(
+        re.fullmatch(
+            r"LiteLLM deployment saturated of model group 'chat' \(endpoint saturated\) "
+            r"dropped: saturated \(waiting \d+ >= 5\)",
+            line,
+        )
+        for line in dropped
+    ), dropped
+    assert not any("no endpoint may take requests" in line for line in lines), lines
+
+
+async def test_strategy_with_nothing_eligible_says_why_once_and_uses_the_uninformed(
+    f: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Failing and asleep: never eligible (a saturated one would be, as the last resort).
+    bad = [deployment(f, e, group="bad", id=e) for e in BAD[1:]]
+    router = litellm.Router(model_list=[*bad, ghost(f, "bad")], num_retries=0)
+    strategy = LoadAwareStrategy(router, cache=f.cache).install()
+    try:
+        with caplog.at_level(logging.WARNING, LOG):
+            for i in range(5):
+                assert await ask(router, i, stream=False, group="bad") == "ok-a"  # the ghost's
+    finally:
+        strategy.uninstall()
+    lines = said(caplog)
+    nothing = [line for line in lines if line.startswith("no endpoint may take requests")]
+    assert len(nothing) == 1, lines  # once per change of the reasons, not per request
+    assert re.fullmatch(
+        r"no endpoint may take requests for model group 'bad' \(asleep asleep \(sleep mode\); "
+        r"failing failing \(http_status: HTTP 500: [^)]*\)\): sending to its 1 uninformed "
+        r"deployment",
+        nothing[0],
+    ), nothing[0]
+    assert sum("LiteLLM deployment ghost of model group 'bad'" in line for line in lines) == 1
+
+
+async def test_strategy_with_nothing_at_all_says_litellm_answers(
+    f: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    bad = [deployment(f, e, group="only-bad", id=f"only-{e}") for e in BAD[1:]]
+    router = litellm.Router(model_list=bad, num_retries=0)
+    strategy = LoadAwareStrategy(router, cache=f.cache).install()
+    try:
+        with caplog.at_level(logging.WARNING, LOG):
+            for i in range(3):
+                with pytest.raises(litellm.RouterRateLimitError, match="No deployments"):
+                    await ask(router, i, stream=False, group="only-bad")
+    finally:
+        strategy.uninstall()
+    nothing = [line for line in said(caplog) if line.startswith("no endpoint may take")]
+    assert len(nothing) == 1 and nothing[0].endswith(
+        ": LiteLLM answers 'No deployments available'"
+    ), nothing
+
+
+async def test_fail_open_line_before_redis_was_ever_reached(
+    f: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    nobody = RedisProcess()  # a free port, nothing listening
+    load_filter = LoadAwareFilter(redis_url=nobody.url, namespace="lt")
+    router = litellm.Router(model_list=[deployment(f, "ok-a")], num_retries=0)
+    litellm.logging_callback_manager.add_litellm_callback(load_filter)
+    try:
+        with caplog.at_level(logging.WARNING, LOG):
+            for i in range(2):
+                assert await ask(router, i, stream=False) == "ok-a"
+    finally:
+        litellm.logging_callback_manager.remove_callback_from_all_lists(load_filter)
+        await load_filter.aclose()
+    assert load_filter.fail_open_total == 2
+    assert said(caplog) == [
+        "the shared view cannot be read (cannot reach Redis: no view read from it yet): "
+        "keeping LiteLLM's deployments until it can (counted in fail_open_total)"
+    ]
 
 
 async def test_every_end_counted_once_failure_stream_cancel(f: Fleet) -> None:

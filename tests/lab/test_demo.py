@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,8 +15,15 @@ from types import SimpleNamespace
 import pytest
 
 from poller.reader.view import View
+from poller.service.coordinator import assign
 from poller_lab import demo as demo_mod
 from tests.support.procs import leftovers
+
+REBALANCED = re.compile(
+    r"> rebalanced: poller-1 owns (1 endpoint|(?!1 )\d+ endpoints) again; every poller holds "
+    r"its rendezvous share \(poller-0 \d+, poller-1 \d+, poller-2 \d+\), [\d.]+ s after "
+    r"its restart"
+)
 
 
 def run_demo(tmp_path: Path, path_env: str | None) -> str:
@@ -46,7 +54,12 @@ def check_story(out: str) -> None:
     assert any(line.startswith("> takeover: ") for line in lines), out
     assert any(line.startswith("> operator's page: http://127.0.0.1:") for line in lines), out
     assert any(line.startswith("> restarted poller-1") for line in lines), out
-    assert any(line.startswith("> rebalanced: poller-1 owns") for line in lines), out
+    # Rebalanced is said once the split is rendezvous's for the three, with its count.
+    [rebalanced] = [line for line in lines if line.startswith("> rebalanced: ")]
+    assert REBALANCED.fullmatch(rebalanced), rebalanced
+    shares = dict(re.findall(r"(poller-\d) (\d+)", rebalanced.split("(")[1]))
+    assert rebalanced.startswith(f"> rebalanced: poller-1 owns {shares['poller-1']} endpoint")
+    assert sum(map(int, shares.values())) == 12  # the demo's default fleet
     assert "3 live pollers (poller-0, poller-1, poller-2)" in out
     assert "http_status" in out and "contract" in out  # the failing and the incomplete one
 
@@ -171,7 +184,7 @@ def test_demo_story_steps_wait_for_the_state_they_narrate(
     assert script.killed_at is None  # all live, but poller-1 holds nothing: no takeover to show
     script.step(_view({"a": "poller-0", "b": "poller-1"}, all_live), 32.0)
     assert fake.procs["poller-1"].signals == [signal.SIGKILL]
-    assert said[-1].startswith("killed poller-1 (SIGKILL) holding 1 endpoints: b")
+    assert said[-1] == "killed poller-1 (SIGKILL) holding 1 endpoint: b"
     clock[0] += 60  # long after the kill, the lease has not been taken yet
     script.step(_view({"a": "poller-0", "b": "poller-1"}, ["poller-0", "poller-2"]), 92.0)
     assert fake.restarts == 0 and script.awaiting() == "the takeover of poller-1's endpoints"
@@ -181,5 +194,55 @@ def test_demo_story_steps_wait_for_the_state_they_narrate(
     assert fake.restarts == 1 and not script.done
     script.step(_view({"a": "poller-0", "b": "poller-2"}, all_live), 94.0)
     assert not script.done and script.awaiting().startswith("the rebalancing")
-    script.step(_view({"a": "poller-0", "b": "poller-1"}, all_live), 95.0)
-    assert script.done and said[-1].startswith("rebalanced: poller-1 owns 1 endpoints again")
+
+
+def test_rebalanced_waits_for_the_rendezvous_split_seen_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """poller-1 holding some endpoints is not the rebalancing: every endpoint with its
+    rendezvous owner among the three, on two reads in a row, is; the count agrees."""
+    clock = [1000.0]
+    monkeypatch.setattr(demo_mod.time, "monotonic", lambda: clock[0])
+    said: list[str] = []
+    fake = _Demo()
+    script = demo_mod.Script(fake, said.append)  # type: ignore[arg-type]
+    script.killed_at, script.restarted_at = 900.0, 990.0  # the story so far
+    all_live = ["poller-0", "poller-1", "poller-2"]
+    ids = [f"e{i}" for i in range(12)]
+    split = assign(all_live, ids)
+    mine = [e for e in ids if split[e] == "poller-1"]
+    assert len(mine) >= 2  # the fixture's premise: poller-1 wins several
+    # poller-1 has one of its endpoints back, poller-0 still holds the rest of them.
+    early = {e: ("poller-0" if o == "poller-1" and e != mine[0] else o) for e, o in split.items()}
+    script.step(_view(early, all_live), 95.0)
+    assert not script.done
+    clock[0] = 1002.5
+    script.step(_view(split, all_live), 96.0)
+    assert not script.done  # steady once is not yet stable
+    script.step(_view(split, ["poller-0", "poller-2"]), 96.5)  # a member not live: not it
+    script.step(_view(split, all_live), 97.0)
+    assert not script.done  # seen again, but the read between broke the run
+    script.step(_view(split, all_live), 97.5)
+    assert script.done
+    shares = ", ".join(f"{p} {sum(1 for o in split.values() if o == p)}" for p in all_live)
+    assert said == [
+        f"rebalanced: poller-1 owns {len(mine)} endpoints again; every poller holds its "
+        f"rendezvous share ({shares}), 12.5 s after its restart"
+    ]
+
+
+def test_rebalanced_says_1_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(demo_mod.time, "monotonic", lambda: 1000.0)
+    said: list[str] = []
+    script = demo_mod.Script(_Demo(), said.append)  # type: ignore[arg-type]
+    script.killed_at, script.restarted_at = 900.0, 990.0
+    all_live = ["poller-0", "poller-1", "poller-2"]
+    # Endpoints of which rendezvous gives poller-1 exactly one.
+    ids = [f"e{i}" for i in range(40)]
+    split = assign(all_live, ids)
+    one = [next(e for e in ids if split[e] == "poller-1")]
+    one += [e for e in ids if split[e] != "poller-1"]
+    view = _view({e: split[e] for e in one}, all_live)
+    script.step(view, 1.0)
+    script.step(view, 2.0)
+    assert said[-1].startswith("rebalanced: poller-1 owns 1 endpoint again; ")

@@ -189,9 +189,8 @@ class SimEndpoint:
         if self._body_key != key:
             _, states, _ = self.shown_states(now)
             spec = self.spec
-            model = spec.model if spec.model is not None else self.engine.model
             template = template_for(
-                spec.engine, model, spec.dp, bool(spec.lora), drop, self._kv_blocks
+                spec.engine, spec.served_model, spec.dp, bool(spec.lora), drop, self._kv_blocks
             )
             self._body = render(template, self.load, self.wall_offset, states)
             self._body_key = key

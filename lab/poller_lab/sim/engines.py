@@ -20,12 +20,21 @@ from poller_lab.sim.pages_other import (
 from poller_lab.sim.pages_vllm import BUNDLED_MODEL, vllm_source
 from poller_lab.sim.templates import Formatter, Template, compile_page, fmt_go, fmt_plain
 
-__all__ = ["ENGINES", "SAFE_LABEL", "EngineDef", "iteration_stats", "template_for"]
+__all__ = [
+    "ENGINES",
+    "LLAMACPP_MODEL",
+    "SAFE_LABEL",
+    "EngineDef",
+    "iteration_stats",
+    "template_for",
+]
 
 #: prometheus_client's content type (vLLM, SGLang and trtllm-serve use it).
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 #: Model and adapter names go into label values unescaped: keep them to plain characters.
 SAFE_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}")
+#: What a llama-server started with ``-m Llama-3.1-8B-Instruct-Q4_K_M.gguf`` lists.
+LLAMACPP_MODEL = "Llama-3.1-8B-Instruct-Q4_K_M.gguf"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +50,13 @@ class EngineDef:
     text_path: str = "/metrics"
     json_path: str | None = None
     content_type: str = PROMETHEUS_TEXT
+    #: The model an endpoint serves unless its spec names one: what ``/v1/models`` lists
+    #: and requests name. Whether the page carries it is the page source's business.
     model: str = BUNDLED_MODEL
+    #: ``owned_by`` of the engine's ``/v1/models`` entries (None: the model id, as TGI).
+    owned_by: str | None = "vllm"
+    #: The engine's server takes requests without a ``model`` (llama-server, TGI).
+    model_optional: bool = False
     capacity: int = 64
     #: (rank, ranks) -> label text for the ``<<R>>`` marker; None: one rank only.
     rank_label: Callable[[int, int], str] | None = None
@@ -91,6 +106,7 @@ ENGINES: dict[str, EngineDef] = {
             fmt_go,
             required=("sglang:token_usage", "sglang:num_used_tokens"),
             rank_label=_sglang_rank,
+            owned_by="sglang",
         ),
         EngineDef(
             "llamacpp",
@@ -100,18 +116,24 @@ ENGINES: dict[str, EngineDef] = {
             # KV usage is optional for llama.cpp (removed upstream): drop a required gauge.
             required=("llamacpp:requests_deferred",),
             content_type="text/plain; version=0.0.4",
-            model="",
+            # llama-server lists its --alias, else the model file's name; its page
+            # names no model.
+            model=LLAMACPP_MODEL,
             capacity=4,  # --parallel
+            owned_by="llamacpp",
+            model_optional=True,
         ),
         EngineDef(
             "trtllm",
             "trtllm",
-            lambda model, lora, blocks: trtllm_source(model),
+            # trtllm-serve labels its page model_name="undefined" whatever it serves;
+            # /v1/models lists the model it was started with.
+            lambda model, lora, blocks: trtllm_source("undefined"),
             fmt_go,
             required=("trtllm_kv_cache_utilization",),
             text_path="/prometheus/metrics",
             json_path="/metrics",
-            model="undefined",  # what trtllm-serve usually writes
+            owned_by="tensorrt_llm",
         ),
         EngineDef(
             "triton",
@@ -121,6 +143,7 @@ ENGINES: dict[str, EngineDef] = {
             required=("nv_trt_llm_kv_cache_block_metrics",),
             content_type="text/plain; charset=utf-8",
             model="tensorrt_llm",
+            owned_by="Triton Inference Server",
         ),
         EngineDef(
             "tgi",
@@ -129,8 +152,10 @@ ENGINES: dict[str, EngineDef] = {
             fmt_plain,
             required=("tgi_queue_size",),
             content_type="text/plain; charset=utf-8",
-            model="",
+            # TGI lists its --model-id (owned_by the same); its page names no model.
             capacity=32,
+            owned_by=None,
+            model_optional=True,
         ),
         EngineDef(
             "lmdeploy",
@@ -140,6 +165,7 @@ ENGINES: dict[str, EngineDef] = {
             required=("lmdeploy:gpu_cache_usage_perc",),
             capacity=128,  # --max-batch-size
             rank_label=_lmdeploy_rank,
+            owned_by="lmdeploy",
         ),
     )
 }

@@ -1,28 +1,8 @@
 """Fault modes of a simulated endpoint: names, parameters, and the bodies they serve.
 
-A fault is data (``Fault(mode, params)``), validated once when it is set (from Python or
-the admin API), so the request path only branches on ``mode``. What a client sees:
-
-=========== ==============================================================================
-ok          the page
-down        per-port: the port is closed (connection refused); path: the connection is
-            closed without a response
-refuse      per-port: as ``down``; path: the connection is reset (RST)
-slow        the page after ``delay_s`` seconds
-hang        nothing, ever (until the client gives up or the simulator stops)
-drip        the page, ``chunk_bytes`` at a time every ``interval_s`` seconds
-http500     500 Internal Server Error
-http401     401 Unauthorized
-garbage     HTML or binary that is not exposition text (``kind``: html, binary, mixed)
-oversized   a valid-looking page of ``mb`` MB, streamed (``declare_length`` adds
-            Content-Length)
-missing     the page without ``metrics`` (default: the engine's KV usage gauge)
-flap        ``period_s`` seconds healthy, then ``period_s`` seconds of ``fail``, and so on
-            (lazily, per request: a per-port endpoint's ``down`` drops the connection
-            instead of closing its port)
-restart     counters reset to zero once, then ``ok``
-json        JSON iteration stats, like trtllm-serve's plain /metrics
-=========== ==============================================================================
+A fault is data (``Fault(mode, params)``), validated once when it is set (from Python,
+``poller sim --fault``, or the admin API), so the request path only branches on
+``mode``. What a client sees is ``DESCRIPTIONS`` (``poller sim --help`` prints it).
 """
 
 from __future__ import annotations
@@ -35,7 +15,7 @@ from typing import Any
 
 from poller.errors import ConfigError
 
-__all__ = ["FAULT_MODES", "Fault", "garbage_body", "padding_block"]
+__all__ = ["DESCRIPTIONS", "FAULT_MODES", "Fault", "defaults", "garbage_body", "padding_block"]
 
 # mode -> {parameter: default}; a default of None means "the engine decides".
 _PARAMS: dict[str, dict[str, Any]] = {
@@ -55,12 +35,35 @@ _PARAMS: dict[str, dict[str, Any]] = {
     "json": {},
 }
 FAULT_MODES = tuple(_PARAMS)
+#: mode -> what a client sees, one line each (``poller sim --help`` lists them).
+DESCRIPTIONS: dict[str, str] = {
+    "ok": "the page",
+    "down": "per-port: its port is closed (refused); path: the connection closed unanswered",
+    "refuse": "per-port: as down; path: the connection is reset (RST)",
+    "slow": "the page after delay_s seconds",
+    "hang": "nothing, ever (until the client gives up or the simulator stops)",
+    "drip": "the page, chunk_bytes at a time every interval_s seconds",
+    "http500": "500 Internal Server Error (completions too)",
+    "http401": "401 Unauthorized (completions too)",
+    "garbage": "HTML or binary that is not exposition text (kind: html, binary, mixed)",
+    "oversized": "a valid-looking page of mb MB, streamed (declare_length: with its length)",
+    "missing": "the page without metrics (default: the engine's KV usage gauge)",
+    # Lazily, per request: a per-port endpoint's down drops the connection instead.
+    "flap": "period_s seconds healthy, then period_s seconds of fail, and so on",
+    "restart": "counters reset to zero once, then ok",
+    "json": "JSON iteration stats, like trtllm-serve's plain /metrics",
+}
 #: What the failing half of ``flap`` may be: anything served from inside a request.
 _FLAP_FAILS = (
     *("down", "refuse", "slow", "hang", "drip", "http500", "http401", "garbage"),
     *("oversized", "missing", "json"),
 )
 _GARBAGE_KINDS = ("html", "binary", "mixed")
+
+
+def defaults(mode: str) -> dict[str, Any]:
+    """A mode's parameters and their defaults (None: the engine decides)."""
+    return dict(_PARAMS[mode])
 
 
 @dataclass(frozen=True, slots=True)

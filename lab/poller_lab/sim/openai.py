@@ -2,10 +2,13 @@
 
     POST /v1/chat/completions   {"model", "messages", "max_tokens"?, "stream"?}
     POST /v1/completions        {"model", "prompt", "max_tokens"?, "stream"?}
-    GET  /v1/models             the models the endpoint serves
+    GET  /v1/models             the models the endpoint serves, in its engine's shape
     POST /sleep?level=1|2       (vLLM) stop serving; POST /wake_up; GET /is_sleeping
 
-A request holds a running slot for ``max_tokens / speed_tps`` seconds (``ServeQueue``)
+A request names a model ``/v1/models`` lists (llama.cpp and TGI also take one naming
+none, as their servers do); another name is a 404 on every engine, stricter than
+llama-server and TGI (which ignore it), so that a misconfigured gateway shows. A
+request holds a running slot for ``max_tokens / speed_tps`` seconds (``ServeQueue``)
 and always generates ``max_tokens`` tokens (``finish_reason: "length"``). Errors use the
 OpenAI shape ``{"error": {"message", "type", "param", "code"}}``, as vLLM writes them:
 400 bad input, 404 a model the endpoint does not serve, 503 while asleep (vLLM answers
@@ -25,7 +28,7 @@ from aiohttp import web
 
 from poller_lab.sim.endpoint import JSON, SimEndpoint
 
-__all__ = ["COMPLETION_PATHS", "SLEEP_PATHS", "error", "parse_request", "reply"]
+__all__ = ["COMPLETION_PATHS", "SLEEP_PATHS", "error", "models_reply", "parse_request", "reply"]
 
 COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
 SLEEP_PATHS = ("/sleep", "/wake_up", "/is_sleeping")
@@ -59,6 +62,8 @@ def parse_request(ep: SimEndpoint, path: str, raw: bytes) -> tuple[str, str, int
     if not isinstance(body, dict):
         raise BadRequest(400, "the request body must be a JSON object")
     model = body.get("model")
+    if model is None and ep.engine.model_optional:
+        model = ep.models[0]  # llama-server and TGI serve their one model unasked
     if not isinstance(model, str) or not model:
         raise BadRequest(400, "model is required (a string)", "model")
     if model not in ep.models:
@@ -167,6 +172,21 @@ def reply(
     first = [answer.chunk("", None, role=True)] if answer.chat else []
     last = [answer.chunk(answer.text, None), answer.chunk("", "length"), b"data: [DONE]\n\n"]
     return answer.whole(), first, last
+
+
+def models_reply(ep: SimEndpoint) -> dict[str, Any]:
+    """``GET /v1/models`` as the endpoint's engine answers it: the served model (and its
+    LoRA adapters), ``owned_by`` the engine (TGI: the model id); llama-server also lists
+    them under ``models``, Ollama's shape."""
+    created = 0 if ep.engine.owned_by is None else int(time.time())
+    data = [
+        {"id": m, "object": "model", "created": created, "owned_by": ep.engine.owned_by or m}
+        for m in ep.models
+    ]
+    body: dict[str, Any] = {"object": "list", "data": data}
+    if ep.engine.name == "llamacpp":
+        body["models"] = [{"name": m, "model": m} for m in ep.models]
+    return body
 
 
 def sleep_reply(ep: SimEndpoint, path: str, query: dict[str, str]) -> web.Response:

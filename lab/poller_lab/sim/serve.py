@@ -22,6 +22,7 @@ from poller_lab.sim.openai import (
     SLEEP_PATHS,
     BadRequest,
     error,
+    models_reply,
     parse_request,
     reply,
     sleep_reply,
@@ -71,8 +72,7 @@ class Responder:
         elif path in COMPLETION_PATHS and request.method == "POST":
             return await self._complete(ep, request, path)
         elif path == "/v1/models":
-            data = [{"id": m, "object": "model", "owned_by": "sim"} for m in ep.models]
-            return web.json_response({"object": "list", "data": data})
+            return web.json_response(models_reply(ep))
         elif path in SLEEP_PATHS and engine.name == "vllm":
             if (request.method == "GET") != (path == "/is_sleeping"):
                 return web.Response(status=405, text="405 method not allowed\n")

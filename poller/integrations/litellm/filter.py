@@ -12,6 +12,7 @@ from poller.integrations.litellm.routing import Routing
 from poller.integrations.litellm.source import ViewSource
 from poller.reader.cache import ViewCache
 from poller.reader.picker import Picker
+from poller.util.logs import count
 
 __all__ = ["LoadAwareFilter"]
 
@@ -20,7 +21,10 @@ class LoadAwareFilter(CustomLogger):  # type: ignore[misc]
     """Drops deployments whose endpoint is failing, stale, unknown, asleep, saturated
     (while another is not), or does not serve the deployment's model: the ``Picker``'s
     rules, with ``picker``'s options. Deployments that map to no registry endpoint (a
-    hosted provider) are kept. LiteLLM's strategy then chooses among what is left.
+    hosted provider, an ``llmgw_endpoint`` the registry lacks) are kept, uninformed.
+    LiteLLM's strategy then chooses among what is left. Each dropped or uninformed
+    deployment is logged once per reason at WARNING; a group left with no eligible
+    endpoint, once per change of the reasons.
 
     When the view cannot be read (no Redis URL, Redis not answering since before the
     picker's ``stale_grace_s``), or has no current numbers for any of the deployments'
@@ -59,12 +63,32 @@ class LoadAwareFilter(CustomLogger):  # type: ignore[misc]
         cache = await self.routing.cache()
         if cache is None:
             return healthy_deployments
-        targets = self.routing.targets(cache, healthy_deployments)
-        keep = self.routing.eligible(cache, targets)
+        routing = self.routing
+        targets = routing.targets(cache, healthy_deployments)
+        keep = routing.eligible(cache, targets)
         kept = [d for d, ok in zip(healthy_deployments, keep, strict=True) if ok]
-        if len(kept) < len(healthy_deployments) and self.routing.without_numbers(cache, targets):
+        if len(kept) == len(healthy_deployments):
+            routing.something_eligible(model)
+            return kept
+        if routing.without_numbers(cache, targets):
             return healthy_deployments
         self.dropped_total += len(healthy_deployments) - len(kept)
+        for deployment, target, ok in zip(healthy_deployments, targets, keep, strict=True):
+            if not ok:
+                routing.dropped(cache, deployment, target)
+        mapped = [t for t in targets if t.endpoint_id is not None]
+        if any(ok and t.endpoint_id is not None for t, ok in zip(targets, keep, strict=True)):
+            routing.something_eligible(model)
+        else:
+            uninformed = len(targets) - len(mapped)
+            routing.nothing_eligible(
+                cache,
+                model,
+                mapped,
+                f"kept only its {count(uninformed, 'uninformed deployment')}"
+                if uninformed
+                else "LiteLLM answers 'No deployments available'",
+            )
         return kept
 
     async def aclose(self) -> None:

@@ -22,6 +22,7 @@ from poller.integrations.litellm.tickets import Key, Tickets
 from poller.reader.cache import ViewCache
 from poller.reader.load import LocalLoad
 from poller.reader.picker import Picker
+from poller.util.logs import count
 
 __all__ = ["LoadAwareStrategy"]
 
@@ -37,11 +38,12 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
     deployments LiteLLM considers healthy, the picker chooses an endpoint (a group whose
     deployments name one engine model picks with that model; a mixed group keeps those
     whose endpoint serves their own model, then picks among them); deployments sharing
-    that endpoint are chosen between at random. Nothing eligible: deployments that map
-    to no endpoint (a hosted provider) by LiteLLM's weighted shuffle, else LiteLLM's own
-    no-deployment error. The view unreadable, or without current numbers for any of the
-    group's endpoints (the pollers are down): LiteLLM's weighted shuffle over all
-    (``fail_open_total``).
+    that endpoint are chosen between at random. Nothing eligible (logged once per change
+    of the reasons): deployments that map to no endpoint (a hosted provider, an
+    ``llmgw_endpoint`` the registry lacks: uninformed, logged once each) by LiteLLM's
+    weighted shuffle, else LiteLLM's own no-deployment error. The view unreadable, or
+    without current numbers for any of the group's endpoints (the pollers are down):
+    LiteLLM's weighted shuffle over all (``fail_open_total``).
     """
 
     def __init__(
@@ -164,7 +166,7 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
         ]
         endpoint_id = None
         if mapped:
-            served = {t.model for _, _, t in mapped}
+            served = {routing.asked(cache, t) for _, _, t in mapped}
             if len(served) == 1:
                 ids = [e for _, e, _ in mapped]
                 endpoint_id = routing.picker.pick(
@@ -176,11 +178,21 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
                 if ids:
                     endpoint_id = routing.picker.pick(cache, None, candidates=ids, local=self.local)
         if endpoint_id is not None:
+            routing.something_eligible(model)
             on_it = [d for d, e, _ in mapped if e == endpoint_id]
             return on_it[0] if len(on_it) == 1 else self.rng.choice(on_it)
         if routing.without_numbers(cache, targets):
             return self._shuffle(model, healthy, kwargs)
         unmapped = [d for d, t in zip(healthy, targets, strict=True) if t.endpoint_id is None]
+        if mapped:
+            routing.nothing_eligible(
+                cache,
+                model,
+                [t for _, _, t in mapped],
+                f"sending to its {count(len(unmapped), 'uninformed deployment')}"
+                if unmapped
+                else "LiteLLM answers 'No deployments available'",
+            )
         return self._shuffle(model, unmapped, kwargs) if unmapped else None
 
     def _shuffle(
