@@ -82,8 +82,10 @@ def test_status_shows_the_models_of_the_stats(
     client.hset(Keys(NS).view_stats, "l", record)
 
     out = runner.invoke(cli, ["status"], env=env).output
-    header, row = out.splitlines()[1:3]
-    assert "MODELS" in header.split()
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if "MODELS" in line.split())
+    header, row = lines[at : at + 2]
+    assert "ID" in header.split()
     assert f"{LLAMA}, a, b (+1 more)" in row
 
     shown = json.loads(runner.invoke(cli, ["status", "--json"], env=env).output)

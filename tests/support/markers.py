@@ -59,6 +59,7 @@ FIXTURES: dict[str, str] = {
     "locked": "redis_server",  # tests/store/test_redis_auth.py
     "tls_redis": "redis_server",  # tests/store/test_tls.py
     "mtls_redis": "redis_server",  # tests/store/test_tls.py
+    "acl_redis": "redis_server",  # tests/cli/test_redis_answers.py
 }
 
 #: The ``store`` fixture's params that start a server -> their marker.
