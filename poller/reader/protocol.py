@@ -53,6 +53,7 @@ class Protocol:
         self.next_probe = 0.0
         self.applied = 0  # updates applied without a read
         self.read_backs = 0
+        self.ever_loaded = False  # a first view read: later failures lose Redis
         #: Why the connection was last lost (None once a snapshot arrived).
         self.error: BaseException | None = None
 
@@ -64,6 +65,7 @@ class Protocol:
         self.cache.healthy = True
         self.failures = 0
         self.error = None
+        self.ever_loaded = True
         self.next_resync = now + self.resync_s
         self.next_probe = now + self.probe_s
 
@@ -73,6 +75,9 @@ class Protocol:
             # Not an outage: retrying will not help until someone upgrades; say so loudly.
             if self.error is None or self.failures == 0:
                 log.error("reader cannot read this Redis, serving the last view: %s", exc)
+        elif not self.ever_loaded:
+            if self.failures == 0:
+                log.warning("reader cannot reach Redis, no view read from it yet: %s", exc)
         elif self.cache.healthy or self.failures == 0:
             log.warning("reader lost Redis, serving the last view: %s", exc)
         self.error = exc

@@ -9,6 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from poller.config import RedisSettings
+from poller.errors import StoreUnreachable
 from poller.reader import StatsReader, SyncStatsReader
 from poller.reader.cache import ViewCache
 from poller.reader.pick import pick
@@ -774,3 +775,22 @@ async def test_cached_reader_follows_updates_through_pubsub_when_it_has_no_feed(
                 (e := cache.get("a")) is not None and e.stats is not None and e.stats.running == 4
             )
         )
+
+
+def test_protocol_says_cannot_reach_before_the_first_view_and_lost_after(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A reader that never read a view has not lost Redis: it never reached it."""
+    never = Protocol(ViewCache(), resync_s=5.0, probe_s=1.0)
+    with caplog.at_level("WARNING", logger="poller.reader.protocol"):
+        never.lost(StoreUnreachable("connection refused"))
+        never.lost(StoreUnreachable("connection refused"))
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["reader cannot reach Redis, no view read from it yet: connection refused"]
+    caplog.clear()
+    proto = loaded_protocol()
+    with caplog.at_level("WARNING", logger="poller.reader.protocol"):
+        proto.lost(StoreUnreachable("connection reset"))
+    assert [r.getMessage() for r in caplog.records] == [
+        "reader lost Redis, serving the last view: connection reset"
+    ]
