@@ -23,6 +23,7 @@ from rich.live import Live
 from poller.cli.render import render
 from poller.reader.reader import StatsReader
 from poller.reader.view import View
+from poller.util.logs import count
 from poller_lab.bench_fleet import sync_registry
 from poller_lab.embedded import Proc, http_json, redis_for, start_pollers, start_sim, workdir
 
@@ -158,7 +159,7 @@ class Script:
                 self.demo.procs["poller-1"].signal(signal.SIGKILL)
                 self.killed_at = now
                 self.say(
-                    f"killed poller-1 (SIGKILL) holding {len(self.victims)} endpoints: "
+                    f"killed poller-1 (SIGKILL) holding {count(len(self.victims), 'endpoint')}: "
                     f"{', '.join(self.victims) or 'none'}"
                 )
             return
@@ -180,8 +181,9 @@ class Script:
                 self.say("restarted poller-1: rendezvous hashing gives it back its share")
         elif not self.rebalanced and _owned(view, "poller-1"):
             self.rebalanced = True
+            owns = count(len(_owned(view, "poller-1")), "endpoint")
             self.say(
-                f"rebalanced: poller-1 owns {len(_owned(view, 'poller-1'))} endpoints again "
+                f"rebalanced: poller-1 owns {owns} again "
                 f"({now - self.restarted_at:.1f} s after its restart)"
             )
 

@@ -78,7 +78,7 @@ _PLAIN = (
 
 def _value(err: Any) -> str:
     value = err.get("input")
-    text = repr(value)
+    text = f"{value:g}" if isinstance(value, float) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

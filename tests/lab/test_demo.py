@@ -180,4 +180,4 @@ def test_demo_story_steps_wait_for_the_state_they_narrate(
     script.step(_view({"a": "poller-0", "b": "poller-2"}, all_live), 94.0)
     assert not script.done and script.awaiting().startswith("the rebalancing")
     script.step(_view({"a": "poller-0", "b": "poller-1"}, all_live), 95.0)
-    assert script.done and said[-1].startswith("rebalanced: poller-1 owns 1 endpoints again")
+    assert script.done and said[-1].startswith("rebalanced: poller-1 owns 1 endpoint again")
