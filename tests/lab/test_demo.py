@@ -169,7 +169,7 @@ def test_demo_story_steps_wait_for_the_state_they_narrate(
     assert script.killed_at is None  # all live, but poller-1 holds nothing: no takeover to show
     script.step(_view({"a": "poller-0", "b": "poller-1"}, all_live), 32.0)
     assert fake.procs["poller-1"].signals == [signal.SIGKILL]
-    assert said[-1].startswith("killed poller-1 (SIGKILL) holding 1 endpoints: b")
+    assert said[-1].startswith("killed poller-1 (SIGKILL) holding 1 endpoint: b")
     clock[0] += 60  # long after the kill, the lease has not been taken yet
     script.step(_view({"a": "poller-0", "b": "poller-1"}, ["poller-0", "poller-2"]), 92.0)
     assert fake.restarts == 0 and script.awaiting() == "the takeover of poller-1's endpoints"
