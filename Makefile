@@ -1,5 +1,6 @@
 # make install | fmt | lint | test | test-fast | demo | bench | all | test-engines (opt-in)
-# The virtualenv lives in .venv; every target that needs it installs it first.
+# The virtualenv lives in .venv; every target that needs it installs it first (`demo` only
+# the service and the lab, the others the whole development set).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,13 +11,27 @@ BIN := $(VENV)/bin
 # (tests/integrations/test_litellm_docs.py runs a real proxy); constraints/litellm.txt says why.
 LITELLM_PINS := constraints/litellm.txt
 
-$(BIN)/poller: pyproject.toml lab/pyproject.toml $(LITELLM_PINS)
+# Two sets in the one .venv, each with its own stamp: `install` the development set (the
+# tests, ruff, mypy, the deployment checks, LiteLLM with its proxy), `demo` only what the
+# demo runs (the service extra and the lab). The development set holds the demo's, so it
+# stamps both; a demo install leaves `install` to do.
+DEV_STAMP := $(VENV)/.installed-dev
+DEMO_STAMP := $(VENV)/.installed-demo
+
+$(DEV_STAMP): pyproject.toml lab/pyproject.toml $(LITELLM_PINS)
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,litellm]' -e ./lab -r $(LITELLM_PINS) -c $(LITELLM_PINS)
+	@touch $@ $(DEMO_STAMP)
+
+$(DEMO_STAMP): pyproject.toml lab/pyproject.toml
+	@echo "installing the service and the lab into $(VENV) (make install adds the development set)"
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --progress-bar on --upgrade pip
+	$(BIN)/python -m pip install --progress-bar on -e '.[service]' -e ./lab
 	@touch $@
 
-install: $(BIN)/poller
+install: $(DEV_STAMP)
 
 # Integration tests start their own redis-server processes; install one if it is missing.
 redis-server:
@@ -85,7 +100,7 @@ test-engines: install redis-server build-tools
 	  $(BIN)/pytest -q -p no:cacheprovider -o python_files='engine_*.py' tests/engines
 
 # Three pollers share a dozen simulated engines on an embedded Redis; Ctrl-C stops it.
-demo: install redis-server
+demo: $(DEMO_STAMP) redis-server
 	$(BIN)/poller demo
 
 bench: install redis-server

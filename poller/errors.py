@@ -161,6 +161,8 @@ class ContractError(ScrapeError):
     """Required metrics are missing from an otherwise valid page (the seed's MissingError)."""
 
     reason = "contract"
+    #: The other engines whose contract the page satisfies (``EngineMapping.read``).
+    looks_like: tuple[str, ...] = ()
 
     def __init__(
         self,

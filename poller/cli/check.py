@@ -12,6 +12,8 @@ from typing import Any
 import click
 
 from poller.cli.common import config_option, load
+from poller.cli.oneline import BadInput
+from poller.cli.register import url_problem
 from poller.config import ScrapeSettings
 from poller.errors import ConfigError
 from poller.schema.endpoint import Endpoint, endpoint_from_dict
@@ -28,8 +30,7 @@ SCRAPED_ENGINES = [name for name, spec in ENGINE_SPECS.items() if spec.scraped]
 @click.option(
     "--engine",
     type=click.Choice(SCRAPED_ENGINES),
-    default="vllm",
-    show_default=True,
+    show_default="detected from the page (--example: vllm)",
     help="Engine mapping to read the page with.",
 )
 @click.option(
@@ -78,7 +79,7 @@ SCRAPED_ENGINES = [name for name, spec in ENGINE_SPECS.items() if spec.scraped]
 )
 def check(
     url: str | None,
-    engine: str,
+    engine: str | None,
     api_key_env: str | None,
     api_key_file: str | None,
     metrics_path: str | None,
@@ -93,8 +94,9 @@ def check(
     """Scrape one endpoint once: what it read, from which metric, and what is missing.
 
     URL is the engine's base URL (e.g. http://10.0.0.5:8000); the engine's metrics path
-    is appended. Exit status 0 when the page satisfies the engine's contract, 1 when it
-    does not or the scrape failed, 2 for bad arguments.
+    is appended (a URL ending in it or in /v1 is refused, naming the base URL). Without
+    --engine, the page says which engine it is. Exit status 0 when the page satisfies
+    the engine's contract, 1 when it does not or the scrape failed, 2 for bad arguments.
     """
     # Imported here: the HTTP stack is most of `poller`'s start-up, and only check needs it.
     from poller.scrape.check import check_endpoint, format_report, serve_example
@@ -104,9 +106,16 @@ def check(
     scrape: ScrapeSettings | None = None
     if config_file is not None:
         scrape = load(config_file, {}).scrape
+    if url:
+        # The URL mistakes `endpoints add` refuses, refused here alike.
+        entry = _endpoint(url, engine, metrics_path=metrics_path)
+        problem = url_problem(entry, scrape or ScrapeSettings())
+        if problem:
+            raise BadInput(problem)
 
     async def run() -> dict[str, Any]:
-        async with serve_example(engine) if example else _nothing(url or "") as base:
+        shown = engine or "vllm"
+        async with serve_example(shown) if example else _nothing(url or "") as base:
             endpoint = _endpoint(
                 base,
                 engine,
@@ -131,7 +140,7 @@ async def _nothing(value: str) -> AsyncIterator[str]:
     yield value
 
 
-def _endpoint(url: str, engine: str, **options: Any) -> Endpoint:
+def _endpoint(url: str, engine: str | None, **options: Any) -> Endpoint:
     """The entry `check` scrapes; options left at None are not set."""
     data: dict[str, Any] = {"id": "check", "url": url, "engine": engine}
     data.update((key, value) for key, value in options.items() if value is not None)

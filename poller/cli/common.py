@@ -11,7 +11,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from poller.cli.oneline import BadInput
+from poller.cli.oneline import BadInput, env_names
 from poller.config import FLAT_ENV, Settings, load_settings
 from poller.errors import ConfigError, StoreAuthError, StoreError
 from poller.redis.settings import RedisSettings
@@ -21,27 +21,16 @@ from poller.util.urls import redact_url
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _option_env_names() -> frozenset[str]:
+def option_env_names() -> frozenset[str]:
     """Every variable an option of the running ``poller`` reads: known, not a typo."""
     ctx = click.get_current_context(silent=True)
-    if ctx is None:
-        return FLAT_ENV
-    names = set(FLAT_ENV)
-    pending: list[click.Command] = [ctx.find_root().command]
-    while pending:
-        command = pending.pop()
-        if isinstance(command, click.Group):
-            pending += command.commands.values()
-        for param in command.params:
-            envvar = getattr(param, "envvar", None)
-            names.update([envvar] if isinstance(envvar, str) else envvar or ())
-    return frozenset(names)
+    return FLAT_ENV if ctx is None else env_names(ctx.find_root().command)
 
 
 def load(config: str | None, overrides: dict[str, Any]) -> Settings:
     """The settings, or exit 2 with one line per problem (every problem at once)."""
     try:
-        return load_settings(config, overrides, flat_env=_option_env_names())
+        return load_settings(config, overrides, flat_env=option_env_names())
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import click
 
@@ -20,9 +21,8 @@ from poller.cli.common import (
 )
 from poller.cli.export import endpoints_export
 from poller.cli.oneline import BadInput
-from poller.cli.register import registration_problems
+from poller.cli.register import registration_problems, settings_and_file
 from poller.config import ScrapeSettings, effective_timeout_s
-from poller.config.registry_file import endpoints_from_file
 from poller.errors import ConfigError
 from poller.schema.endpoint import (
     ENGINES,
@@ -30,7 +30,10 @@ from poller.schema.endpoint import (
     endpoint_from_dict,
     validate_endpoint_id,
 )
-from poller.store.registry import sync_diff
+from poller.store.registry import EntryExists, UrlTaken, sync_diff
+from poller.util.logs import count
+
+T = TypeVar("T")
 
 
 @click.group()
@@ -52,12 +55,6 @@ def _scrape_settings(
     return load(config_file, {"redis.url": redis_url, "redis.namespace": namespace}).scrape
 
 
-def _refuse(entries: list[Endpoint], scrape: ScrapeSettings, where: str = "") -> None:
-    problems = registration_problems(entries, scrape, where=where)
-    if problems:
-        raise BadInput("\n".join(problems))
-
-
 def _timeout_notes(entries: list[Endpoint], scrape: ScrapeSettings) -> None:
     """One line per entry whose timeout the pollers will lower (effective_timeout_s)."""
     for e in entries:
@@ -71,6 +68,15 @@ def _timeout_notes(entries: list[Endpoint], scrape: ScrapeSettings) -> None:
             f"note: {e.id}: timeout {named:g}s is not below its interval {interval:g}s{where}: "
             f"the pollers use {timeout:g}s, half the interval"
         )
+
+
+async def _refusing_url_conflicts(coro: Awaitable[T]) -> T:
+    """A write the registry refused for a URL another entry has: a mistake in what was
+    registered (one line per entry, exit 2), not a Redis failure."""
+    try:
+        return await coro
+    except UrlTaken as exc:
+        raise BadInput(str(exc)) from None
 
 
 def _labels(values: tuple[str, ...]) -> dict[str, str]:
@@ -175,18 +181,36 @@ def endpoints_add(
     ):
         if value is not None:
             data[key] = value
+    # Every problem of the entry and the settings at once.
+    problems: list[str] = []
+    endpoint: Endpoint | None = None
     try:
         endpoint = endpoint_from_dict(endpoint_id, data)
     except ConfigError as exc:
-        raise BadInput(str(exc)) from None
-    scrape = _scrape_settings(config_file, redis_url, namespace)
-    _refuse([endpoint], scrape)
+        problems.append(str(exc))
+    scrape: ScrapeSettings | None = None
+    try:
+        scrape = _scrape_settings(config_file, redis_url, namespace)
+    except BadInput as exc:
+        problems += exc.format_message().splitlines()
+    if endpoint is not None:
+        problems += registration_problems([endpoint], scrape or ScrapeSettings())
+    if problems or endpoint is None or scrape is None:
+        raise BadInput("\n".join(problems))
 
     async def go() -> int:
         async with store_session(redis_url, namespace, config_file) as store:
-            return await store.put_endpoint(endpoint, replace=replace)
+            try:
+                return await store.put_endpoint(endpoint, replace=replace, unique_url=True)
+            except EntryExists:
+                click.echo(
+                    f"Error: endpoint {endpoint_id!r} already exists: add --replace to "
+                    "overwrite it",
+                    err=True,
+                )
+                sys.exit(1)
 
-    rev = run_store_command(go())
+    rev = run_store_command(_refusing_url_conflicts(go()))
     click.echo(f"{'updated' if replace else 'added'} {endpoint_id} (registry rev {rev})")
     _timeout_notes([endpoint], scrape)
 
@@ -246,7 +270,7 @@ def endpoints_ls(as_json: bool, redis_url: str | None, namespace: str | None) ->
         return
     click.echo(redis_line(settings.redis))
     click.echo(
-        f"registry rev {registry.rev}: {len(registry.endpoints)} endpoints"
+        f"registry rev {registry.rev}: {count(len(registry.endpoints), 'endpoint')}"
         + (f", {len(registry.invalid)} invalid" if registry.invalid else "")
     )
     for e in sorted(registry.endpoints.values(), key=lambda e: e.id):
@@ -268,12 +292,12 @@ def endpoints_sync(
     file: str, dry_run: bool, config_file: str | None, redis_url: str | None, namespace: str | None
 ) -> None:
     """Make the registry exactly FILE (YAML, JSON or TOML), atomically."""
-    try:
-        wanted = endpoints_from_file(file)
-    except ConfigError as exc:
-        raise BadInput(str(exc)) from None
-    scrape = _scrape_settings(config_file, redis_url, namespace)
-    _refuse(list(wanted.values()), scrape, where=f"{file}: ")
+    # Every problem of the settings and the file at once.
+    settings, entries = settings_and_file(
+        config_file, {"redis.url": redis_url, "redis.namespace": namespace}, file
+    )
+    scrape = settings.scrape
+    wanted = entries or {}
 
     async def go() -> tuple[int, list[str], list[str], list[str]]:
         async with store_session(redis_url, namespace, config_file) as store:
@@ -281,17 +305,19 @@ def endpoints_sync(
                 current = await store.read_registry()
                 diff = sync_diff(current, {e.id: e.to_json() for e in wanted.values()})
                 return (current.rev, *diff)
-            return await store.replace_registry(wanted)
+            return await store.replace_registry(wanted, unique_url=True)
 
-    rev, added, changed, removed = run_store_command(go())
-    verb = "would" if dry_run else "did"
+    rev, added, changed, removed = run_store_command(_refusing_url_conflicts(go()))
     for sign, ids in (("+", added), ("~", changed), ("-", removed)):
         for endpoint_id in ids:
             click.echo(f"{sign} {endpoint_id}")
-    click.echo(
-        f"{verb} add {len(added)}, change {len(changed)}, remove {len(removed)}"
-        + ("" if dry_run else f" (registry rev {rev})")
-    )
+    if dry_run:
+        click.echo(f"would add {len(added)}, change {len(changed)}, remove {len(removed)}")
+    else:
+        click.echo(
+            f"added {len(added)}, changed {len(changed)}, removed {len(removed)} "
+            f"(registry rev {rev})"
+        )
     _timeout_notes([wanted[endpoint_id] for endpoint_id in sorted(wanted)], scrape)
 
 

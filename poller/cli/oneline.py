@@ -2,7 +2,9 @@
 
 click prints a usage block, a blank line and the error; an operator scanning a log (or a
 unit's journal) wants the error alone, naming what to fix. ``PollerGroup`` turns click's
-usage errors into ``BadInput``, which prints each of its lines as ``Error: ...``.
+usage errors into ``BadInput``, which prints each of its lines as ``Error: ...``, followed
+by the ``POLLER_*`` variables that name nothing: click stops at its first error, and
+those would otherwise wait for the next run.
 """
 
 from __future__ import annotations
@@ -24,10 +26,32 @@ class BadInput(click.ClickException):
             click.echo(f"Error: {line}", err=True)
 
 
-def _one_line(exc: click.UsageError) -> BadInput:
+def env_names(root: click.Command) -> frozenset[str]:
+    """Every variable an option of ``root`` or of its commands reads, and the settings'."""
+    from poller.config import FLAT_ENV
+
+    names = set(FLAT_ENV)
+    pending = [root]
+    while pending:
+        command = pending.pop()
+        if isinstance(command, click.Group):
+            pending += command.commands.values()
+        for param in command.params:
+            envvar = getattr(param, "envvar", None)
+            names.update([envvar] if isinstance(envvar, str) else envvar or ())
+    return frozenset(names)
+
+
+def _one_line(exc: click.UsageError, root: click.Command) -> BadInput:
+    import os
+
+    from poller.config import Settings
+    from poller.config.load import unknown_env
+
     message = exc.format_message().replace("\n", " ")
     where = exc.ctx.command_path if exc.ctx is not None else "poller"
-    return BadInput(f"{message} (see '{where} --help')")
+    unknown = unknown_env(dict(os.environ), Settings, env_names(root))
+    return BadInput("\n".join([f"{message} (see '{where} --help')", *unknown]))
 
 
 class PollerGroup(click.Group):
@@ -39,7 +63,7 @@ class PollerGroup(click.Group):
         except click.exceptions.NoArgsIsHelpError:
             raise  # `poller endpoints` alone: the help is the answer
         except click.UsageError as exc:
-            raise _one_line(exc) from None
+            raise _one_line(exc, self) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -47,4 +71,4 @@ class PollerGroup(click.Group):
         except click.exceptions.NoArgsIsHelpError:
             raise
         except click.UsageError as exc:
-            raise _one_line(exc) from None
+            raise _one_line(exc, ctx.find_root().command) from None

@@ -12,10 +12,21 @@ from rich.text import Text
 from poller.reader.view import EndpointView, View
 from poller.service.web.format import fmt_age as _age
 from poller.service.web.format import labels_text, models_text
+from poller.util.logs import count
 
-__all__ = ["SORT_KEYS", "render"]
+__all__ = ["SORT_KEYS", "clip", "render"]
 
 _STATE_STYLE = {"fresh": "green", "stale": "yellow", "failing": "red", "unknown": "dim"}
+
+
+def clip(text: str, limit: int = 60) -> str:
+    """``text`` in at most ``limit`` characters: cut after a word, with an ellipsis."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    if text[limit - 1] != " " and " " in cut:
+        cut = cut.rsplit(" ", 1)[0]
+    return cut.rstrip(" ,;:.") + "…"
 
 
 def _pct(value: float | None) -> str:
@@ -55,7 +66,8 @@ def header(view: View) -> str:
     pollers = ", ".join(view.pollers) or "none"
     states = "  ".join(f"{state} {n}" for state, n in counts.items())
     return (
-        f"{len(view.pollers)} live pollers ({pollers})   {len(view.endpoints)} endpoints: {states}"
+        f"{count(len(view.pollers), 'live poller')} ({pollers})   "
+        f"{count(len(view.endpoints), 'endpoint')}: {states}"
     )
 
 
@@ -101,7 +113,7 @@ def render(
             if failure.missing:
                 failing += f" (missing {', '.join(failure.missing)})"
             elif failure.detail:
-                failing += f": {failure.detail[:60]}"
+                failing += f": {clip(failure.detail)}"
         lora = "-"
         if stats is not None and stats.lora_max is not None:
             lora = ",".join(stats.lora_running) or "none"
@@ -145,7 +157,7 @@ def sources_table(sources: list[dict[str, Any]], now_ms: int) -> Table:
         if s.get("failure"):
             since = int(s.get("failure_since_ms") or now_ms)
             failure = Text(
-                f"{s['failure']} for {_age(max(0, now_ms - since))}: {str(s.get('detail'))[:60]}",
+                f"{s['failure']} for {_age(max(0, now_ms - since))}: {clip(str(s.get('detail')))}",
                 style="red",
             )
         resolved = s.get("resolved_at_ms")

@@ -7,11 +7,8 @@ import sys
 
 import click
 
-from poller.cli.common import NAMESPACE, REDIS_URL, config_option, load, run_store_command
-from poller.cli.oneline import BadInput
-from poller.cli.register import registration_problems
-from poller.config.registry_file import endpoints_from_file
-from poller.errors import ConfigError
+from poller.cli.common import NAMESPACE, REDIS_URL, config_option, run_store_command
+from poller.cli.register import settings_and_file
 from poller.util.logs import setup_logging
 
 
@@ -148,7 +145,8 @@ def run(
     check: bool,
 ) -> None:
     """Serve: scrape the endpoints this poller holds leases for, forever."""
-    settings = load(
+    # Every problem of the flags, variables, settings file and endpoints file at once.
+    settings, _ = settings_and_file(
         config_file,
         {
             "redis.url": redis_url,
@@ -168,15 +166,6 @@ def run(
             "log_level": log_level.upper() if log_level else None,
         },
     )
-    if settings.endpoints_file:
-        try:
-            entries = endpoints_from_file(settings.endpoints_file)
-        except ConfigError as exc:
-            raise BadInput(str(exc)) from None
-        where = f"{settings.endpoints_file}: "
-        problems = registration_problems(entries.values(), settings.scrape, where=where)
-        if problems:
-            raise BadInput("\n".join(problems))
     if check:
         from poller.cli.runcheck import check_run
 

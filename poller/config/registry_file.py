@@ -1,42 +1,59 @@
-"""Registry files: the YAML or TOML list of endpoints that ``endpoints sync`` and
-``--endpoints-file`` load, every entry validated before any is used."""
+"""Registry files: the YAML, JSON or TOML list of endpoints that ``endpoints sync`` and
+``--endpoints-file`` load, every entry validated before any is used.
+
+The suffix names the format (``.json``, ``.toml``; anything else is YAML) and a syntax
+error is reported in it. Entries are named by id and counted from 1; two entries with
+one normalised URL (``poller.schema.endpoint.normalize_url``) are refused."""
 
 from __future__ import annotations
 
+import json
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from poller.errors import ConfigError
-from poller.schema.endpoint import Endpoint
+from poller.schema.endpoint import Endpoint, url_conflicts
 from poller.util.messages import closest, describe_errors
 
 __all__ = ["endpoints_from_file", "endpoints_from_items"]
 
+#: The problems of one valid entry, as lines that do not name it.
+Check = Callable[[Endpoint], Iterable[str]]
 
-def endpoints_from_items(items: Iterable[Any], source: str) -> dict[str, Endpoint]:
+
+def endpoints_from_items(
+    items: Iterable[Any], source: str, check: Check | None = None
+) -> dict[str, Endpoint]:
     """Validate every entry of a file; raises ConfigError with one line per problem of
-    every entry (not just the first), each naming the entry and its key."""
+    every entry (not just the first), each naming the entry and its key. ``check`` finds
+    the problems of a valid entry that its model cannot see (``poller.cli.register``)."""
     result: dict[str, Endpoint] = {}
     lines: list[str] = []
-    for index, item in enumerate(items):
+    for number, item in enumerate(items, start=1):
         if not isinstance(item, Mapping):
-            lines.append(f"{source}: entry {index} is not a table/mapping")
+            lines.append(f"{source}: entry {number} is not a table/mapping")
             continue
         if "id" not in item:
-            lines.append(f"{source}: entry {index} has no id")
+            lines.append(f"{source}: entry {number} has no id")
             continue
+        where = f"{source}: endpoint {str(item['id'])!r} (entry {number})"
         try:
             endpoint = Endpoint.model_validate(item)
         except ValidationError as exc:
-            where = f"{source}: entry {index} ({item['id']!r})"
             lines += [f"{where}: {line}" for _, line in describe_errors(exc, Endpoint)]
             continue
         if endpoint.id in result:
-            lines.append(f"{source}: duplicate endpoint id {endpoint.id!r} (entry {index})")
+            lines.append(f"{where}: duplicate endpoint id {endpoint.id!r}: an earlier entry has it")
+            continue
+        taken = url_conflicts(
+            [(endpoint.id, endpoint.url)], [(e.id, e.url) for e in result.values()]
+        )
+        lines += [f"{source}: {line}" for line in taken]
+        lines += [f"{where}: {line}" for line in (check(endpoint) if check else ())]
         result[endpoint.id] = endpoint
     if lines:
         raise ConfigError("\n".join(lines))
@@ -52,10 +69,11 @@ def _syntax_error(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def endpoints_from_file(path: str | Path) -> dict[str, Endpoint]:
-    """Read a YAML or TOML endpoints file: ``endpoints = [ {id, url, ...}, ... ]``.
+def endpoints_from_file(path: str | Path, check: Check | None = None) -> dict[str, Endpoint]:
+    """Read a YAML, JSON or TOML endpoints file: ``endpoints = [ {id, url, ...}, ... ]``.
 
-    YAML may also be a bare list. The whole file is validated before anything is used.
+    YAML and JSON may also be a bare list. The whole file is validated before anything
+    is used.
     """
     path = Path(path)
     try:
@@ -63,15 +81,17 @@ def endpoints_from_file(path: str | Path) -> dict[str, Endpoint]:
     except OSError as exc:
         raise ConfigError(f"cannot read endpoints file {str(path)!r}: {exc.strerror}") from None
     data: Any
+    kind = {".toml": "TOML", ".json": "JSON"}.get(path.suffix.lower(), "YAML")
     try:
-        if path.suffix == ".toml":
+        if kind == "TOML":
             data = tomllib.loads(text)
+        elif kind == "JSON":
+            data = json.loads(text)
         else:
             import yaml
 
             data = yaml.safe_load(text)
-    except Exception as exc:  # yaml/toml syntax errors carry their own line numbers
-        kind = "TOML" if path.suffix == ".toml" else "YAML"
+    except Exception as exc:  # syntax errors carry their own line numbers
         raise ConfigError(f"{path}: not valid {kind}: {_syntax_error(exc)}") from None
     if data is None:
         data = []
@@ -91,4 +111,4 @@ def endpoints_from_file(path: str | Path) -> dict[str, Endpoint]:
         data = data.get("endpoints", [])
     if not isinstance(data, list):
         raise ConfigError(f"{path}: 'endpoints' must be a list of entries")
-    return endpoints_from_items(data, str(path))
+    return endpoints_from_items(data, str(path), check)

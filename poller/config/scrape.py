@@ -13,8 +13,10 @@ from poller.config.allowlist import HostAllowlist
 from poller.util.messages import closest
 
 __all__ = [
+    "DEFAULT_JITTER_S",
     "DEFAULT_KEY_DIR",
     "DEFAULT_TIMEOUT_S",
+    "MIN_INTERVAL_S",
     "EngineSettings",
     "ScrapeSettings",
     "default_timeout_s",
@@ -23,6 +25,10 @@ __all__ = [
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+#: The jitter when none is named (a quarter of the interval when that is less).
+DEFAULT_JITTER_S = 0.05
+#: The shortest scrape interval.
+MIN_INTERVAL_S = 0.05
 
 
 def _hint(engine: str) -> str:
@@ -63,12 +69,13 @@ class ScrapeSettings(BaseModel):
     model_config = _FROZEN
 
     # The Go poller's DefaultConfig: scrape every 2 s, give each scrape 1 s.
-    interval_s: float = Field(default=2.0, ge=0.05, le=3600)
+    interval_s: float = Field(default=2.0, ge=MIN_INTERVAL_S, le=3600)
     #: Strictly below the interval, so a slow engine never stacks scrapes. Default: 1 s,
     #: or half the interval when that is not below it (the Go poller's ``normalize``).
     timeout_s: float = Field(default=1.0, gt=0, le=600)
-    #: Each run is moved by up to +-jitter_s around its slot (no drift; see worker).
-    jitter_s: float = Field(default=0.05, ge=0, le=60)
+    #: Each run is moved by up to +-jitter_s around its slot (no drift; see worker). At
+    #: most a quarter of the interval; unset: 0.05 s, or a quarter of a shorter interval.
+    jitter_s: float = Field(default=DEFAULT_JITTER_S, ge=0, le=60)
     #: Runs start on multiples of this many ms of the epoch (0: anywhere), so the jobs
     #: due within one tick share the scheduler's and the event loop's wake-ups; at most
     #: a tenth of an endpoint's interval is used.
@@ -152,13 +159,22 @@ class ScrapeSettings(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _default_timeout(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("timeout_s") is None and "interval_s" in data:
-            try:
-                interval = float(data["interval_s"])
-            except (TypeError, ValueError):
-                return data  # the field validator reports the bad interval
-            return {**data, "timeout_s": default_timeout_s(interval)}
+    def _defaults_for_interval(cls, data: Any) -> Any:
+        """An unset timeout and jitter follow the interval: a timeout below it, a jitter
+        of at most a quarter. A bad interval is left to its own check to report."""
+        if not isinstance(data, dict) or "interval_s" not in data:
+            return data
+        try:
+            interval = float(data["interval_s"])
+        except (TypeError, ValueError):
+            return data
+        if not MIN_INTERVAL_S <= interval <= 3600:
+            return data
+        data = dict(data)
+        if data.get("timeout_s") is None:
+            data["timeout_s"] = default_timeout_s(interval)
+        if data.get("jitter_s") is None:
+            data["jitter_s"] = min(DEFAULT_JITTER_S, round(interval / 4, 6))
         return data
 
     @model_validator(mode="after")
@@ -170,7 +186,10 @@ class ScrapeSettings(BaseModel):
                 f"timeout_s ({self.timeout_s:g}) must be below interval_s ({self.interval_s:g})"
             )
         if self.jitter_s * 4 > self.interval_s:
-            raise ValueError(f"jitter_s ({self.jitter_s}) must be at most a quarter of interval_s")
+            raise ValueError(
+                f"jitter_s ({self.jitter_s:g}) must be at most a quarter of interval_s "
+                f"({self.interval_s:g}): at most {self.interval_s / 4:g}"
+            )
         from poller.schema.endpoint import ENGINES
 
         if self.default_engine not in ENGINES or self.default_engine == "external":

@@ -12,6 +12,7 @@ The sections live by concern (``poller.redis.settings`` for ``[redis]``, ``coord
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Any, Literal
@@ -64,6 +65,8 @@ __all__ = [
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+#: Poller ids appear in lease values and space-separated events.
+_ID_RE = re.compile(r"[A-Za-z0-9._:@/-]{1,200}")
 
 
 class HealthSettings(BaseModel):
@@ -81,7 +84,7 @@ def default_poller_id() -> str:
 class Settings(BaseModel):
     model_config = _FROZEN
 
-    id: str = Field(default_factory=default_poller_id, pattern=r"^[A-Za-z0-9._:@/-]{1,200}$")
+    id: str = Field(default_factory=default_poller_id)
     redis: RedisSettings = RedisSettings()
     coordination: CoordinationSettings = CoordinationSettings()
     scrape: ScrapeSettings = ScrapeSettings()
@@ -92,6 +95,16 @@ class Settings(BaseModel):
     log_format: Literal["text", "json"] = "text"
     #: DNS discovery sources: ``[[discovery]]`` tables or ``--discover URI``.
     discovery: tuple[DiscoverySource, ...] = ()
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, value: str) -> str:
+        if not _ID_RE.fullmatch(value):
+            raise ValueError(
+                f"poller id {value[:80]!r} must be 1-200 characters from A-Z a-z 0-9 . _ : @ "
+                "/ - (no spaces), e.g. the pod name"
+            )
+        return value
 
     @field_validator("discovery", mode="before")
     @classmethod

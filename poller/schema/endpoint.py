@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,6 +31,8 @@ __all__ = [
     "check_overrides",
     "check_model_name",
     "merge_models",
+    "normalize_url",
+    "url_conflicts",
     "validate_endpoint_id",
 ]
 
@@ -88,6 +90,60 @@ def _check_host(host: str) -> None:
 _PATH_RE = re.compile(r"/[^\s\x00-\x1f\x7f#?]*")
 _QUERY_RE = re.compile(r"[A-Za-z0-9._~!$'()*+,;:@%/?-]+")
 _PERCENT_RE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def normalize_url(url: str) -> str | None:
+    """``scheme://host:port/path``, compared case-insensitively where URLs are: scheme and
+    host lower case, the scheme's default port written out, the path without trailing
+    slashes and without a final ``/v1`` (LiteLLM's OpenAI-compatible ``api_base`` ends in
+    ``/v1``, an engine's registry ``url`` does not). Query and fragment are ignored. No
+    name is resolved: ``localhost`` and ``127.0.0.1`` differ. None: not an http(s) URL.
+
+    Two registry entries with one normalised URL are refused (``url_conflicts``): a
+    gateway matching deployments by URL could not tell them apart."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    host = parts.hostname
+    if scheme not in _DEFAULT_PORTS or not host:
+        return None
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 literal keeps its brackets
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")].rstrip("/")
+    return f"{scheme}://{host}:{port or _DEFAULT_PORTS[scheme]}{path}"
+
+
+def url_conflicts(
+    new: Iterable[tuple[str, str]], existing: Iterable[tuple[str, str]] = ()
+) -> list[str]:
+    """One line per entry of ``new`` (id, url) whose normalised URL an earlier entry of
+    ``existing`` or ``new`` already has, naming both ids and the URL."""
+    seen: dict[str, str] = {}
+    for endpoint_id, url in existing:
+        key = normalize_url(url)
+        if key is not None:
+            seen.setdefault(key, endpoint_id)
+    lines = []
+    for endpoint_id, url in new:
+        key = normalize_url(url)
+        if key is None:
+            continue
+        first = seen.setdefault(key, endpoint_id)
+        if first != endpoint_id:
+            lines.append(
+                f"endpoint {endpoint_id!r} has the URL of endpoint {first!r} ({key}): "
+                "one engine, one entry (a gateway matching deployments by URL could not "
+                "tell them apart); remove one, or give each its own URL"
+            )
+    return lines
 
 
 def check_metrics_path(value: str) -> str:
@@ -176,8 +232,12 @@ class Endpoint(BaseModel):
             # urlsplit drops tabs and newlines silently; the HTTP client would refuse them
             raise ValueError("the URL contains whitespace or control characters")
         parts = urlsplit(value)
+        if "://" not in value:
+            raise ValueError(
+                f"{value[:80]!r} has no scheme: write http://{value[:80]} (or https://)"
+            )
         if parts.scheme not in ("http", "https"):
-            raise ValueError(f"scheme must be http or https, got {parts.scheme or 'none'!r}")
+            raise ValueError(f"scheme must be http or https, got {parts.scheme!r}")
         if not parts.hostname:
             raise ValueError("URL has no host")
         if parts.username is not None or parts.password is not None:

@@ -17,7 +17,12 @@ from poller.config import ScrapeSettings
 from poller.errors import ContractError, FetchError, ScrapeError
 from poller.schema.endpoint import Endpoint
 from poller.schema.stats import Signals, prefix_hit_rate
-from poller.scrape.engines import ENGINE_SPECS, mapping_for, mapping_for_endpoint
+from poller.scrape.engines import (
+    ENGINE_SPECS,
+    EngineMapping,
+    mapping_for,
+    mapping_for_endpoint,
+)
 from poller.scrape.http.client import KeyPolicy, Scraper, metrics_url
 
 __all__ = ["check_endpoint", "format_report", "serve_example"]
@@ -110,33 +115,43 @@ def _shown(name: str, value: Any) -> str:
 
 async def check_endpoint(
     endpoint: Endpoint,
-    engine: str,
+    engine: str | None,
     timeout_s: float,
     max_bytes: int,
     settings: ScrapeSettings | None = None,
 ) -> dict[str, Any]:
     """Scrape once; the report is JSON-ready (numbers are numbers, absent is None).
 
-    With ``settings``, its ``[scrape.engines.<engine>]`` path and overrides apply below
-    the entry's own, as in ``poller run``.
+    ``engine`` None: the page says which engine it is. It is fetched at the default
+    engine's path (``settings.default_engine``, else vLLM) and read with the first engine
+    whose contract it satisfies (``page_engines``), the default first; the report's
+    ``detected`` is then True. With ``settings``, its ``[scrape.engines.<engine>]`` path
+    and overrides apply below the entry's own, as in ``poller run``.
     """
-    if settings is not None:
-        mapping = mapping_for_endpoint(endpoint.model_copy(update={"engine": engine}), settings)
-    else:
-        mapping = mapping_for(engine, endpoint.overrides)
+    detect = engine is None
+    chosen = engine or (settings.default_engine if settings is not None else "vllm")
+    mapping = _mapping(endpoint, chosen, settings)
     url = metrics_url(endpoint, mapping.metrics_path)
-    report: dict[str, Any] = {"url": url, "engine": engine, "ok": False}
+    report: dict[str, Any] = {"url": url, "engine": chosen, "ok": False}
+    if detect:
+        report["detected"] = True
     # The operator names their own variable or file here: the registry's key rules
     # (scrape.key_env_prefix, scrape.key_dir) do not apply (docs/operations.md).
     scraper = Scraper(max_body_bytes=max_bytes, key_policy=KeyPolicy.unrestricted())
     started = time.perf_counter()
-    body = b""
     try:
         fetched = await scraper.fetch(endpoint, mapping.metrics_path, timeout_s)
-        body = fetched.body
         report |= {"status": fetched.status, "bytes": len(fetched.body)}
         parse_started = time.perf_counter()
-        signals = mapping.read(fetched.body, fetched.content_type)
+        try:
+            signals = mapping.read(fetched.body, fetched.content_type)
+        except ContractError as exc:
+            if not (detect and exc.looks_like):
+                raise
+            # The page is another engine's: read it as that one.
+            report["engine"] = exc.looks_like[0]
+            mapping = _mapping(endpoint, exc.looks_like[0], settings)
+            signals = mapping.read(fetched.body, fetched.content_type)
         report["parse_us"] = round((time.perf_counter() - parse_started) * 1e6, 1)
         report |= {"ok": True, "missing": [], "signals": _signal_values(signals)}
         report["sources"] = signals.sources
@@ -146,26 +161,17 @@ async def check_endpoint(
         if isinstance(exc, FetchError) and exc.status is not None:
             report |= {"status": exc.status, "body": exc.body}
         if isinstance(exc, ContractError):
-            report["looks_like"] = looks_like(body, engine)
+            report["looks_like"] = list(exc.looks_like)
     finally:
         await scraper.aclose()
     report["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 2)
     return report
 
 
-def looks_like(body: bytes, engine: str) -> list[str]:
-    """The other scraped engines whose contract this page satisfies (a page that fails
-    ``engine``'s is often another engine's: the operator picked the wrong ``--engine``)."""
-    found = []
-    for name, spec in ENGINE_SPECS.items():
-        if name == engine or not spec.scraped:
-            continue
-        try:
-            mapping_for(name).read(body)
-        except ScrapeError:
-            continue
-        found.append(name)
-    return found
+def _mapping(endpoint: Endpoint, engine: str, settings: ScrapeSettings | None) -> EngineMapping:
+    if settings is not None:
+        return mapping_for_endpoint(endpoint.model_copy(update={"engine": engine}), settings)
+    return mapping_for(engine, endpoint.overrides)
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -177,7 +183,13 @@ def format_report(report: dict[str, Any]) -> str:
         f"in {report['elapsed_ms']} ms"
         + (f" (parse {report['parse_us']} us)" if "parse_us" in report else "")
     )
-    out(f"engine: {report['engine']}")
+    if report.get("detected"):
+        if report["ok"]:
+            out(f"engine: {report['engine']} (detected from the page)")
+        else:
+            out(f"engine: {report['engine']} (the default: the page matches no engine)")
+    else:
+        out(f"engine: {report['engine']}")
     for name, value in report.get("signals", {}).items():
         source = report["sources"].get(name, "")
         out(f"  {name:<22} {_shown(name, value):<40} {source}")
@@ -191,5 +203,8 @@ def format_report(report: dict[str, Any]) -> str:
             names = " or ".join(report["looks_like"])
             out(f"the page looks like {names}'s: try --engine {report['looks_like'][0]}")
         elif "looks_like" in report:
-            out("the page satisfies no other engine's contract either")
+            if report.get("detected"):
+                out("the page satisfies no engine's contract: name one with --engine")
+            else:
+                out("the page satisfies no other engine's contract either")
     return "\n".join(lines)

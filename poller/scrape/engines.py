@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from poller.errors import ConfigError, ContractError, ParseError
+from poller.errors import ConfigError, ContractError, ParseError, ScrapeError
 from poller.schema.endpoint import Endpoint
 from poller.schema.stats import Signals
 from poller.scrape import sizing
@@ -36,6 +36,7 @@ __all__ = [
     "Ratio",
     "mapping_for",
     "mapping_for_endpoint",
+    "page_engines",
 ]
 
 
@@ -116,7 +117,25 @@ class EngineMapping:
         if not looks_like_exposition(text):
             first = text.lstrip()[:60]
             raise ParseError("body is not Prometheus text exposition", line=1, excerpt=first)
-        return self.extract(parse(text, self.selector, max_samples))
+        try:
+            return self.extract(parse(text, self.selector, max_samples))
+        except ContractError as exc:
+            raise self._with_hint(exc, text, max_samples) from None
+
+    def _with_hint(self, exc: ContractError, text: str, max_samples: int | None) -> ContractError:
+        """The contract failure, saying which engines' contracts the page satisfies (an
+        entry registered with the wrong engine): ``looks_like`` and a hint naming the
+        first; the spec's own hint when the page is no other engine's either."""
+        others = page_engines(text, exclude=self.engine, max_samples=max_samples)
+        hint = self.spec.contract_hint
+        if others:
+            hint = (
+                f"the page looks like {' or '.join(others)}'s: register the endpoint with "
+                f"engine {others[0]} (poller check --engine {others[0]} shows what it reads)"
+            )
+        error = ContractError(exc.missing, engine=self.engine, endpoint=exc.endpoint, hint=hint)
+        error.looks_like = tuple(others)
+        return error
 
     def extract(self, samples: Sequence[Sample]) -> Signals:
         """Fold parsed samples into Signals; ContractError lists every missing signal."""
@@ -318,6 +337,26 @@ def _mapping(engine: str, overrides: Overrides, metrics_path: str) -> EngineMapp
         lora=Metric(o["lora"][0]) if "lora" in o else spec.lora,
         metrics_path=metrics_path or spec.metrics_path,
     )
+
+
+def page_engines(
+    page: bytes | str, exclude: str | None = None, max_samples: int | None = None
+) -> list[str]:
+    """The scraped engines (in ``ENGINE_SPECS`` order, ``exclude`` left out) whose
+    contract the page satisfies with their own names: what a page with no ``--engine``
+    is, and which engine a failing entry should have been registered with."""
+    text = decode_body(page) if isinstance(page, bytes) else page
+    found = []
+    for name, spec in ENGINE_SPECS.items():
+        if name == exclude or not spec.scraped:
+            continue
+        mapping = mapping_for(name)
+        try:
+            mapping.extract(parse(text, mapping.selector, max_samples))
+        except ScrapeError:
+            continue
+        found.append(name)
+    return found
 
 
 def _freeze(overrides: Mapping[str, Sequence[str]] | None) -> Overrides:

@@ -4,7 +4,8 @@ A failure is reported again when *what* failed changes (another reason, another 
 missing metrics, another status code, another configuration problem), not on every
 scrape while it lasts, and once more when the endpoint recovers. A contract violation
 is a WARNING: every scrape fails, the gateways have no numbers for the endpoint and
-route to it blind, and at the default log level nothing else would say so.
+route to it blind, and at the default log level nothing else would say so. When the page
+is another engine's, the warning carries the hint naming it, as the failure's detail does.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class FailureLog:
         fields = {"endpoint": endpoint_id, "reason": exc.reason}
         if exc.reason == "contract":
             fields["missing"] = ",".join(getattr(exc, "missing", ()))
+            if getattr(exc, "looks_like", ()):
+                # the page is another engine's: the hint names the engine to register
+                fields["hint"] = getattr(exc, "hint", "")
         else:
             fields["detail"] = exc.detail
         if sig == self._reported:

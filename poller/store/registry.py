@@ -14,11 +14,24 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from poller.errors import StoreError
-from poller.schema.endpoint import Endpoint, endpoint_from_json, validate_endpoint_id
+from poller.schema.endpoint import (
+    Endpoint,
+    endpoint_from_json,
+    url_conflicts,
+    validate_endpoint_id,
+)
 from poller.schema.keys import Keys
 from poller.schema.lua import lua
 
-__all__ = ["Call", "Registry", "RegistryStore", "diff_registry", "sync_diff"]
+__all__ = [
+    "Call",
+    "EntryExists",
+    "Registry",
+    "RegistryStore",
+    "UrlTaken",
+    "diff_registry",
+    "sync_diff",
+]
 
 T = TypeVar("T")
 
@@ -27,6 +40,23 @@ class Call(Protocol):
     """How a Redis call is made: awaited, its errors mapped (``RedisStore._call``)."""
 
     def __call__(self, awaitable: Awaitable[T], what: str, /) -> Awaitable[T]: ...
+
+
+class EntryExists(StoreError):
+    """``put_endpoint(replace=False)`` of an id the registry already has."""
+
+    def __init__(self, endpoint_id: str) -> None:
+        self.endpoint_id = endpoint_id
+        super().__init__(f"endpoint {endpoint_id!r} already exists")
+
+
+class UrlTaken(StoreError):
+    """An entry whose normalised URL (``normalize_url``) another entry already has: one
+    line per such entry, each naming both ids and the URL."""
+
+    def __init__(self, lines: Sequence[str]) -> None:
+        self.lines = list(lines)
+        super().__init__("\n".join(self.lines))
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,17 +129,35 @@ class RegistryStore:
         ``expected_rev``; returns the new revision, or -1 when it moved (re-read, retry)."""
         return await self._apply_registry(expected_rev, remove, put)
 
-    async def put_endpoint(self, endpoint: Endpoint, *, replace: bool = True) -> int:
+    async def put_endpoint(
+        self, endpoint: Endpoint, *, replace: bool = True, unique_url: bool = False
+    ) -> int:
         """Add or update one entry; returns the new revision.
 
-        With ``replace=False`` an existing id is an error (``endpoints add``)."""
-        if not replace:
-            exists = await self._call(
-                self.client.hexists(self.keys.endpoints, endpoint.id), "HEXISTS"
-            )
-            if exists:
-                raise StoreError(f"endpoint {endpoint.id!r} already exists")
-        return await self._apply_registry(None, (), {endpoint.id: endpoint.to_json()})
+        With ``replace=False`` an existing id is ``EntryExists`` (``endpoints add``). With
+        ``unique_url`` an entry whose normalised URL another entry has is ``UrlTaken``,
+        checked against the registry the entry is written to (compare-and-set on its
+        revision)."""
+        if not unique_url:
+            if not replace:
+                exists = await self._call(
+                    self.client.hexists(self.keys.endpoints, endpoint.id), "HEXISTS"
+                )
+                if exists:
+                    raise EntryExists(endpoint.id)
+            return await self._apply_registry(None, (), {endpoint.id: endpoint.to_json()})
+        for _ in range(20):
+            current = await self.read_registry()
+            if not replace and endpoint.id in current.raw:
+                raise EntryExists(endpoint.id)
+            others = [(e.id, e.url) for e in current.endpoints.values() if e.id != endpoint.id]
+            taken = url_conflicts([(endpoint.id, endpoint.url)], others)
+            if taken:
+                raise UrlTaken(taken)
+            rev = await self._apply_registry(current.rev, (), {endpoint.id: endpoint.to_json()})
+            if rev >= 0:
+                return rev
+        raise StoreError("registry kept changing under us; gave up adding the entry")
 
     async def remove_endpoint(self, endpoint_id: str) -> int | None:
         """Remove an entry with its stats, failure and lease; None if it did not exist."""
@@ -120,17 +168,31 @@ class RegistryStore:
         return await self._apply_registry(None, [endpoint_id], {})
 
     async def replace_registry(
-        self, endpoints: Mapping[str, Endpoint], *, attempts: int = 20
+        self, endpoints: Mapping[str, Endpoint], *, attempts: int = 20, unique_url: bool = False
     ) -> tuple[int, list[str], list[str], list[str]]:
         """Make the registry exactly ``endpoints``, atomically.
 
         Returns (rev, added, changed, removed). Writes nothing, and bumps no revision, when
         the registry already matches: several pollers syncing one file converge quietly.
+        With ``unique_url``, ``UrlTaken`` when two entries of the result (``endpoints`` and
+        the discovered entries a sync keeps) would share a normalised URL.
         """
         wanted = {e.id: e.to_json() for e in endpoints.values()}
         for _ in range(attempts):
             current = await self.read_registry()
             added, changed, removed = sync_diff(current, wanted)
+            kept = [
+                (e.id, e.url)
+                for e in current.endpoints.values()
+                if e.id not in wanted and e.id not in removed
+            ]
+            taken = (
+                url_conflicts([(e.id, e.url) for e in endpoints.values()], kept)
+                if unique_url
+                else []
+            )
+            if taken:
+                raise UrlTaken(taken)
             if not (added or changed or removed):
                 return current.rev, [], [], []
             put = {e: wanted[e] for e in [*added, *changed]}

@@ -169,16 +169,20 @@ class RedisStore:
     ) -> int:
         return await self._registry.update_registry(expected_rev, remove, put)
 
-    async def put_endpoint(self, endpoint: Endpoint, *, replace: bool = True) -> int:
-        return await self._registry.put_endpoint(endpoint, replace=replace)
+    async def put_endpoint(
+        self, endpoint: Endpoint, *, replace: bool = True, unique_url: bool = False
+    ) -> int:
+        return await self._registry.put_endpoint(endpoint, replace=replace, unique_url=unique_url)
 
     async def remove_endpoint(self, endpoint_id: str) -> int | None:
         return await self._registry.remove_endpoint(endpoint_id)
 
     async def replace_registry(
-        self, endpoints: Mapping[str, Endpoint], *, attempts: int = 20
+        self, endpoints: Mapping[str, Endpoint], *, attempts: int = 20, unique_url: bool = False
     ) -> tuple[int, list[str], list[str], list[str]]:
-        return await self._registry.replace_registry(endpoints, attempts=attempts)
+        return await self._registry.replace_registry(
+            endpoints, attempts=attempts, unique_url=unique_url
+        )
 
     # --- schema ------------------------------------------------------------------------
 

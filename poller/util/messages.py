@@ -69,9 +69,16 @@ def _unknown(model: type[BaseModel], loc: tuple[str | int, ...]) -> str:
     return f"unknown key `{dotted}` (did you mean `{fixed}`?)"
 
 
+#: Pydantic's bounds in fewer words.
+_PLAIN = (
+    ("greater than or equal to", "at least"),
+    ("less than or equal to", "at most"),
+)
+
+
 def _value(err: Any) -> str:
     value = err.get("input")
-    text = repr(value)
+    text = f"{value:g}" if isinstance(value, float) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -89,6 +96,8 @@ def describe_errors(exc: ValidationError, model: type[BaseModel]) -> list[tuple[
             out.append((dotted, f"missing key `{dotted}`"))
             continue
         message = str(err["msg"]).removeprefix("Value error, ")
+        for long, short in _PLAIN:
+            message = message.replace(long, short)
         if message.startswith("Input should"):
             message = f"{message.removeprefix('Input ')}, got {_value(err)}"
         elif message.startswith("String should"):

@@ -150,11 +150,11 @@ def test_endpoints_sync_is_exact_and_dry_run_changes_nothing(run, tmp_path: Path
     ]
     assert len(json.loads(run("endpoints", "ls", "--json").output)["endpoints"]) == 2
     done = run("endpoints", "sync", str(yaml_file))
-    assert done.exit_code == 0 and "did add 1, change 1, remove 1" in done.output
+    assert done.exit_code == 0 and "added 1, changed 1, removed 1" in done.output
     ids = [e["id"] for e in json.loads(run("endpoints", "ls", "--json").output)["endpoints"]]
     assert sorted(ids) == ["keep", "new"]
     again = run("endpoints", "sync", str(yaml_file))
-    assert "did add 0, change 0, remove 0" in again.output
+    assert "added 0, changed 0, removed 0" in again.output
 
     toml_file = tmp_path / "endpoints.toml"
     toml_file.write_text('[[endpoints]]\nid = "t"\nurl = "http://10.0.0.9:1"\n')
@@ -170,7 +170,7 @@ def test_endpoints_sync_is_exact_and_dry_run_changes_nothing(run, tmp_path: Path
         ),
         ("endpoints:\n  - {id: a, url: 'http://x:1', api_key: 'sk-123'}\n", "inline secret"),
         ("endpoints:\n  - {id: a, url: 'http://x:1', engine: nope}\n", "unknown engine 'nope'"),
-        ("endpoints:\n  - {url: 'http://x:1'}\n", "entry 0 has no id"),
+        ("endpoints:\n  - {url: 'http://x:1'}\n", "entry 1 has no id"),
         ("endpoints: [\n", "not valid YAML"),
         ("hosts: []\n", "unknown top-level keys"),
     ],

@@ -114,7 +114,7 @@ def test_config_file_errors_come_all_at_once(tmp_path: Path) -> None:
             "redis+sentinel://HOST:PORT[,HOST:PORT]/MASTER[/DB]",
             "Error: scrape.jitter_s: should be a valid number, unable to parse string as a "
             "number, got 'abc' (from POLLER_SCRAPE__JITTER_S)",
-            "Error: health.port: should be less than or equal to 65535, got 70000",
+            "Error: health.port: should be at most 65535, got 70000",
         ]
     )
 
@@ -133,10 +133,11 @@ def test_endpoints_file_errors_come_all_at_once(tmp_path: Path) -> None:
         result = poller(*command, "--redis-url", "redis://127.0.0.1:1/0")
         assert result.returncode == 2 and "Traceback" not in result.stderr
         assert result.stderr.splitlines() == [
-            f"Error: {path}: entry 0 ('a'): unknown key `metric_path` "
+            f"Error: {path}: endpoint 'a' (entry 1): unknown key `metric_path` "
             "(did you mean `metrics_path`?)",
-            f"Error: {path}: entry 2 ('b'): url: scheme must be http or https, got 'ftp'",
-            f"Error: {path}: entry 3 ('c'): engine: unknown engine 'vlm' (did you mean 'vllm'?); "
+            f"Error: {path}: endpoint 'b' (entry 3): url: scheme must be http or https, got 'ftp'",
+            f"Error: {path}: endpoint 'c' (entry 4): engine: unknown engine 'vlm' "
+            "(did you mean 'vllm'?); "
             "accepted: vllm, sglang, llamacpp, trtllm, triton, tgi, lmdeploy, external",
         ], command
 
@@ -234,8 +235,12 @@ def test_endpoints_sync_reports_every_registration_problem(tmp_path: Path) -> No
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = result.stderr.splitlines()
     assert len(lines) == 2
-    assert lines[0].startswith(f"Error: {path}: endpoint 'a': url http://10.0.0.1:8000/metrics")
-    assert lines[1].startswith(f"Error: {path}: endpoint 'b': api_key_env AWS_SECRET_ACCESS_KEY")
+    assert lines[0].startswith(
+        f"Error: {path}: endpoint 'a' (entry 1): url http://10.0.0.1:8000/metrics"
+    )
+    assert lines[1].startswith(
+        f"Error: {path}: endpoint 'b' (entry 3): api_key_env AWS_SECRET_ACCESS_KEY"
+    )
 
 
 def test_file_syntax_errors_are_one_line(tmp_path: Path) -> None:

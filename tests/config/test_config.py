@@ -45,7 +45,7 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
         ({"coordination.reconcile_interval_ms": 1500}, "coordination", "at most half"),
         ({"redis.namespace": "has space"}, "redis.namespace", "pattern"),
         ({"log_level": "LOUD"}, "log_level", "'DEBUG', 'INFO', 'WARNING' or 'ERROR'"),
-        ({"id": "a b"}, "id", "pattern"),
+        ({"id": "a b"}, "id", "no spaces"),
     ],
 )
 def test_invalid_values_name_the_field(

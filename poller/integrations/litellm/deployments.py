@@ -2,7 +2,8 @@
 
 A deployment names its endpoint in ``model_info: {llmgw_endpoint: <id>}``; without it,
 its ``litellm_params.api_base`` is compared with the registry entries' ``url`` after both
-are normalised by ``normalize_url``. Pure functions over plain dicts: no LiteLLM import.
+are normalised by ``normalize_url`` (``poller.schema.endpoint``, the rule the registry
+refuses duplicate URLs by). Pure functions over plain dicts: no LiteLLM import.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import urlsplit
+
+from poller.schema.endpoint import normalize_url
 
 __all__ = ["ENDPOINT_KEY", "MODEL_KEY", "UrlIndex", "explicit_endpoint", "normalize_url"]
 
@@ -18,32 +20,8 @@ __all__ = ["ENDPOINT_KEY", "MODEL_KEY", "UrlIndex", "explicit_endpoint", "normal
 ENDPOINT_KEY = "llmgw_endpoint"
 #: ``model_info`` key naming the model as the engine lists it (default: from ``model``).
 MODEL_KEY = "llmgw_model"
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 log = logging.getLogger(__name__)
-
-
-def normalize_url(url: str) -> str | None:
-    """``scheme://host:port/path`` compared case-insensitively where URLs are: scheme and
-    host lower case, the scheme's default port written out, the path without trailing
-    slashes and without a final ``/v1`` (LiteLLM's OpenAI-compatible ``api_base`` ends in
-    ``/v1``, an engine's registry ``url`` does not). Query and fragment are ignored. No
-    name is resolved: ``localhost`` and ``127.0.0.1`` differ. None: not an http(s) URL."""
-    try:
-        parts = urlsplit(url.strip())
-        port = parts.port
-    except ValueError:
-        return None
-    scheme = parts.scheme.lower()
-    host = parts.hostname
-    if scheme not in _DEFAULT_PORTS or not host:
-        return None
-    if ":" in host:
-        host = f"[{host}]"  # an IPv6 literal keeps its brackets
-    path = parts.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[: -len("/v1")].rstrip("/")
-    return f"{scheme}://{host}:{port or _DEFAULT_PORTS[scheme]}{path}"
 
 
 def explicit_endpoint(deployment: Mapping[str, Any]) -> str | None:
@@ -72,23 +50,27 @@ class UrlIndex:
     __slots__ = ("_by_url",)
 
     def __init__(self, entries: Iterable[tuple[str, str]]) -> None:
-        by_url: dict[str, str | None] = {}
+        ids_by_url: dict[str, list[str]] = {}
         for endpoint_id, url in entries:
             key = normalize_url(url)
             if key is None:
                 continue
-            if key in by_url and by_url[key] != endpoint_id:
-                log.warning(
-                    "endpoints %s and %s share the URL %s: deployments must name theirs "
-                    "in model_info.%s",
-                    by_url[key],
-                    endpoint_id,
-                    key,
-                    ENDPOINT_KEY,
-                )
-                by_url[key] = None
-            else:
-                by_url[key] = endpoint_id
+            ids = ids_by_url.setdefault(key, [])
+            if endpoint_id not in ids:
+                ids.append(endpoint_id)
+        by_url: dict[str, str | None] = {}
+        for key, ids in ids_by_url.items():
+            if len(ids) == 1:
+                by_url[key] = ids[0]
+                continue
+            # The registry refuses such entries; a foreign writer may still have made them.
+            log.warning(
+                "endpoints %s share the URL %s: deployments must name theirs in model_info.%s",
+                " and ".join(", ".join(ids).rsplit(", ", 1)),
+                key,
+                ENDPOINT_KEY,
+            )
+            by_url[key] = None
         self._by_url = by_url
 
     def endpoint_for(self, deployment: Mapping[str, Any]) -> str | None:
