@@ -3,12 +3,12 @@ traceback: driven as an operator would, through ``python -m poller`` in a subpro
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.procs import poller_cli as poller
 
 BAD_REDIS_URLS = {
     "redis//127.0.0.1:55235": "did you mean 'redis://127.0.0.1:55235'?",
@@ -25,21 +25,6 @@ COMMANDS = [
     ["endpoints", "add", "a", "http://10.0.0.1:8000"],
     ["endpoints", "rm", "a"],
 ]
-
-
-def poller(
-    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    """``poller ARGS`` with no POLLER_* variable but ``env``'s."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
-    return subprocess.run(
-        [sys.executable, "-m", "poller", *args],
-        env={**clean, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=cwd,
-    )
 
 
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:

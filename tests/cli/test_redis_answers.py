@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -26,6 +24,7 @@ import redis
 from poller.reader import RedisSettings, StatsReader, pick
 from poller.store.store import RedisStore
 from tests.support.paths import REPO
+from tests.support.procs import poller_cli as poller
 from tests.support.procs import until
 from tests.support.redisproc import RedisProcess, free_port
 
@@ -34,20 +33,6 @@ ADMIN = "admin:admin-example-password"
 POLLER = "poller:poller-example-password"
 GATEWAY = "gateway:gateway-example-password"
 PASSWORD = "answers-pw"
-
-
-def poller(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``poller ARGS`` with no POLLER_* variable but ``env``'s."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
-    return subprocess.run(
-        [sys.executable, "-m", "poller", *args],
-        env={**clean, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
 
 
 def error_line(result: subprocess.CompletedProcess[str], status: int) -> str:

@@ -4,28 +4,15 @@ in ``--json``, run as a subprocess against a real redis-server."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import redis
 
 from poller.schema.keys import Keys
+from tests.support.procs import poller_cli as poller
 from tests.support.redisproc import RedisProcess
 
 NS = "status-filter"
-
-
-def poller(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "poller", *args],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,  # only a hang ends it
-        stdin=subprocess.DEVNULL,
-    )
 
 
 @pytest.fixture
@@ -39,7 +26,7 @@ def env(redis_server: RedisProcess) -> dict[str, str]:
         ("b", "http://10.0.0.2:8080", "llamacpp"),
         ("c", "http://10.0.0.3:30000", "sglang"),
     ):
-        added = poller(env, "endpoints", "add", endpoint_id, url, "--engine", engine)
+        added = poller("endpoints", "add", endpoint_id, url, "--engine", engine, env=env)
         assert added.returncode == 0, added.stderr
     now_ms = int(client.time()[0]) * 1000
     fields = {
@@ -67,25 +54,25 @@ def rows(out: str) -> list[str]:
 
 @pytest.mark.slow
 def test_status_shows_only_the_states_and_engines_asked_for(env: dict[str, str]) -> None:
-    fresh = poller(env, "status", "--state", "fresh")
+    fresh = poller("status", "--state", "fresh", env=env)
     assert fresh.returncode == 0, fresh.stderr
     assert rows(fresh.stdout) == ["a"]
     assert "showing 1 of 3 endpoints" in fresh.stdout.splitlines()
     # the header still counts the whole view
     assert "3 endpoints: fresh 1  stale 0  failing 0  unknown 2" in fresh.stdout
 
-    either = poller(env, "status", "--engine", "llamacpp", "--engine", "sglang")
+    either = poller("status", "--engine", "llamacpp", "--engine", "sglang", env=env)
     assert rows(either.stdout) == ["b", "c"]
-    both = poller(env, "status", "--state", "unknown", "--engine", "vllm")
+    both = poller("status", "--state", "unknown", "--engine", "vllm", env=env)
     assert rows(both.stdout) == [] and "showing 0 of 3 endpoints" in both.stdout
 
-    shown = json.loads(poller(env, "status", "--json", "--state", "unknown").stdout)
+    shown = json.loads(poller("status", "--json", "--state", "unknown", env=env).stdout)
     assert [e["id"] for e in shown["endpoints"]] == ["b", "c"]
     assert shown["counts"]["fresh"] == 1  # counts are the whole view's
 
 
 def test_an_unknown_state_is_one_error_line() -> None:
-    done = poller({}, "status", "--state", "broken")
+    done = poller("status", "--state", "broken")
     assert done.returncode == 2
     [line] = done.stderr.splitlines()
     assert line.startswith("Error: Invalid value for '--state': 'broken' is not one of")
@@ -98,7 +85,7 @@ def test_status_json_holds_the_view_to_dict_and_what_it_adds(
     """docs/reader.md: `poller status --json` is `View.to_dict()` with more beside it."""
     from poller.reader import SyncStatsReader
 
-    shown = json.loads(poller(env, "status", "--json").stdout)
+    shown = json.loads(poller("status", "--json", env=env).stdout)
     with SyncStatsReader.from_url(redis_server.url, namespace=NS) as reader:
         view = json.loads(reader.snapshot().to_json())
     for key in ("schema", "rev", "pollers"):

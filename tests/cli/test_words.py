@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +27,7 @@ from poller.schema.keys import Keys
 from tests.support.httpserver import Request, answer, threaded
 from tests.support.paths import DATA, REPO
 from tests.support.procs import PollerProc
+from tests.support.procs import poller_cli as poller
 from tests.support.redisproc import RedisProcess
 
 NS = "words"
@@ -36,21 +35,6 @@ UNREACHABLE = "redis://127.0.0.1:1/0"
 #: A bound on events a poller makes happen within a few scrapes: ample on a loaded machine.
 EVENT_TIMEOUT_S = 60.0
 SGLANG_PAGE = (DATA / "sglang-0.5.23-priority-tp-dp-handwritten.txt").read_bytes()
-
-
-def poller(
-    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    """``poller ARGS`` with no POLLER_* variable but ``env``'s."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
-    return subprocess.run(
-        [sys.executable, "-m", "poller", *args],
-        env={**clean, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-    )
 
 
 @pytest.fixture

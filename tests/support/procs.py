@@ -10,6 +10,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
@@ -153,3 +154,22 @@ def leftovers(marker: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def poller_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout_s: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``poller ARGS`` as a user runs it: a process of its own, no standard input, and no
+    ``POLLER_*`` variable but ``env``'s (the test's environment must not leak in). The
+    timeout only ends a hang."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
+    return subprocess.run(
+        [sys.executable, "-m", "poller", *args],
+        env={**clean, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
