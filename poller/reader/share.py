@@ -1,0 +1,322 @@
+"""Gateway replicas share what they sent: every replica's requests in flight, per endpoint.
+
+Every request a gateway fleet sends is one of its replicas' ``LocalLoad``; the scraped
+page is as old as its scrape plus the engine's own lag. ``FleetLoad`` adds the two up by
+the rule of docs/reader.md ("The load estimate"): the fleet's requests in flight now,
+exact for the traffic the gateways sent, plus what the page shows beyond what the
+gateways had in flight when it was scraped (traffic from outside the gateways).
+
+A cached reader keeps one ``FleetLoad`` on its cache (``cache.fleet``) and exchanges it
+with the other replicas every ``period_s`` in one script call (poller/schema/scripts/
+share.lua): our field written when it changed (or is about to expire), everyone else's
+read back, expired fields pruned by the Redis clock. The pick path never touches Redis:
+it reads ``FleetLoad.extra``, a dict replaced whole at every exchange.
+
+Redis commands: one per period per replica (10/s at the default 100 ms), whatever the
+request rate; a replica that dies leaves the others' view ``ttl_ms`` after its last
+write (its field carries its expiry). Redis lost, or no right to the key: the counts of
+this replica only, ``cache.load_shared`` False.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from poller.reader.load import LocalLoad
+
+__all__ = ["FleetLoad", "default_replica_id"]
+
+log = logging.getLogger(__name__)
+
+#: How often a replica exchanges its counts (seconds).
+PERIOD_S = 0.1
+#: How long a replica's field counts after its last write (ms): a replica that dies
+#: leaves the others' view within this (plus one period).
+TTL_MS = 800
+#: An unchanged field is rewritten when this much of its TTL is left (ms).
+REFRESH_BEFORE_MS = 500
+#: Pages per endpoint the outside-traffic estimate looks back over (their minimum).
+PAGES = 4
+#: How long the exchange may go unanswered before the counts are local only (ms).
+LOST_AFTER_MS = 1000
+
+
+def default_replica_id() -> str:
+    """``<hostname>-<pid>-<4 random hex>``: unique per process, readable in the hash."""
+    return f"{socket.gethostname()}-{os.getpid()}-{random.getrandbits(16):04x}"
+
+
+class FleetLoad:
+    """The gateway fleet's requests in flight per endpoint, as this replica knows them.
+
+    - ``attach(local)``: a ``LocalLoad`` whose requests this replica publishes (the
+      picker attaches the one it is given; a replica normally has one).
+    - ``record(pages, offset_ms)`` -> this replica's field: per endpoint with requests
+      in flight, ``[in flight now, in flight at the page's scrape, that scrape's ms]``.
+    - ``absorb(fields, now_ms, pages, offset_ms)``: the other replicas' fields as the
+      share script returned them; recomputes ``extra``.
+    - ``extra``: endpoint id -> the load to add to this replica's own in flight there
+      (the other replicas' in flight now + the outside traffic the page shows). An
+      endpoint missing from it counts its page's running + waiting.
+
+    ``pages`` is ``(endpoint id, running + waiting, scraped_at_ms)`` for the endpoints of
+    the view, ``offset_ms`` the Redis clock minus the local clock (``ViewCache``'s).
+    """
+
+    def __init__(
+        self,
+        replica_id: str | None = None,
+        *,
+        period_s: float = PERIOD_S,
+        ttl_ms: int = TTL_MS,
+    ) -> None:
+        if replica_id is not None and (not isinstance(replica_id, str) or not replica_id):
+            raise ValueError(f"replica_id must be a non-empty string, got {replica_id!r}")
+        self.replica_id = replica_id or default_replica_id()
+        self.period_s = period_s
+        self.ttl_ms = ttl_ms
+        self._locals: weakref.WeakSet[LocalLoad] = weakref.WeakSet()
+        #: Endpoint id -> load to add to our own in flight (see the class doc).
+        self.extra: dict[str, float] = {}
+        #: Replicas seen live at the last exchange (ours not counted).
+        self.peers = 0
+        #: Monotonic seconds of the last exchange Redis answered; None: never.
+        self.exchanged_at: float | None = None
+        self._peer_now: dict[str, int] = {}
+        # endpoint -> recent (scraped_at_ms, what the page showed beyond the gateways)
+        self._outside: dict[str, deque[tuple[int, int]]] = {}
+        self._last_record = ""
+        self._written_ms: float = -1e15
+        self._lock = threading.Lock()
+
+    # --- this replica ----------------------------------------------------------------------
+
+    def attach(self, local: LocalLoad) -> None:
+        self._locals.add(local)
+        local.fleet = self
+
+    def _mine(self, endpoint_id: str, since_local_s: float) -> tuple[int, int]:
+        """(in flight now, in flight at ``since_local_s``) over the attached loads."""
+        now = at = 0
+        for local in list(self._locals):
+            now += local.in_flight(endpoint_id)
+            at += local.in_flight_at(endpoint_id, since_local_s)
+        return now, at
+
+    def _ids(self) -> set[str]:
+        ids: set[str] = set()
+        for local in list(self._locals):
+            ids.update(local.busy_ids())
+        return ids
+
+    def record(self, pages: Mapping[str, tuple[int, int]], offset_ms: float) -> str:
+        """This replica's field (JSON), "" when it has nothing in flight anywhere."""
+        out: dict[str, list[int]] = {}
+        for endpoint_id in sorted(self._ids()):
+            page = pages.get(endpoint_id)
+            scraped_ms = page[1] if page is not None else 0
+            now, at = self._mine(endpoint_id, (scraped_ms - offset_ms) / 1000)
+            if now or at:
+                out[endpoint_id] = [now, at, scraped_ms]
+        return json.dumps(out, separators=(",", ":")) if out else ""
+
+    def outgoing(self, record: str, now_ms: float) -> str:
+        """What the exchange writes: the record when it changed or nears its expiry,
+        "-" once when it became empty, "" (nothing) otherwise."""
+        if record == self._last_record and (
+            not record or now_ms - self._written_ms < self.ttl_ms - REFRESH_BEFORE_MS
+        ):
+            return ""
+        self._last_record = record
+        self._written_ms = now_ms
+        return record or "-"
+
+    def forget_written(self) -> None:
+        """The last write may not have landed (an error): write again next time."""
+        self._last_record = "\0"
+
+    # --- the others ----------------------------------------------------------------------
+
+    def absorb(
+        self,
+        fields: Sequence[Any],
+        pages: Mapping[str, tuple[int, int]],
+        offset_ms: float,
+        *,
+        shared: bool = True,
+    ) -> None:
+        """The other replicas' fields (``[id, value, id, value, ...]`` as the script
+        returns them after the TIME pair); ``shared=False``: Redis did not answer, our
+        own counts only (every peer's left out)."""
+        peers, peer_now, peer_at = _peers(fields, pages) if shared else (0, {}, {})
+        extra: dict[str, float] = {}
+        mine = self._ids()
+        for endpoint_id, (requests, scraped_ms) in pages.items():
+            now_me, at_me = self._mine(endpoint_id, (scraped_ms - offset_ms) / 1000)
+            gateways_at = at_me + peer_at.get(endpoint_id, (0, 0))[0]
+            history = self._outside.get(endpoint_id)
+            if history is None:
+                history = self._outside[endpoint_id] = deque(maxlen=PAGES)
+            outside = max(0, requests - gateways_at)
+            if history and history[-1][0] == scraped_ms:
+                history[-1] = (scraped_ms, outside)  # the same page, better known now
+            else:
+                history.append((scraped_ms, outside))
+            others = peer_now.get(endpoint_id, 0)
+            if others or endpoint_id in mine or gateways_at:
+                extra[endpoint_id] = min(o for _, o in history) + others
+            else:
+                extra[endpoint_id] = float(min(o for _, o in history))
+        for gone in [e for e in self._outside if e not in pages]:
+            del self._outside[gone]
+        with self._lock:
+            self.extra = extra
+            self._peer_now = peer_now
+            self.peers = peers
+            if shared:
+                self.exchanged_at = time.monotonic()
+
+    @property
+    def shared(self) -> bool:
+        """The other replicas' counts are current (the last exchange answered within
+        ``LOST_AFTER_MS``): False means this replica's own counts only."""
+        at = self.exchanged_at
+        return at is not None and (time.monotonic() - at) * 1000 <= LOST_AFTER_MS
+
+    def peer_in_flight(self, endpoint_id: str) -> int:
+        """The other replicas' requests in flight to ``endpoint_id`` (last exchange)."""
+        return self._peer_now.get(endpoint_id, 0)
+
+    def __repr__(self) -> str:
+        return f"FleetLoad({self.replica_id!r}, {self.peers} peers, shared={self.shared})"
+
+
+def _peers(
+    fields: Sequence[Any], pages: Mapping[str, tuple[int, int]]
+) -> tuple[int, dict[str, int], dict[str, tuple[int, int]]]:
+    """(live peers, endpoint -> their in flight now, endpoint -> (their in flight at the
+    page's scrape, that scrape's ms)) from the script's ``[id, value, ...]``."""
+    peer_now: dict[str, int] = {}
+    peer_at: dict[str, tuple[int, int]] = {}
+    peers = 0
+    for i in range(1, len(fields), 2):
+        _, _, body = str(fields[i]).partition(" ")
+        try:
+            counts = json.loads(body)
+        except ValueError:
+            continue
+        if not isinstance(counts, dict):
+            continue
+        peers += 1
+        for endpoint_id, triple in counts.items():
+            try:
+                now, at, scraped_ms = (int(x) for x in triple)
+            except (TypeError, ValueError):
+                continue
+            peer_now[endpoint_id] = peer_now.get(endpoint_id, 0) + now
+            page = pages.get(endpoint_id)
+            if page is not None and scraped_ms != page[1]:
+                at = now  # that replica has not seen this page yet: its best guess
+            held = peer_at.get(endpoint_id, (0, scraped_ms))
+            peer_at[endpoint_id] = (held[0] + at, held[1])
+    return peers, peer_now, peer_at
+
+
+def pages_of(items: Iterable[tuple[str, Any]]) -> dict[str, tuple[int, int]]:
+    """``endpoint id -> (running + waiting, scraped_at_ms)`` of decoded endpoints."""
+    pages: dict[str, tuple[int, int]] = {}
+    for endpoint_id, view in items:
+        stats = getattr(view, "stats", None)
+        if stats is not None:
+            pages[endpoint_id] = (stats.running + stats.waiting, stats.scraped_at_ms)
+    return pages
+
+
+class Exchange:
+    """The share script's call for one ``FleetLoad`` on one cache (both reader flavours
+    run it every ``period_s``: a task beside the asyncio follower, a thread beside the
+    threaded one)."""
+
+    def __init__(self, client: Any, gateways_key: str, cache: Any, fleet: FleetLoad) -> None:
+        from poller.schema.lua import lua
+
+        self.key = gateways_key
+        self.cache = cache
+        self.fleet = fleet
+        self.script = client.register_script(lua("share"))
+        self.calls = 0  # commands sent, for the benchmark's commands/s
+        self._refused = False
+
+    def _pages(self) -> dict[str, tuple[int, int]]:
+        cache = self.cache
+        return pages_of((i, cache.base(i)) for i in cache.ids())
+
+    def prepare(self) -> tuple[list[str], list[Any], dict[str, tuple[int, int]]]:
+        pages = self._pages()
+        fleet = self.fleet
+        record = fleet.record(pages, self.cache.offset_ms)
+        outgoing = fleet.outgoing(record, self.cache.now_ms())
+        self.calls += 1
+        return [self.key], [fleet.replica_id, fleet.ttl_ms, outgoing], pages
+
+    def answered(self, reply: Sequence[Any], pages: Mapping[str, tuple[int, int]]) -> None:
+        self._refused = False
+        self.fleet.absorb(list(reply[1:]), pages, self.cache.offset_ms)
+
+    def failed(self, exc: Exception, pages: Mapping[str, tuple[int, int]]) -> float:
+        """Local counts only; returns how long to wait before the next try (s)."""
+        self.fleet.forget_written()
+        self.fleet.absorb([], pages, self.cache.offset_ms, shared=False)
+        if "NOPERM" in str(exc) or "no permissions" in str(exc):
+            if not self._refused:
+                log.warning(
+                    "gateway load sharing refused by Redis (%s): this replica routes on its "
+                    "own counts; give the gateway user the rights in deploy/redis/users.acl",
+                    exc,
+                )
+            self._refused = True
+            return 5.0
+        log.debug("gateway load sharing failed: %s", exc)
+        return self.fleet.period_s
+
+    async def run(self, stop: Any) -> None:
+        """Until ``stop`` (an ``asyncio.Event``) is set."""
+        import asyncio
+
+        while not stop.is_set():
+            keys, args, pages = self.prepare()
+            wait_s = self.fleet.period_s
+            try:
+                async with asyncio.timeout(1.0):
+                    reply = await self.script(keys=keys, args=args)
+                self.answered(reply, pages)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis away, NOPERM: routing goes on, locally
+                wait_s = self.failed(exc, pages)
+            try:
+                async with asyncio.timeout(wait_s):
+                    await stop.wait()
+            except TimeoutError:
+                pass
+
+    def run_sync(self, stop: threading.Event) -> None:
+        """Until ``stop`` is set (the threaded reader's thread)."""
+        while not stop.is_set():
+            keys, args, pages = self.prepare()
+            wait_s = self.fleet.period_s
+            try:
+                self.answered(self.script(keys=keys, args=args), pages)
+            except Exception as exc:
+                wait_s = self.failed(exc, pages)
+            stop.wait(wait_s)
