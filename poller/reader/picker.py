@@ -162,7 +162,7 @@ class Picker:
         index, judge_ms, offset_ms = found
         fleet = None if local is None or not self.share else _fleet(view, local)
         if fleet is not None and local is not None:
-            return self._shared(index, judge_ms, model, candidates, local, fleet.extra)
+            return self._shared(index, judge_ms, model, candidates, local, fleet)
         if local is not None and offset_ms is None:
             # A view without a clock offset is taken as read just now.
             # A bare mapping has no clock: every request in flight counts.
@@ -191,19 +191,25 @@ class Picker:
         model: str | None,
         candidates: Iterable[str] | None,
         local: LocalLoad,
-        extra: Mapping[str, float],
+        fleet: FleetLoad,
     ) -> str | None:
         """The pick on the fleet's estimate (docs/reader.md, "The load estimate"):
         load = (the estimate of the others' requests + ours in flight + 1) / relative
-        capacity. A page's ``waiting`` no longer saturates an endpoint (the estimate
-        knows its queue better than a page a second old); its KV usage still does."""
-        in_flight = local.in_flight
+        capacity, where ours started since the last exchange count ``1 + peers`` times
+        (the others sent about as many meanwhile, unseen yet). A page's ``waiting`` no
+        longer saturates an endpoint (the estimate knows its queue better than a page a
+        second old); its KV usage still does."""
+        in_flight, since = local.in_flight, local.since
+        extra, peers, since_s = fleet.extra, fleet.peers, fleet.since_s
 
         def score(slot: Slot) -> tuple[float, float]:
             base = extra.get(slot.id)
             if base is None:
                 base = slot.requests
-            return (base + in_flight(slot.id) + 1) / slot.weight, slot.kv or 0.0
+            mine = in_flight(slot.id)
+            if peers and mine:
+                mine += peers * since(slot.id, since_s)
+            return (base + mine + 1) / slot.weight, slot.kv or 0.0
 
         models = index.model(model)
         if candidates is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import socket
@@ -93,6 +94,9 @@ class FleetLoad:
         #: Monotonic seconds of the last exchange Redis answered; None: never.
         self.exchanged_at: float | None = None
         self._peer_now: dict[str, int] = {}
+        #: The attached loads' clock at the last exchange: ours started since then are
+        #: matched by about ``peers`` times as many of the others', not seen yet.
+        self.since_s = -math.inf
         # endpoint -> recent (scraped_at_ms, what the page showed beyond the gateways)
         self._outside: dict[str, deque[tuple[int, int]]] = {}
         self._last_record = ""
@@ -179,7 +183,9 @@ class FleetLoad:
                 extra[endpoint_id] = float(min(o for _, o in history))
         for gone in [e for e in self._outside if e not in pages]:
             del self._outside[gone]
+        clocks = [local.now() for local in list(self._locals)]
         with self._lock:
+            self.since_s = clocks[0] if clocks else -math.inf
             self.extra = extra
             self._peer_now = peer_now
             self.peers = peers
