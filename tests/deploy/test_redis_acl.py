@@ -133,6 +133,8 @@ def test_acl_file_loads_and_each_user_gets_exactly_its_commands(acl_redis: _Redi
         ("SUBSCRIBE", ev), ("EVALSHA", sha, "1", key), ("EVALSHA_RO", sha, "1", key),
         ("SCRIPT", "LOAD", "return 1"), ("MULTI",), ("EXEC",), ("SSUBSCRIBE", up),
     ]  # fmt: skip
+    shared = "{llmgw}:gateways:inflight"  # the gateways' shared in-flight, their one write
+    gateway_may += [("HSET", shared, "g", "v"), ("HDEL", shared, "g"), ("PEXPIRE", shared, "1")]
     for command in gateway_may:
         assert _dryrun(admin, "gateway", *command), f"gateway may not {command}"
     for user, command in [
@@ -149,6 +151,9 @@ def test_acl_file_loads_and_each_user_gets_exactly_its_commands(acl_redis: _Redi
         ("poller", ("SPUBLISH", "other", "x")),
         ("gateway", ("EVAL", "return 1", "0")),
         ("gateway", ("GET", "other")),
+        ("gateway", ("SET", "{llmgw}:gateways:inflight", "1")),
+        ("gateway", ("DEL", "{llmgw}:gateways:inflight")),
+        ("gateway", ("PEXPIRE", key, "1")),
     ]:
         assert not _dryrun(admin, user, *command), f"{user} may {command}"
 
@@ -223,6 +228,14 @@ def test_a_poller_and_a_reader_run_as_the_acl_users(acl_redis: _Redis, tmp_path:
     admin = acl_redis.client()
     denied = admin.execute_command("ACL", "LOG")
     assert not denied, f"commands refused to the ACL users: {denied}"
+    # The gateways share their requests in flight with the share script, as that user.
+    from poller.reader.share import FleetLoad
+    from poller.schema.lua import lua
+
+    share = acl_redis.client(GATEWAY).register_script(lua("share"))
+    record = FleetLoad("acl-gw").outgoing('{"acl-vllm":[1,0,0]}', 0)
+    assert share(keys=["{llmgw}:gateways:inflight"], args=["acl-gw", 800, record])[2:] == []
+    assert admin.hexists("{llmgw}:gateways:inflight", "acl-gw")
     # The gateway cannot write, not even through a script it loads itself.
     gateway = acl_redis.client(GATEWAY)
     script = gateway.register_script("return redis.call('SET', KEYS[1], 'x')")
