@@ -1,0 +1,153 @@
+"""Gateway replicas share their requests in flight: the estimate, the exchange on a real
+Redis, a killed replica leaving the others' view, Redis lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import redis
+
+from poller.reader import LocalLoad, Picker
+from poller.reader.share import TTL_MS, FleetLoad, default_replica_id
+from poller.schema.keys import Keys
+from poller.schema.lua import lua
+from tests.support.redisproc import RedisProcess
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_one_gateway_counts_exactly_what_it_sent() -> None:
+    """The page (scraped at t=100 s, showing 4) counted 4 of ours; 2 of them ended since,
+    1 started: 3 in flight now, nothing from outside."""
+    clock = Clock()
+    local = LocalLoad(clock=clock)
+    fleet = FleetLoad("g1")
+    fleet.attach(local)
+    starts = [local.started("a") for _ in range(4)]
+    clock.t = 100.5
+    local.finished("a", starts[0])
+    local.finished("a", starts[1])
+    local.started("a")
+    pages = {"a": (4, 100_000), "b": (2, 100_000)}  # b: 2 from outside the gateways
+    fleet.absorb([], pages, 0.0)
+    assert fleet.extra == {"a": 0, "b": 2}
+    assert local.in_flight("a") == 3 and local.in_flight_at("a", 100.0) == 4
+
+
+def test_peers_add_their_counts_and_the_page_only_what_they_did_not_send() -> None:
+    clock = Clock()
+    local = LocalLoad(clock=clock)
+    fleet = FleetLoad("g1")
+    fleet.attach(local)
+    local.started("a")
+    peer = json.dumps({"a": [5, 4, 100_000]})
+    fleet.absorb(["g2", f"1 {peer}"], {"a": (7, 100_000)}, 0.0)
+    # 7 on the page, of which 4 were g2's and 1 ours: 2 from outside; g2 has 5 now.
+    assert fleet.extra == {"a": 2 + 5} and fleet.peers == 1
+    assert fleet.record({"a": (7, 100_000)}, 0.0) == '{"a":[1,1,100000]}'
+
+
+def test_the_picker_routes_on_the_fleet_as_the_oracle_would() -> None:
+    from tests.reader.test_pick import timed, view_of
+
+    clock = Clock()
+    local = LocalLoad(clock=clock)
+    fleet = FleetLoad("g1")
+    fleet.attach(local)
+    # Pages a second old say "a" is empty and "b" busy; the fleet knows better.
+    view = view_of(timed("a", running="0"), timed("b", running="6"), offset_ms=0.0)
+    fleet.absorb(["g2", '1 {"a":[6,0,999500]}'], {"a": (0, 999_500), "b": (6, 999_500)}, 0.0)
+    fleet.extra["b"] = 0  # b's requests all ended since its page
+    picker = Picker(rng=__import__("random").Random(1))
+    assert {picker.pick(view, local=local) for _ in range(20)} == {"b"}
+
+
+def test_identity_is_chosen_and_can_be_set() -> None:
+    assert FleetLoad().replica_id != FleetLoad().replica_id
+    assert str(os.getpid()) in default_replica_id()
+    assert FleetLoad("gw-7").replica_id == "gw-7"
+
+
+def test_an_unchanged_record_is_written_only_before_it_expires() -> None:
+    fleet = FleetLoad("g1")
+    assert fleet.outgoing("", 0) == ""  # nothing in flight, nothing written
+    assert fleet.outgoing("x", 0) == "x"
+    assert fleet.outgoing("x", 100) == ""
+    assert fleet.outgoing("x", TTL_MS) == "x"  # refreshed before it expires
+    assert fleet.outgoing("", TTL_MS + 1) == "-"  # emptied: deleted once
+    assert fleet.outgoing("", TTL_MS + 2) == ""
+
+
+_REPLICA = """
+import sys, time, redis
+from poller.reader.share import FleetLoad
+from poller.schema.lua import lua
+client = redis.Redis.from_url(sys.argv[1], decode_responses=True)
+share = client.register_script(lua("share"))
+fleet = FleetLoad("doomed")
+n = 0
+while True:
+    n += 1  # a count that changes every period, as a busy gateway's does
+    share(keys=[sys.argv[2]], args=[fleet.replica_id, fleet.ttl_ms, '{"a":[%d,0,0]}' % n])
+    print("wrote", flush=True)
+    time.sleep(fleet.period_s)
+"""
+
+
+def test_a_killed_replica_leaves_the_view_within_a_second(redis_server: RedisProcess) -> None:
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    key = Keys("share").gateways_inflight
+    share = client.register_script(lua("share"))
+    fleet = FleetLoad("survivor")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _REPLICA, redis_server.url, key],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "wrote\n"
+        fleet.absorb(share(keys=[key], args=["survivor", 800, ""])[2:], {"a": (0, 0)}, 0.0)
+        assert fleet.peer_in_flight("a") > 0
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        killed = time.monotonic()
+        calls = 0
+        while fleet.peer_in_flight("a"):  # one exchange per period, as a replica makes
+            fleet.absorb(share(keys=[key], args=["survivor", 800, ""])[2:], {"a": (0, 0)}, 0.0)
+            calls += 1
+            time.sleep(fleet.period_s)
+        gone_s = time.monotonic() - killed
+        # The field's own expiry (Redis clock) bounds it: 800 ms after its last write.
+        assert gone_s <= TTL_MS / 1000 + 1.0, gone_s  # headroom for a loaded machine
+        assert fleet.extra == {"a": 0}  # no engine left looking busy
+        print(f"killed replica gone from the view after {gone_s:.2f} s ({calls} exchanges)")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_redis_lost_means_local_counts_and_the_cache_says_so() -> None:
+    from poller.reader.cache import ViewCache
+
+    cache = ViewCache()
+    assert not cache.load_shared  # no sharing at all
+    cache.fleet = FleetLoad("g1")
+    assert not cache.load_shared  # never exchanged
+    cache.fleet.absorb([], {}, 0.0)
+    assert cache.load_shared
+    cache.fleet.absorb(["g2", '1 {"a":[3,0,0]}'], {"a": (0, 0)}, 0.0, shared=False)
+    assert cache.fleet.peer_in_flight("a") == 0  # the peers' counts are dropped at once
