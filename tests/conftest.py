@@ -7,6 +7,13 @@ to when the test lacks its marker.
 
 from __future__ import annotations
 
+import os
+
+# Before anything imports litellm: it would fetch its model cost map from the internet in
+# a background thread (no network here), and log the failed retries into whatever output a
+# test is reading.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 

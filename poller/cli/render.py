@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -61,6 +61,29 @@ SORT_KEYS: dict[str, Callable[[EndpointView], Any]] = {
 }
 
 
+def shown_state(e: EndpointView) -> str:
+    """The state ``--state`` filters on: the reader's, or ``sleeping`` for fresh stats
+    that say the engine sleeps (the page's state filter, ``STATES`` of its render)."""
+    if e.state == "fresh" and e.stats is not None and e.stats.sleeping:
+        return "sleeping"
+    return e.state
+
+
+def selected(
+    view: View, states: Sequence[str] = (), engines: Sequence[str] = ()
+) -> list[str] | None:
+    """The ids ``poller status --state/--engine`` shows: any of the states (see
+    ``shown_state``) and any of the engines as the ENGINE column shows them; None (every
+    endpoint) when neither is given."""
+    if not states and not engines:
+        return None
+    return [
+        e.id
+        for e in view.endpoints.values()
+        if (not states or shown_state(e) in states) and (not engines or _engine(e) in engines)
+    ]
+
+
 def header(view: View) -> str:
     counts = view.counts()
     pollers = ", ".join(view.pollers) or "none"
@@ -76,9 +99,11 @@ def render(
     sort: str = "id",
     sources: list[dict[str, Any]] | None = None,
     extra: Sequence[RenderableType] = (),
+    only: Sequence[str] | None = None,
 ) -> Group:
     """The header line and the table (then the sources and ``extra``, e.g. the pollers);
-    rich drops the colours when output is piped."""
+    with ``only``, the table has those ids alone and says how many it shows. rich drops
+    the colours when output is piped."""
     tail = [*([sources_table(sources, view.now_ms)] if sources else []), *extra]
     if not view.endpoints:
         note = Text(
@@ -105,7 +130,11 @@ def render(
         ("FAILURE", "left"),
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for e in sorted(view.endpoints.values(), key=SORT_KEYS[sort]):
+    rows: Iterable[EndpointView] = view.endpoints.values()
+    if only is not None:
+        wanted = set(only)
+        rows = [e for e in rows if e.id in wanted]
+    for e in sorted(rows, key=SORT_KEYS[sort]):
         stats, failure = e.stats, e.failure
         failing = "-"
         if failure is not None:
@@ -136,7 +165,11 @@ def render(
             labels_text(e.entry.labels if e.entry is not None else None),
             failing,
         )
-    return Group(Text(header(view)), table, *tail)
+    lines = [Text(header(view))]
+    if only is not None:
+        shown = len(set(only) & view.endpoints.keys())
+        lines.append(Text(f"showing {shown} of {count(len(view.endpoints), 'endpoint')}"))
+    return Group(*lines, table, *tail)
 
 
 # --- discovery sources --------------------------------------------------------------------

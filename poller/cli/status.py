@@ -12,6 +12,7 @@ import click
 from poller.cli.common import NAMESPACE, REDIS_URL, load, redis_json, redis_line, store_failure
 from poller.errors import SchemaMismatch, StoreError
 from poller.schema.keys import Keys
+from poller.service.web.render import STATES
 
 #: At most this many SCAN calls (of COUNT 1000) look for other namespaces' schema keys.
 SCAN_CALLS = 10
@@ -34,6 +35,22 @@ SCAN_CALLS = 10
     help="Order the rows by this column.",
 )
 @click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(STATES),
+    show_default="every state",
+    help="Show only endpoints in this state (repeatable: any of them).",
+)
+@click.option(
+    "--engine",
+    "engines",
+    multiple=True,
+    metavar="ENGINE",
+    show_default="every engine",
+    help="Show only endpoints of this engine, as the ENGINE column shows it (repeatable).",
+)
+@click.option(
     "--stale-after-ms",
     type=click.IntRange(1),
     metavar="MS",
@@ -46,6 +63,8 @@ def status(
     as_json: bool,
     watch: bool,
     sort: str,
+    states: tuple[str, ...],
+    engines: tuple[str, ...],
     stale_after_ms: int | None,
 ) -> None:
     """Print the shared view: every endpoint, its state, load and owner; first, the
@@ -54,7 +73,7 @@ def status(
     from rich.text import Text
 
     from poller.cli.fleet import Fleet, fleet_parts, read_fleet
-    from poller.cli.render import render
+    from poller.cli.render import render, selected
     from poller.reader.reader import StatsReader
     from poller.reader.view import View
     from poller.service.web.format import with_entries
@@ -80,7 +99,8 @@ def status(
         ) -> Group:
             lines = [Text(redis_line(settings.redis))]
             lines += [Text(line, style="yellow") for line in no_schema(view, reader.keys, others)]
-            table = render(view, sort, found, fleet_parts(fleet) if fleet.members else [])
+            extra = fleet_parts(fleet) if fleet.members else []
+            table = render(view, sort, found, extra, selected(view, states, engines))
             return Group(*lines, table)
 
         async def frame() -> Any:
@@ -94,6 +114,7 @@ def status(
             view, found, fleet, others = await read()
             if as_json:
                 said = {**with_entries(view), "sources": found, "members": fleet.to_json()}
+                said["endpoints"] = _only(said["endpoints"], selected(view, states, engines))
                 click.echo(json.dumps(_read_from(settings, view, others) | said, indent=2))
                 return
             shown = draw(view, found, fleet, others)
@@ -115,6 +136,14 @@ def status(
             said = {"error": "schema_mismatch", "message": str(exc), **found}
             click.echo(json.dumps({**redis_json(settings.redis), **said}))
         store_failure(exc)
+
+
+def _only(rows: list[dict[str, Any]], ids: list[str] | None) -> list[dict[str, Any]]:
+    """The rows ``--state``/``--engine`` selected (the counts stay the whole view's)."""
+    if ids is None:
+        return rows
+    keep = set(ids)
+    return [row for row in rows if row["id"] in keep]
 
 
 async def _watch(console: Any, shown: Any, frame: Callable[[], Awaitable[Any]]) -> None:

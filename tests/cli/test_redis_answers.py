@@ -98,7 +98,7 @@ def test_status_and_ls_say_which_redis_and_namespace_they_read(locked: RedisProc
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.splitlines()[:2] == [
         f"{shown} namespace answers",
-        "registry rev 1: 1 endpoints",
+        "registry rev 1: 1 endpoint",
     ]
     ls_json = json.loads(poller("endpoints", "ls", "--json", env=env).stdout)
     assert (ls_json["redis"], ls_json["namespace"]) == (shown, "answers")
@@ -226,7 +226,7 @@ def test_read_only_commands_run_as_the_gateway_acl_user_and_write_nothing(
             assert result.returncode == 0, (command, result.stderr)
         assert {key: admin.dump(key) for key in admin.keys("*")} == before
         listed = poller("endpoints", "ls", env=gateway).stdout.splitlines()
-        assert listed[1] == "registry rev 1: 1 endpoints"
+        assert listed[1] == "registry rev 1: 1 endpoint"
 
         refused = poller("endpoints", "add", "b", "http://10.0.0.2:8000", env=gateway)
         assert error_line(refused, 2).startswith("Error: Redis refused permission (ACL)")

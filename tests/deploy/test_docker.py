@@ -75,8 +75,9 @@ def test_dockerfile_matches_the_package() -> None:
             assert not re.search(r"pip |apt-get install|gcc|build-essential", rest), rest
     assert "USER" in words and words.index("USER") < words.index("ENTRYPOINT")
 
-    # The build stage installs the wheel with the service extra, from existing sources.
-    build = dict(builders)[next(iter(build_names))]
+    # The stage the runtime copies from installs the wheel with the service extra.
+    [source] = {rest.split()[0].removeprefix("--from=") for w, rest in final if w == "COPY"}
+    build = dict(builders)[source]
     assert any("[service]" in rest for w, rest in build if w == "RUN")
     assert "service" in pyproject["project"]["optional-dependencies"]
     patterns = dockerignore_patterns()

@@ -332,3 +332,34 @@ def test_without_the_lab_its_commands_are_listed_and_their_help_says_so() -> Non
     assert listed.returncode == 0 and set(LAB_COMMANDS) <= set(listed.stdout.split()), listed
     helped = run_tool([*run, "demo", "--help"], cwd=REPO)
     assert helped.returncode == 0 and "needs the lab" in " ".join(helped.stdout.split()), helped
+
+
+GATEWAY = """\
+from poller import LocalLoad, Picker, StatsReader
+
+
+async def main() -> None:
+    picker, local = Picker(), LocalLoad()
+    async with StatsReader.from_url("redis://127.0.0.1:6379/0") as reader:
+        async with reader.cached() as cache:
+            endpoint: str | None = picker.pick(cache, "m", local=local)
+            print(endpoint)
+"""
+
+
+@pytest.mark.slow
+def test_a_gateway_type_checks_against_the_installed_poller(tmp_path: Path) -> None:
+    """A gateway's own code, outside this checkout, type-checks with mypy --strict
+    against the poller as `make install` installed it (an editable install that type
+    checkers can follow, and the package's py.typed)."""
+    (tmp_path / "gateway.py").write_text(GATEWAY, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "gateway.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,  # only a hang ends it
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Success: no issues found in 1 source file" in done.stdout
