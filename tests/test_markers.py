@@ -33,7 +33,9 @@ def test_make_test_fast_leaves_out_every_server_and_slow() -> None:
     makefile = (REPO / "Makefile").read_text(encoding="utf-8")
     assert f"FAST_MARKERS := {markers.FAST}\n" in makefile
     assert re.search(
-        r'^test-fast: install\n\t\$\(BIN\)/pytest -q -n auto -m "\$\(FAST_MARKERS\)"$', makefile, re.M
+        r'^test-fast: install\n\t\$\(BIN\)/pytest -q -n auto -m "\$\(FAST_MARKERS\)"$',
+        makefile,
+        re.M,
     )
     # `make test` runs everything, after the lint and the installs.
     assert re.search(

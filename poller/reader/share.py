@@ -277,7 +277,7 @@ class Exchange:
 
     def answered(self, reply: Sequence[Any], pages: Mapping[str, tuple[int, int]]) -> None:
         self._refused = False
-        self.fleet.absorb(list(reply[1:]), pages, self.cache.offset_ms)
+        self.fleet.absorb(list(reply[2:]), pages, self.cache.offset_ms)
 
     def failed(self, exc: Exception, pages: Mapping[str, tuple[int, int]]) -> float:
         """Local counts only; returns how long to wait before the next try (s)."""

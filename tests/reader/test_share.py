@@ -151,3 +151,31 @@ def test_redis_lost_means_local_counts_and_the_cache_says_so() -> None:
     assert cache.load_shared
     cache.fleet.absorb(["g2", '1 {"a":[3,0,0]}'], {"a": (0, 0)}, 0.0, shared=False)
     assert cache.fleet.peer_in_flight("a") == 0  # the peers' counts are dropped at once
+
+
+async def test_two_cached_readers_see_each_others_requests(redis_server: RedisProcess) -> None:
+    """The whole exchange, as two gateway replicas run it (``cached()``, both flavours):
+    a request one replica has in flight is in the other's view, and leaves it when it
+    ends."""
+    from poller.reader import StatsReader, SyncStatsReader
+    from tests.support.procs import until
+
+    a = StatsReader.from_url(redis_server.url, "share")
+    b = SyncStatsReader.from_url(redis_server.url, "share")
+    async with a.cached(replica_id="gw-a") as cache_a:
+        with b.cached(replica_id="gw-b") as cache_b:
+            assert cache_a.fleet is not None and cache_b.fleet is not None
+            fleet_a, fleet_b = cache_a.fleet, cache_b.fleet
+            local_a, local_b = LocalLoad(), LocalLoad()
+            fleet_a.attach(local_a)
+            fleet_b.attach(local_b)
+            started = local_a.started("e1")
+            await until(lambda: fleet_b.peer_in_flight("e1") == 1, 30, "a's request in b")
+            assert fleet_b.peers == 1 and fleet_a.peer_in_flight("e1") == 0
+            local_b.started("e2")
+            await until(lambda: fleet_a.peer_in_flight("e2") == 1, 30, "b's request in a")
+            local_a.finished("e1", started)
+            await until(lambda: fleet_b.peer_in_flight("e1") == 0, 30, "a's request ended")
+            assert fleet_a.peer_in_flight("e2") == 1
+    await a.aclose()
+    b.close()
