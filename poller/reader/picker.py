@@ -220,32 +220,84 @@ class Picker:
             for tier in range(TIERS):
                 open_bag, saturated_bag = models.bags[tier]
                 if full:
-                    items = [s for s in saturated_bag.items if s.full]
-                else:
-                    items = open_bag.items + [s for s in saturated_bag.items if not s.full]
-                chosen = self._least(items, judge_ms, models, score)
+                    bags: _Bags = ((saturated_bag, _is_full),)
+                else:  # saturated by its waiting only: open on the fleet's estimate
+                    bags = ((open_bag, None), (saturated_bag, _not_full))
+                chosen = self._fewest(bags, judge_ms, models, score)
                 if chosen is not None:
                     return chosen
         return None
+
+    def _fewest(
+        self,
+        bags: _Bags,
+        judge_ms: float,
+        models: ModelIndex | None,
+        score: Callable[[Slot], tuple[float, float]],
+    ) -> str | None:
+        """The least loaded live slot of ``bags`` (each with the test its slots must
+        pass, None: all do) when they hold up to ``SCAN_MAX`` slots, else the better of
+        two weighted draws from them (no list of them built: a pick stays O(1))."""
+        if sum(len(bag.items) for bag, _ in bags) <= SCAN_MAX:
+            items = [s for bag, keep in bags for s in bag.items if keep is None or keep(s)]
+            return self._least(items, judge_ms, score)
+        first = self._draw_among(bags, judge_ms, models, None)
+        if first is None:
+            return None
+        second = self._draw_among(bags, judge_ms, models, first)
+        return first.id if second is None or score(first) <= score(second) else second.id
+
+    def _draw_among(
+        self, bags: _Bags, judge_ms: float, models: ModelIndex | None, other: Slot | None
+    ) -> Slot | None:
+        """``_draw`` over several bags as one: a slot other than ``other`` that passes its
+        bag's test, in proportion to its weight; expired ones are dropped."""
+        rand = self.rng.random
+        wmax = max(bag.wmax for bag, _ in bags)
+        total = sum(len(bag.items) for bag, _ in bags)
+        for _ in range(_DRAWS):
+            k = int(rand() * total)
+            for pair in bags:
+                if k < len(pair[0].items):
+                    break
+                k -= len(pair[0].items)
+            else:
+                return None  # every bag empty
+            bag, keep = pair
+            slot = bag.items[k]
+            if slot.fresh_until_ms < judge_ms:
+                if models is not None:
+                    models.drop(slot.id)  # its next stats write brings it back
+                else:
+                    bag.remove(slot.id)
+                total = sum(len(bag.items) for bag, _ in bags)
+                continue
+            if slot is other or (keep is not None and not keep(slot)):
+                continue
+            if slot.weight < wmax and rand() * wmax >= slot.weight:
+                continue
+            return slot
+        live = [
+            s
+            for bag, keep in bags
+            for s in bag.items
+            if s.fresh_until_ms >= judge_ms and s is not other and (keep is None or keep(s))
+        ]
+        if not live:
+            return None
+        return self.rng.choices(live, [s.weight for s in live])[0]
 
     def _least(
         self,
         items: list[Slot],
         judge_ms: float,
-        models: ModelIndex | None,
         score: Callable[[Slot], tuple[float, float]],
     ) -> str | None:
         """The least loaded live slot of ``items`` (a scan from a random start, so ties
-        spread), or the better of two weighted draws when there are more than
-        ``SCAN_MAX``."""
+        spread)."""
         n = len(items)
         if n == 0:
             return None
-        if n > SCAN_MAX:
-            bag = Bag()
-            for slot in items:
-                bag.add(slot)
-            return self._two_choices(bag, judge_ms, None, score)
         start = int(self.rng.random() * n)
         best: Slot | None = None
         best_score = (INF, INF)
@@ -412,7 +464,7 @@ class Picker:
         if saturated and self.when_saturated == "none":
             return None
         if by_kv:
-            return self._least(groups[saturated, tier].items, judge_ms, None, score)
+            return self._fewest(((groups[saturated, tier], None),), judge_ms, None, score)
         return self._two_choices(groups[saturated, tier], judge_ms, None, score)
 
 
@@ -450,6 +502,18 @@ def _fleet(view: object, local: LocalLoad) -> FleetLoad | None:
         if fleet is not None:
             fleet.attach(local)
     return fleet
+
+
+#: Bags to choose from as one, each with the test its slots must pass (None: all do).
+_Bags = tuple[tuple[Bag, Callable[[Slot], bool] | None], ...]
+
+
+def _is_full(slot: Slot) -> bool:
+    return slot.full
+
+
+def _not_full(slot: Slot) -> bool:
+    return not slot.full
 
 
 def _neutral(endpoint_id: str, now: float) -> float:

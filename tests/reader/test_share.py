@@ -179,3 +179,29 @@ async def test_two_cached_readers_see_each_others_requests(redis_server: RedisPr
             assert fleet_a.peer_in_flight("e2") == 1
     await a.aclose()
     b.close()
+
+
+def test_a_large_bag_on_the_fleet_estimate_skips_full_engines_and_favours_idle_ones() -> None:
+    """More than ``SCAN_MAX`` candidates: two weighted draws over the bags as they are (no
+    list built per pick). An engine saturated by its page's ``waiting`` stays open on the
+    fleet's estimate, one whose KV cache is full does not."""
+    import random
+
+    from poller.reader.picker import SCAN_MAX
+    from tests.reader.test_pick import picks, timed, view_of
+
+    n = SCAN_MAX + 8
+    full = [timed(f"full-{i}", kv_cache_usage="0.99") for i in range(n)]
+    queued = [timed(f"queued-{i}", waiting="10", kv_cache_usage="0.1") for i in range(n)]
+    view = view_of(*full, *queued, offset_ms=0.0)
+    local = LocalLoad(clock=Clock())
+    fleet = FleetLoad("g1")
+    fleet.attach(local)
+    fleet.extra = {f"queued-{i}": (50.0 if i % 2 else 0.0) for i in range(n)}
+    chosen = picks(Picker(rng=random.Random(5)), view, 400, local=local)
+    assert all(str(e).startswith("queued-") for e in chosen), chosen
+    idle = sum(c for e, c in chosen.items() if int(str(e).split("-")[1]) % 2 == 0)
+    assert idle >= 0.6 * 400, chosen  # the better of two: about 3 in 4
+    # Only full engines left: the least loaded of them (when_saturated="least_loaded").
+    only_full = view_of(*full, offset_ms=0.0)
+    assert all(str(e).startswith("full-") for e in picks(Picker(), only_full, 50, local=local))
