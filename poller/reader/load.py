@@ -197,11 +197,18 @@ class LocalLoad:
         count = 0 if not starts else bisect_right(starts, at)
         done = self._done.get(endpoint_id)
         if done:
-            for began, ended in reversed(list(done)):
-                if ended <= at:
-                    break
-                if began <= at:
-                    count += 1
+            # From the newest end back to the first that ended by ``at``: the work is the
+            # requests that ended since, not the whole record (indexing near a deque's
+            # ends is O(1)).
+            try:
+                for j in range(len(done) - 1, -1, -1):
+                    began, ended = done[j]
+                    if ended <= at:
+                        break
+                    if began <= at:
+                        count += 1
+            except IndexError:  # another thread trimmed it meanwhile: what was read counts
+                pass
         return count
 
     def busy_ids(self) -> list[str]:

@@ -101,6 +101,8 @@ class FleetLoad:
         self._outside: dict[str, deque[tuple[int, int]]] = {}
         self._last_record = ""
         self._written_ms: float = -1e15
+        # Endpoints with gateway requests at the last ``absorb``: worked out again next time.
+        self._touched: set[str] = set()
         self._lock = threading.Lock()
 
     # --- this replica ----------------------------------------------------------------------
@@ -109,10 +111,16 @@ class FleetLoad:
         self._locals.add(local)
         local.fleet = self
 
-    def _mine(self, endpoint_id: str, since_local_s: float) -> tuple[int, int]:
-        """(in flight now, in flight at ``since_local_s``) over the attached loads."""
+    def _mine(
+        self, endpoint_id: str, since_local_s: float, loads: list[LocalLoad]
+    ) -> tuple[int, int]:
+        """(in flight now, in flight at ``since_local_s``) over ``loads`` (the attached
+        ones, listed once per call of ``record`` or ``absorb``)."""
+        if len(loads) == 1:
+            local = loads[0]
+            return local.in_flight(endpoint_id), local.in_flight_at(endpoint_id, since_local_s)
         now = at = 0
-        for local in list(self._locals):
+        for local in loads:
             now += local.in_flight(endpoint_id)
             at += local.in_flight_at(endpoint_id, since_local_s)
         return now, at
@@ -126,10 +134,11 @@ class FleetLoad:
     def record(self, pages: Mapping[str, tuple[int, int]], offset_ms: float) -> str:
         """This replica's field (JSON), "" when it has nothing in flight anywhere."""
         out: dict[str, list[int]] = {}
+        loads = list(self._locals)
         for endpoint_id in sorted(self._ids()):
             page = pages.get(endpoint_id)
             scraped_ms = page[1] if page is not None else 0
-            now, at = self._mine(endpoint_id, (scraped_ms - offset_ms) / 1000)
+            now, at = self._mine(endpoint_id, (scraped_ms - offset_ms) / 1000, loads)
             if now or at:
                 out[endpoint_id] = [now, at, scraped_ms]
         return json.dumps(out, separators=(",", ":")) if out else ""
@@ -158,15 +167,34 @@ class FleetLoad:
         offset_ms: float,
         *,
         shared: bool = True,
+        changed: Iterable[str] | None = None,
     ) -> None:
         """The other replicas' fields (``[id, value, id, value, ...]`` as the script
         returns them after the TIME pair); ``shared=False``: Redis did not answer, our
-        own counts only (every peer's left out)."""
+        own counts only (every peer's left out). ``changed``: the endpoints whose page
+        changed since the last call (None: any may have); then only those, the ones
+        with gateway requests now and the ones that had them last time are worked out
+        again, the others keep their figure (it depends on their page alone)."""
         peers, peer_now, peer_at = _peers(fields, pages) if shared else (0, {}, {})
-        extra: dict[str, float] = {}
+        loads = list(self._locals)
         mine = self._ids()
-        for endpoint_id, (requests, scraped_ms) in pages.items():
-            now_me, at_me = self._mine(endpoint_id, (scraped_ms - offset_ms) / 1000)
+        todo: Iterable[str]
+        if changed is None:
+            extra: dict[str, float] = {}
+            todo = pages
+            for gone in [e for e in self._outside if e not in pages]:
+                del self._outside[gone]
+        else:
+            extra = dict(self.extra)
+            todo = {*changed, *mine, *peer_now, *self._touched}
+            for gone in [e for e in todo if e not in pages]:
+                extra.pop(gone, None)
+                self._outside.pop(gone, None)
+                todo.discard(gone)
+        touched: set[str] = set()
+        for endpoint_id in todo:
+            requests, scraped_ms = pages[endpoint_id]
+            now_me, at_me = self._mine(endpoint_id, (scraped_ms - offset_ms) / 1000, loads)
             gateways_at = at_me + peer_at.get(endpoint_id, (0, 0))[0]
             history = self._outside.get(endpoint_id)
             if history is None:
@@ -179,11 +207,11 @@ class FleetLoad:
             others = peer_now.get(endpoint_id, 0)
             if others or endpoint_id in mine or gateways_at:
                 extra[endpoint_id] = min(o for _, o in history) + others
+                touched.add(endpoint_id)
             else:
                 extra[endpoint_id] = float(min(o for _, o in history))
-        for gone in [e for e in self._outside if e not in pages]:
-            del self._outside[gone]
-        clocks = [local.now() for local in list(self._locals)]
+        self._touched = touched
+        clocks = [local.now() for local in loads]
         with self._lock:
             self.since_s = clocks[0] if clocks else -math.inf
             self.extra = extra
@@ -262,10 +290,33 @@ class Exchange:
         self.script = client.register_script(lua("share"))
         self.calls = 0  # commands sent, for the benchmark's commands/s
         self._refused = False
+        self._pages_now: dict[str, tuple[int, int]] | None = None
+        self._version = -1  # the cache's version ``_pages_now`` is of
+        #: Pages changed since the last ``absorb`` (None: any may have).
+        self._changed: set[str] | None = None
 
     def _pages(self) -> dict[str, tuple[int, int]]:
+        """Every endpoint's page, kept from the cache's change log (all read again after
+        a snapshot or when the log has moved on): the work follows what changed."""
         cache = self.cache
-        return pages_of((i, cache.base(i)) for i in cache.ids())
+        version = cache.version  # read first: the changes up to it are all in the log
+        pages = self._pages_now
+        changes = None if pages is None else cache.changes_since(self._version, version)
+        if pages is None or changes is None:
+            pages = self._pages_now = pages_of((i, cache.base(i)) for i in cache.ids())
+            self._changed = None
+        else:
+            changed = set(changes)
+            for endpoint_id in changed:
+                stats = getattr(cache.base(endpoint_id), "stats", None)
+                if stats is None:
+                    pages.pop(endpoint_id, None)
+                else:
+                    pages[endpoint_id] = (stats.running + stats.waiting, stats.scraped_at_ms)
+            # Added to what the last call left unabsorbed (None: everything, still).
+            self._changed = None if self._changed is None else self._changed | changed
+        self._version = version
+        return pages
 
     def prepare(self) -> tuple[list[str], list[Any], dict[str, tuple[int, int]]]:
         pages = self._pages()
@@ -277,12 +328,14 @@ class Exchange:
 
     def answered(self, reply: Sequence[Any], pages: Mapping[str, tuple[int, int]]) -> None:
         self._refused = False
-        self.fleet.absorb(list(reply[2:]), pages, self.cache.offset_ms)
+        changed, self._changed = self._changed, set()
+        self.fleet.absorb(list(reply[2:]), pages, self.cache.offset_ms, changed=changed)
 
     def failed(self, exc: Exception, pages: Mapping[str, tuple[int, int]]) -> float:
         """Local counts only; returns how long to wait before the next try (s)."""
         self.fleet.forget_written()
-        self.fleet.absorb([], pages, self.cache.offset_ms, shared=False)
+        changed, self._changed = self._changed, set()
+        self.fleet.absorb([], pages, self.cache.offset_ms, shared=False, changed=changed)
         if "NOPERM" in str(exc) or "no permissions" in str(exc):
             if not self._refused:
                 log.warning(

@@ -16,8 +16,9 @@ p50/p99/max in us:
 - ``pick(cache.view())``, the one-call form on a view built per request (for contrast);
 - the shared counts (poller/reader/share.py): ``Picker.pick(cache)`` with a ``LocalLoad``
   when the cache holds the fleet's counts of 7 other gateway replicas, without and with
-  ``model=``, and one background exchange's CPU (the record written and the replies
-  absorbed, Redis's round trip left out) with its CPU per second at the default period.
+  ``model=``, and one background exchange's CPU (``Exchange``: the pages a 1 s interval
+  brings in 100 ms applied before it, the record written and the replies absorbed,
+  Redis's round trip left out) with its CPU per second at the default period.
 
 Timings come from whatever machine runs it, often shared and noisy: compare runs on one
 machine, not single numbers.
@@ -41,7 +42,7 @@ if str(ROOT) not in sys.path:  # a checkout without `pip install -e .`
 
 from poller.reader import LocalLoad, Picker, ViewCache, pick  # noqa: E402
 from poller.reader.replies import LazyEndpoints  # noqa: E402
-from poller.reader.share import FleetLoad, pages_of  # noqa: E402
+from poller.reader.share import Exchange, FleetLoad, pages_of  # noqa: E402
 from poller.reader.view import View  # noqa: E402
 
 MODELS = [f"org/model-{i}" for i in range(8)]
@@ -81,14 +82,21 @@ def fleet(n: int, now_ms: int) -> ViewCache:
     return cache
 
 
-def timed(fn: Callable[[int], object], count: int) -> dict[str, float]:
+def timed(
+    fn: Callable[[int], object],
+    count: int,
+    before: Callable[[int], object] | None = None,
+) -> dict[str, float]:
     """Wall and CPU time (this thread's) per call: on a loaded machine the wall p99 is
-    mostly time spent preempted; the CPU p99 is what a pick costs."""
+    mostly time spent preempted; the CPU p99 is what a pick costs. ``before(k)`` runs
+    untimed before each call."""
     wall, cpu = [], []
     clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
     gc.disable()
     try:
         for k in range(count):
+            if before is not None:
+                before(k)
             start, cpu_start = clock(), cpu_clock()
             fn(k)
             cpu.append(cpu_clock() - cpu_start)
@@ -127,6 +135,25 @@ def peer_fields(n: int, cache: ViewCache, rng: random.Random) -> list[str]:
     return fields
 
 
+class _Script:
+    """The share script's call without Redis: the other replicas' fields, as it returns
+    them (the round trip itself is not the exchange's CPU)."""
+
+    def __init__(self, fields: list[str]) -> None:
+        self.reply = ["0", "0", *fields]
+
+    def __call__(self, keys: list[str], args: list[object]) -> list[str]:
+        return self.reply
+
+
+class _Client:
+    def __init__(self, fields: list[str]) -> None:
+        self.fields = fields
+
+    def register_script(self, body: str) -> _Script:
+        return _Script(self.fields)
+
+
 def shared(
     cache: ViewCache,
     local: LocalLoad,
@@ -139,22 +166,34 @@ def shared(
     fleet = FleetLoad("bench")
     cache.fleet = fleet
     fleet.attach(local)
-    fields = peer_fields(n, cache, random.Random(4))
+    rng = random.Random(4)
+    fields = peer_fields(n, cache, rng)
+    exchange = Exchange(_Client(fields), "{bench}:gateways:inflight", cache, fleet)
 
-    def exchange(k: int) -> object:
-        pages = pages_of((i, cache.base(i)) for i in cache.ids())
-        record = fleet.record(pages, cache.offset_ms)
-        fleet.outgoing(record, cache.now_ms())
-        fleet.absorb(fields, pages, cache.offset_ms)
-        return record
+    def once(k: int) -> object:
+        keys, args, pages = exchange.prepare()
+        exchange.answered(exchange.script(keys=keys, args=args), pages)
+        return args
 
-    exchange(0)
+    once(0)
     assert len(fleet.extra) >= n // 2 and fleet.peers == PEERS
     results["shared: pick(cache)"] = timed(lambda k: picker.pick(cache, local=local), count)
     results["shared: pick(cache, model=)"] = timed(
         lambda k: picker.pick(cache, MODELS[k % len(MODELS)], local=local), count
     )
-    results["shared: one exchange"] = timed(exchange, max(20, count // 100))
+    # Between two exchanges (100 ms) a 1 s poller interval brings a tenth of the pages.
+    now_ms = cache.now_ms()
+    rounds = max(20, count // 100)
+    batches = [
+        [(f"ep-{i}", record(now_ms, rng, i, seq=3)) for i in rng.sample(range(n), n // 10)]
+        for _ in range(rounds)
+    ]
+
+    def updated(k: int) -> None:
+        for endpoint_id, stats in batches[k]:
+            cache.set_stats(endpoint_id, stats)
+
+    results["shared: one exchange"] = timed(once, rounds, before=updated)
     cache.fleet = None
     local.fleet = None
 

@@ -205,3 +205,33 @@ def test_a_large_bag_on_the_fleet_estimate_skips_full_engines_and_favours_idle_o
     # Only full engines left: the least loaded of them (when_saturated="least_loaded").
     only_full = view_of(*full, offset_ms=0.0)
     assert all(str(e).startswith("full-") for e in picks(Picker(), only_full, 50, local=local))
+
+
+def test_an_exchange_that_works_on_what_changed_agrees_with_one_that_works_on_all() -> None:
+    """``absorb(changed=...)`` redoes only the endpoints whose page changed and those with
+    gateway requests (now or last time): the same figures as redoing every endpoint."""
+    import random
+
+    rng = random.Random(6)
+    clock = Clock()
+    whole, part = FleetLoad("g1"), FleetLoad("g1")
+    local = LocalLoad(clock=clock)
+    whole.attach(local)
+    part.attach(local)
+    pages = {f"e{i}": (rng.randrange(5), 100_000) for i in range(30)}
+    open_: list[tuple[str, float]] = []
+    for step in range(40):
+        clock.t += 0.1
+        changed = set(rng.sample(sorted(pages), 5))
+        for e in changed:
+            pages[e] = (rng.randrange(8), int(clock.t * 1000) - 50)
+        if open_ and rng.random() < 0.5:
+            local.finished(*open_.pop(rng.randrange(len(open_))))
+        else:
+            e = f"e{rng.randrange(30)}"
+            open_.append((e, local.started(e)))
+        peer = {f"e{rng.randrange(30)}": [rng.randrange(1, 4), 0, 0] for _ in range(3)}
+        fields = ["g2", f"1 {json.dumps(peer)}"] if step % 7 else []  # g2 away at times
+        whole.absorb(fields, pages, 0.0)
+        part.absorb(fields, pages, 0.0, changed=changed if step else None)
+        assert part.extra == whole.extra, step
