@@ -50,6 +50,8 @@ REFRESH_BEFORE_MS = 500
 PAGES = 4
 #: How long the exchange may go unanswered before the counts are local only (ms).
 LOST_AFTER_MS = 1000
+#: How often a refused exchange (no right to the key) is tried again (seconds).
+REFUSED_RETRY_S = 5.0
 
 
 def default_replica_id() -> str:
@@ -266,6 +268,13 @@ def _peers(
     return peers, peer_now, peer_at
 
 
+def _refused(exc: Exception) -> bool:
+    """Redis said no to the share script's writes: the user lacks the right (NOPERM
+    for a command, "can't run this command" for one inside a script)."""
+    text = str(exc)
+    return "NOPERM" in text or "no permissions" in text or "can't run this command" in text
+
+
 def pages_of(items: Iterable[tuple[str, Any]]) -> dict[str, tuple[int, int]]:
     """``endpoint id -> (running + waiting, scraped_at_ms)`` of decoded endpoints."""
     pages: dict[str, tuple[int, int]] = {}
@@ -336,15 +345,21 @@ class Exchange:
         self.fleet.forget_written()
         changed, self._changed = self._changed, set()
         self.fleet.absorb([], pages, self.cache.offset_ms, shared=False, changed=changed)
-        if "NOPERM" in str(exc) or "no permissions" in str(exc):
+        if _refused(exc):
+            self.fleet.exchanged_at = None  # not shared from now: the health says so
             if not self._refused:
                 log.warning(
                     "gateway load sharing refused by Redis (%s): this replica routes on its "
-                    "own counts; give the gateway user the rights in deploy/redis/users.acl",
+                    "own requests in flight and the pages. The gateway's ACL user needs "
+                    "HSET, HDEL and PEXPIRE on %s: add (~%s +hset +hdel +pexpire) to its "
+                    "line (deploy/redis/users.acl), or open the cache with "
+                    "cached(share=False)",
                     exc,
+                    self.key,
+                    self.key,
                 )
             self._refused = True
-            return 5.0
+            return REFUSED_RETRY_S
         log.debug("gateway load sharing failed: %s", exc)
         return self.fleet.period_s
 

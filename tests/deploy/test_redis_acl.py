@@ -296,3 +296,85 @@ def test_every_redis_config_starts_and_replication_and_sentinel_authenticate(
     finally:
         for server in started:
             server.stop()
+
+
+def test_a_gateway_with_the_rights_of_before_the_sharing_routes_on_its_own_counts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """users.acl as it was before the gateways shared their requests in flight (the
+    gateway user without HSET, HDEL and PEXPIRE on P:gateways:inflight): a gateway keeps
+    routing, on its own counts and the pages, and says once what right it lacks and how
+    to give it."""
+    import logging
+
+    from poller.reader import LocalLoad, Picker, StatsReader
+    from poller.scrape.check import serve_example
+    from poller.service.worker import Worker
+
+    selector = " (~{llmgw}:gateways:inflight +hset +hdel +pexpire)"
+    text = ACL_FILE.read_text()
+    assert selector in text
+    old_acl = tmp_path / "users-before.acl"
+    old_acl.write_text(text.replace(selector, ""))
+    server = _Redis(["--save", "", "--appendonly", "no", "--aclfile", str(old_acl)], tmp_path / "r")
+
+    def refusals() -> int:
+        """Times Redis refused the gateway the share script's HSET (ACL LOG's count)."""
+        entries = server.client().execute_command("ACL", "LOG")
+        return sum(
+            int(e["count"])
+            for e in entries
+            if e.get("username") == "gateway" and e.get("object") == "hset"
+        )
+
+    async def scenario() -> None:
+        async with serve_example("vllm") as base:
+            registry = tmp_path / "endpoints.yaml"
+            registry.write_text(
+                yaml.safe_dump({"endpoints": [{"id": "acl-vllm", "url": base, "engine": "vllm"}]})
+            )
+            sync = await asyncio.to_thread(
+                CliRunner().invoke,
+                cli,
+                ["endpoints", "sync", str(registry), "--redis-url", server.url(POLLER)],
+            )
+            assert sync.exit_code == 0, sync.output
+            settings = load_settings(
+                None,
+                {"redis.url": server.url(POLLER), "id": "acl-poller", "health.port": 0},
+                environ={},
+            )
+            worker = Worker(settings)
+            reader = StatsReader.from_url(server.url(GATEWAY))
+            await worker.start()
+            try:
+                async with reader.cached() as cache:
+                    local, picker = LocalLoad(), Picker()
+                    deadline = time.monotonic() + 60  # ample for a loaded machine
+                    while (e := cache.get("acl-vllm")) is None or e.state != "fresh":
+                        assert time.monotonic() < deadline, "acl-vllm never fresh"
+                        await asyncio.sleep(0.05)
+                    chosen = picker.pick(cache, local=local)
+                    assert chosen == "acl-vllm"
+                    local.started(chosen)  # a request in flight: a record to write
+                    # Refused once, then again after the retry: one WARNING for both.
+                    while refusals() < 2:
+                        assert time.monotonic() < deadline + 30, "no second refusal"
+                        await asyncio.sleep(0.05)
+                    assert not cache.load_shared  # said in the cache's health
+                    assert cache.healthy  # the view itself is read as before
+                    assert picker.pick(cache, local=local) == "acl-vllm"  # routing goes on
+                    assert cache.fleet is not None and cache.fleet.peers == 0
+            finally:
+                await worker.stop()
+                await reader.aclose()
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="poller.reader.share"):
+            asyncio.run(scenario())
+    finally:
+        server.stop()
+    said = [r.getMessage() for r in caplog.records if r.name == "poller.reader.share"]
+    assert len(said) == 1, said
+    assert "HSET, HDEL and PEXPIRE on {llmgw}:gateways:inflight" in said[0], said[0]
+    assert "(~{llmgw}:gateways:inflight +hset +hdel +pexpire)" in said[0], said[0]
