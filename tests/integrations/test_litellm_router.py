@@ -325,6 +325,15 @@ async def test_two_replicas_see_each_others_requests_in_flight_through_redis(f: 
         async with reader_b.cached(replica_id="gw-b") as cache_b:
             await until(lambda: cache_a.load_shared and cache_b.load_shared, 30, "sharing")
             await until(lambda: all(cache_b.get(e) for e in OK), 30, "the view in replica b")
+
+            def quiet(cache: Any) -> bool:
+                """No load on OK but the gateways': the earlier tests' requests (sent by
+                no sharing replica: outside load to the estimate) are off the pages."""
+                extra = cache.fleet.extra
+                return all(e in extra and extra[e] == 0 for e in OK)
+
+            # Up to PAGES scrapes (docs/reader.md) after the module's last request.
+            await until(lambda: quiet(cache_a) and quiet(cache_b), 120, "the pages quiet")
             router_a = litellm.Router(model_list=group, num_retries=0)
             router_b = litellm.Router(model_list=group, num_retries=0)
             a = LoadAwareStrategy(router_a, cache=cache_a, rng=random.Random(3)).install()
