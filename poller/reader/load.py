@@ -62,6 +62,7 @@ class LocalLoad:
     __slots__ = (
         "__weakref__",
         "_all_s",
+        "_changed",
         "_clock",
         "_done",
         "_lock",
@@ -83,6 +84,8 @@ class LocalLoad:
         self._all_s = 0.0  # the same over every endpoint (0: no request ended yet)
         # endpoint id -> (start, end) of requests finished lately, in the order they ended
         self._done: dict[str, deque[tuple[float, float]]] = {}
+        # Endpoints with a request started or ended since ``take_changed`` last ran.
+        self._changed: set[str] = set()
         #: The gateway fleet's shared counts this load is published in (``FleetLoad``,
         #: poller/reader/share.py); set when a picker first meets it with a cache that
         #: shares, or by ``FleetLoad.attach``.
@@ -101,6 +104,7 @@ class LocalLoad:
             else:  # a clock that went back (a test's): keep the list sorted
                 starts.insert(bisect_right(starts, now), now)
             self._total += 1
+            self._changed.add(endpoint_id)
         return now
 
     def finished(
@@ -124,6 +128,7 @@ class LocalLoad:
                 at = bisect_right(starts, started_at) - 1
                 began = starts.pop(at if at >= 0 and starts[at] == started_at else 0)
             self._total -= 1
+            self._changed.add(endpoint_id)
             if not starts:
                 del self._starts[endpoint_id]
             done = self._done.get(endpoint_id)
@@ -210,6 +215,13 @@ class LocalLoad:
             except IndexError:  # another thread trimmed it meanwhile: what was read counts
                 pass
         return count
+
+    def take_changed(self) -> set[str]:
+        """Endpoints a request to which started or ended since the last call (the
+        shared counts' exchange works on those only)."""
+        with self._lock:
+            changed, self._changed = self._changed, set()
+        return changed
 
     def busy_ids(self) -> list[str]:
         """Endpoints with requests in flight or finished within ``DONE_S``."""

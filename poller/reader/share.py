@@ -103,8 +103,10 @@ class FleetLoad:
         self._outside: dict[str, deque[tuple[int, int]]] = {}
         self._last_record = ""
         self._written_ms: float = -1e15
-        # Endpoints with gateway requests at the last ``absorb``: worked out again next time.
-        self._touched: set[str] = set()
+        # This replica's field, per endpoint, as ``record`` last built it.
+        self._entries: dict[str, list[int]] | None = None
+        # Replica id -> (its field's JSON, parsed: endpoint -> (now, at, scraped ms)).
+        self._fields: dict[str, tuple[str, dict[str, tuple[int, int, int]]]] = {}
         self._lock = threading.Lock()
 
     # --- this replica ----------------------------------------------------------------------
@@ -133,17 +135,42 @@ class FleetLoad:
             ids.update(local.busy_ids())
         return ids
 
-    def record(self, pages: Mapping[str, tuple[int, int]], offset_ms: float) -> str:
-        """This replica's field (JSON), "" when it has nothing in flight anywhere."""
-        out: dict[str, list[int]] = {}
+    def take_changed(self) -> set[str]:
+        """Endpoints the attached loads started or ended requests to since the last call."""
+        ids: set[str] = set()
+        for local in list(self._locals):
+            ids |= local.take_changed()
+        return ids
+
+    def record(
+        self,
+        pages: Mapping[str, tuple[int, int]],
+        offset_ms: float,
+        changed: Iterable[str] | None = None,
+    ) -> str:
+        """This replica's field (JSON), "" when it has nothing in flight anywhere.
+        ``changed``: the endpoints whose page changed or to which this replica started
+        or ended requests since the last call (None: any may have); only those are
+        worked out again."""
         loads = list(self._locals)
-        for endpoint_id in sorted(self._ids()):
+        entries = self._entries
+        todo: Iterable[str]
+        if changed is None or entries is None:
+            entries = self._entries = {}
+            todo = self._ids()
+        else:
+            todo = changed
+        for endpoint_id in todo:
             page = pages.get(endpoint_id)
             scraped_ms = page[1] if page is not None else 0
             now, at = self._mine(endpoint_id, (scraped_ms - offset_ms) / 1000, loads)
             if now or at:
-                out[endpoint_id] = [now, at, scraped_ms]
-        return json.dumps(out, separators=(",", ":")) if out else ""
+                entries[endpoint_id] = [now, at, scraped_ms]
+            else:
+                entries.pop(endpoint_id, None)
+        if not entries:
+            return ""
+        return json.dumps(dict(sorted(entries.items())), separators=(",", ":"))
 
     def outgoing(self, record: str, now_ms: float) -> str:
         """What the exchange writes: the record when it changed or nears its expiry,
@@ -173,13 +200,13 @@ class FleetLoad:
     ) -> None:
         """The other replicas' fields (``[id, value, id, value, ...]`` as the script
         returns them after the TIME pair); ``shared=False``: Redis did not answer, our
-        own counts only (every peer's left out). ``changed``: the endpoints whose page
-        changed since the last call (None: any may have); then only those, the ones
-        with gateway requests now and the ones that had them last time are worked out
-        again, the others keep their figure (it depends on their page alone)."""
-        peers, peer_now, peer_at = _peers(fields, pages) if shared else (0, {}, {})
+        own counts only (every peer's left out). ``changed``: as for ``record`` (None:
+        every endpoint is worked out again); then only those and the endpoints in the
+        fields of replicas whose counts changed, came or went are: the others' figures
+        depend on nothing else."""
+        peers, moved = self._take_fields(fields if shared else [])
+        peer_now, peer_at = self._peer_counts(pages)
         loads = list(self._locals)
-        mine = self._ids()
         todo: Iterable[str]
         if changed is None:
             extra: dict[str, float] = {}
@@ -188,16 +215,15 @@ class FleetLoad:
                 del self._outside[gone]
         else:
             extra = dict(self.extra)
-            todo = {*changed, *mine, *peer_now, *self._touched}
+            todo = {*changed, *moved}
             for gone in [e for e in todo if e not in pages]:
                 extra.pop(gone, None)
                 self._outside.pop(gone, None)
                 todo.discard(gone)
-        touched: set[str] = set()
         for endpoint_id in todo:
             requests, scraped_ms = pages[endpoint_id]
-            now_me, at_me = self._mine(endpoint_id, (scraped_ms - offset_ms) / 1000, loads)
-            gateways_at = at_me + peer_at.get(endpoint_id, (0, 0))[0]
+            _, at_me = self._mine(endpoint_id, (scraped_ms - offset_ms) / 1000, loads)
+            gateways_at = at_me + peer_at.get(endpoint_id, 0)
             history = self._outside.get(endpoint_id)
             if history is None:
                 history = self._outside[endpoint_id] = deque(maxlen=PAGES)
@@ -206,13 +232,7 @@ class FleetLoad:
                 history[-1] = (scraped_ms, outside)  # the same page, better known now
             else:
                 history.append((scraped_ms, outside))
-            others = peer_now.get(endpoint_id, 0)
-            if others or endpoint_id in mine or gateways_at:
-                extra[endpoint_id] = min(o for _, o in history) + others
-                touched.add(endpoint_id)
-            else:
-                extra[endpoint_id] = float(min(o for _, o in history))
-        self._touched = touched
+            extra[endpoint_id] = float(min(o for _, o in history) + peer_now.get(endpoint_id, 0))
         clocks = [local.now() for local in loads]
         with self._lock:
             self.since_s = clocks[0] if clocks else -math.inf
@@ -221,6 +241,46 @@ class FleetLoad:
             self.peers = peers
             if shared:
                 self.exchanged_at = time.monotonic()
+
+    def _take_fields(self, fields: Sequence[Any]) -> tuple[int, set[str]]:
+        """Keep the replicas' fields, parsing only those whose counts changed; returns
+        (live peers, the endpoints in the fields that changed, came or went)."""
+        old, new = self._fields, {}
+        moved: set[str] = set()
+        for i in range(1, len(fields), 2):
+            replica, (_, _, body) = str(fields[i - 1]), str(fields[i]).partition(" ")
+            held = old.get(replica)
+            if held is not None and held[0] == body:
+                new[replica] = held
+                continue
+            counts = _parse(body)
+            if counts is None:
+                continue
+            new[replica] = (body, counts)
+            moved.update(counts)
+            if held is not None:
+                moved.update(held[1])
+        for replica, (_, counts) in old.items():
+            if replica not in new:
+                moved.update(counts)
+        self._fields = new
+        return len(new), moved
+
+    def _peer_counts(
+        self, pages: Mapping[str, tuple[int, int]]
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """(endpoint -> the peers' in flight now, endpoint -> theirs in flight at the
+        endpoint's page's scrape; a peer that has not seen that page yet: its now)."""
+        peer_now: dict[str, int] = {}
+        peer_at: dict[str, int] = {}
+        for _, counts in self._fields.values():
+            for endpoint_id, (now, at, scraped_ms) in counts.items():
+                peer_now[endpoint_id] = peer_now.get(endpoint_id, 0) + now
+                page = pages.get(endpoint_id)
+                if page is not None and scraped_ms != page[1]:
+                    at = now  # that replica has not seen this page yet: its best guess
+                peer_at[endpoint_id] = peer_at.get(endpoint_id, 0) + at
+        return peer_now, peer_at
 
     @property
     def shared(self) -> bool:
@@ -237,35 +297,22 @@ class FleetLoad:
         return f"FleetLoad({self.replica_id!r}, {self.peers} peers, shared={self.shared})"
 
 
-def _peers(
-    fields: Sequence[Any], pages: Mapping[str, tuple[int, int]]
-) -> tuple[int, dict[str, int], dict[str, tuple[int, int]]]:
-    """(live peers, endpoint -> their in flight now, endpoint -> (their in flight at the
-    page's scrape, that scrape's ms)) from the script's ``[id, value, ...]``."""
-    peer_now: dict[str, int] = {}
-    peer_at: dict[str, tuple[int, int]] = {}
-    peers = 0
-    for i in range(1, len(fields), 2):
-        _, _, body = str(fields[i]).partition(" ")
+def _parse(body: str) -> dict[str, tuple[int, int, int]] | None:
+    """A replica's counts (``{endpoint: [now, at, scraped ms]}``), None: not readable."""
+    try:
+        raw = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(raw, dict):
+        return None
+    counts: dict[str, tuple[int, int, int]] = {}
+    for endpoint_id, triple in raw.items():
         try:
-            counts = json.loads(body)
-        except ValueError:
+            now, at, scraped_ms = (int(x) for x in triple)
+        except (TypeError, ValueError):
             continue
-        if not isinstance(counts, dict):
-            continue
-        peers += 1
-        for endpoint_id, triple in counts.items():
-            try:
-                now, at, scraped_ms = (int(x) for x in triple)
-            except (TypeError, ValueError):
-                continue
-            peer_now[endpoint_id] = peer_now.get(endpoint_id, 0) + now
-            page = pages.get(endpoint_id)
-            if page is not None and scraped_ms != page[1]:
-                at = now  # that replica has not seen this page yet: its best guess
-            held = peer_at.get(endpoint_id, (0, scraped_ms))
-            peer_at[endpoint_id] = (held[0] + at, held[1])
-    return peers, peer_now, peer_at
+        counts[str(endpoint_id)] = (now, at, scraped_ms)
+    return counts
 
 
 def _refused(exc: Exception) -> bool:
@@ -330,7 +377,10 @@ class Exchange:
     def prepare(self) -> tuple[list[str], list[Any], dict[str, tuple[int, int]]]:
         pages = self._pages()
         fleet = self.fleet
-        record = fleet.record(pages, self.cache.offset_ms)
+        ours = fleet.take_changed()
+        if self._changed is not None:
+            self._changed |= ours
+        record = fleet.record(pages, self.cache.offset_ms, self._changed)
         outgoing = fleet.outgoing(record, self.cache.now_ms())
         self.calls += 1
         return [self.key], [fleet.replica_id, fleet.ttl_ms, outgoing], pages

@@ -208,8 +208,9 @@ def test_a_large_bag_on_the_fleet_estimate_skips_full_engines_and_favours_idle_o
 
 
 def test_an_exchange_that_works_on_what_changed_agrees_with_one_that_works_on_all() -> None:
-    """``absorb(changed=...)`` redoes only the endpoints whose page changed and those with
-    gateway requests (now or last time): the same figures as redoing every endpoint."""
+    """``record`` and ``absorb`` given what changed (pages, our requests started or
+    ended) redo only those endpoints and the ones in peers' fields that changed: the
+    same figures as redoing every endpoint."""
     import random
 
     rng = random.Random(6)
@@ -220,7 +221,8 @@ def test_an_exchange_that_works_on_what_changed_agrees_with_one_that_works_on_al
     part.attach(local)
     pages = {f"e{i}": (rng.randrange(5), 100_000) for i in range(30)}
     open_: list[tuple[str, float]] = []
-    for step in range(40):
+    last_peer: dict[str, list[int]] = {}
+    for step in range(60):
         clock.t += 0.1
         changed = set(rng.sample(sorted(pages), 5))
         for e in changed:
@@ -231,7 +233,14 @@ def test_an_exchange_that_works_on_what_changed_agrees_with_one_that_works_on_al
             e = f"e{rng.randrange(30)}"
             open_.append((e, local.started(e)))
         peer = {f"e{rng.randrange(30)}": [rng.randrange(1, 4), 0, 0] for _ in range(3)}
-        fields = ["g2", f"1 {json.dumps(peer)}"] if step % 7 else []  # g2 away at times
+        if step % 3 == 0:  # g2's counts unchanged since the last exchange
+            peer = last_peer
+        last_peer = peer
+        steady = json.dumps({"e1": [1, 0, 0]})  # g3's never change
+        fields = ["g3", f"1 {steady}"] + (["g2", f"1 {json.dumps(peer)}"] if step % 7 else [])
+        changed |= local.take_changed()
+        assert part.record(pages, 0.0, changed if step else None) == whole.record(pages, 0.0)
         whole.absorb(fields, pages, 0.0)
         part.absorb(fields, pages, 0.0, changed=changed if step else None)
         assert part.extra == whole.extra, step
+        assert part.peers == whole.peers
