@@ -238,23 +238,33 @@ class Picker:
         """The least loaded live slot of ``bags`` (each with the test its slots must
         pass, None: all do) when they hold up to ``SCAN_MAX`` slots, else the better of
         two weighted draws from them (no list of them built: a pick stays O(1))."""
-        if sum(len(bag.items) for bag, _ in bags) <= SCAN_MAX:
+        total, wmax = 0, 0.0
+        for bag, _ in bags:
+            total += len(bag.items)
+            if bag.wmax > wmax:
+                wmax = bag.wmax
+        if total <= SCAN_MAX:
             items = [s for bag, keep in bags for s in bag.items if keep is None or keep(s)]
             return self._least(items, judge_ms, score)
-        first = self._draw_among(bags, judge_ms, models, None)
+        first = self._draw_among(bags, total, wmax, judge_ms, models, None)
         if first is None:
             return None
-        second = self._draw_among(bags, judge_ms, models, first)
+        second = self._draw_among(bags, total, wmax, judge_ms, models, first)
         return first.id if second is None or score(first) <= score(second) else second.id
 
     def _draw_among(
-        self, bags: _Bags, judge_ms: float, models: ModelIndex | None, other: Slot | None
+        self,
+        bags: _Bags,
+        total: int,
+        wmax: float,
+        judge_ms: float,
+        models: ModelIndex | None,
+        other: Slot | None,
     ) -> Slot | None:
-        """``_draw`` over several bags as one: a slot other than ``other`` that passes its
-        bag's test, in proportion to its weight; expired ones are dropped."""
+        """``_draw`` over several bags as one (``total`` slots, weights up to ``wmax``): a
+        slot other than ``other`` that passes its bag's test, in proportion to its
+        weight; expired ones are dropped."""
         rand = self.rng.random
-        wmax = max(bag.wmax for bag, _ in bags)
-        total = sum(len(bag.items) for bag, _ in bags)
         for _ in range(_DRAWS):
             k = int(rand() * total)
             for pair in bags:
