@@ -132,6 +132,11 @@ def sim(ctx: click.Context) -> None:
 )
 @click.option("--quick", is_flag=True, help="Small and short (CI): 30 endpoints, 4 s windows.")
 @click.option(
+    "--full",
+    is_flag=True,
+    help="routing: the family's full factorial (512 cells) instead of its fractional design.",
+)
+@click.option(
     "--redis-url",
     metavar="URL",
     callback=_redis_url,
@@ -153,12 +158,13 @@ def bench(
     redis_url: str | None,
     as_json: bool,
     policies: tuple[str, ...],
+    full: bool,
 ) -> None:
     """Measure scrape cost, cluster behaviour, failover, reader latency and routing locally."""
     import dataclasses
 
     if "routing" in sections:
-        _bench_routing(quick, duration_s, policies, redis_url, as_json)
+        _bench_routing(quick, duration_s, policies, redis_url, as_json, full)
         sections = tuple(s for s in sections if s != "routing")
         if not sections:
             return
@@ -195,9 +201,22 @@ def _bench_routing(
     policies: tuple[str, ...],
     redis_url: str | None,
     as_json: bool,
+    full: bool = False,
 ) -> None:
-    """The routing section: rows as they come (to stderr under --json), then the report."""
+    """The routing section: the family in virtual time (lab/poller_lab/routing/family.py),
+    then the default fleet in real processes; rows as they come (to stderr under --json),
+    then the report."""
     import dataclasses
+
+    from poller_lab.routing.family import iter_design, run_family
+
+    out = sys.stderr if as_json else sys.stdout
+    family = run_family(
+        list(iter_design("quick" if quick else "full" if full else "design")),
+        10.0 if quick else 60.0,
+        seed=1,
+        say=lambda line: print(line, file=out, flush=True),
+    )
 
     from poller.errors import ConfigError
     from poller_lab.routing import RoutingConfig
@@ -209,7 +228,8 @@ def _bench_routing(
     if policies:
         cfg = dataclasses.replace(cfg, policies=policies)
     try:
-        result = run_routing(cfg, redis_url, sys.stderr if as_json else sys.stdout)
+        result = run_routing(cfg, redis_url, out)
+        result["family"] = family
     except ConfigError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from poller.reader.replies import LazyEndpoints, check_schema, view_from_records
+from poller.reader.share import FleetLoad
 from poller.reader.view import EndpointView, View, log_schema_missing
 from poller.redis.clock import server_ms
 from poller.schema.records import written_ms
@@ -67,6 +68,18 @@ class ViewCache:
         # (start, ids changed): ids[i] made version start + i + 1. One attribute, replaced
         # whole, so a thread reading it never pairs one log with another's start.
         self._changes: tuple[int, list[str]] = (0, [])
+        #: The gateway fleet's shared requests in flight (poller/reader/share.py), kept
+        #: by a cached reader that shares (``cached(share=True)``, the default); a picker
+        #: given this cache and a ``LocalLoad`` routes on it. None: not shared.
+        self.fleet: FleetLoad | None = None
+
+    @property
+    def load_shared(self) -> bool:
+        """The other gateway replicas' requests in flight are current (their counts were
+        exchanged through Redis within the last second). False: no sharing, Redis lost,
+        or the gateway's ACL user lacks the right: picks use this replica's own counts
+        and the pages."""
+        return self.fleet is not None and self.fleet.shared
 
     @property
     def healthy(self) -> bool:

@@ -37,6 +37,7 @@ class Slot:
     __slots__ = (
         "capacity",
         "fresh_until_ms",
+        "full",
         "id",
         "kv",
         "lora_free",
@@ -59,6 +60,8 @@ class Slot:
         self.scraped_at_ms = stats.scraped_at_ms
         self.fresh_until_ms = fresh_until_ms
         self.saturated = False
+        #: Saturated by its KV usage (what the fleet's estimate still saturates on).
+        self.full = False
         self.models = stats.models
         self.lora_running = stats.lora_running
         self.lora_waiting = stats.lora_waiting
@@ -190,9 +193,8 @@ class Index:
             return None
         slot = Slot(view.id, stats, fresh_until)
         kv = slot.kv
-        slot.saturated = stats.waiting >= self._max_waiting or (
-            kv is not None and kv >= self._max_kv
-        )
+        slot.full = kv is not None and kv >= self._max_kv
+        slot.saturated = stats.waiting >= self._max_waiting or slot.full
         return slot
 
     def _weigh(self, slot: Slot) -> None:

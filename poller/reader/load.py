@@ -18,8 +18,13 @@ import math
 import threading
 import time
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from poller.reader.share import FleetLoad
 
 __all__ = ["LocalLoad"]
 
@@ -32,6 +37,9 @@ LATENCY_FADE_S = 10.0
 SLOWNESS_MIN, SLOWNESS_MAX = 0.25, 8.0
 #: A failed request counts as this many times the usual request time.
 FAILED_TIMES = 4.0
+#: Finished requests are remembered this long (s), so the load at a page's scrape time
+#: can be told (``in_flight_at``); at most ``DONE_MAX`` per endpoint.
+DONE_S, DONE_MAX = 10.0, 4096
 
 
 class LocalLoad:
@@ -51,7 +59,18 @@ class LocalLoad:
     that arrived a microsecond later.
     """
 
-    __slots__ = ("_all_s", "_clock", "_lock", "_starts", "_took", "_total")
+    __slots__ = (
+        "__weakref__",
+        "_all_s",
+        "_changed",
+        "_clock",
+        "_done",
+        "_lock",
+        "_starts",
+        "_took",
+        "_total",
+        "fleet",
+    )
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -63,6 +82,14 @@ class LocalLoad:
         # endpoint id -> (moving average of its requests' time, s; when last updated)
         self._took: dict[str, tuple[float, float]] = {}
         self._all_s = 0.0  # the same over every endpoint (0: no request ended yet)
+        # endpoint id -> (start, end) of requests finished lately, in the order they ended
+        self._done: dict[str, deque[tuple[float, float]]] = {}
+        # Endpoints with a request started or ended since ``take_changed`` last ran.
+        self._changed: set[str] = set()
+        #: The gateway fleet's shared counts this load is published in (``FleetLoad``,
+        #: poller/reader/share.py); set when a picker first meets it with a cache that
+        #: shares, or by ``FleetLoad.attach``.
+        self.fleet: FleetLoad | None = None
 
     def started(self, endpoint_id: str) -> float:
         """A request to ``endpoint_id`` starts now; returns its start time, which
@@ -77,6 +104,7 @@ class LocalLoad:
             else:  # a clock that went back (a test's): keep the list sorted
                 starts.insert(bisect_right(starts, now), now)
             self._total += 1
+            self._changed.add(endpoint_id)
         return now
 
     def finished(
@@ -100,8 +128,15 @@ class LocalLoad:
                 at = bisect_right(starts, started_at) - 1
                 began = starts.pop(at if at >= 0 and starts[at] == started_at else 0)
             self._total -= 1
+            self._changed.add(endpoint_id)
             if not starts:
                 del self._starts[endpoint_id]
+            done = self._done.get(endpoint_id)
+            if done is None:
+                done = self._done[endpoint_id] = deque(maxlen=DONE_MAX)
+            done.append((began, now))
+            while done and done[0][1] < now - DONE_S:
+                done.popleft()
             took_s = max(0.0, now - began)
             if not ok:
                 took_s = max(took_s, self._all_s) * FAILED_TIMES
@@ -159,6 +194,44 @@ class LocalLoad:
         if not starts:
             return 0
         return len(starts) - bisect_right(starts, since)
+
+    def in_flight_at(self, endpoint_id: str, at: float) -> int:
+        """Requests to ``endpoint_id`` that were in flight at ``at`` (``clock`` seconds,
+        up to ``DONE_S`` ago): what a page scraped then counted of this replica's."""
+        starts = self._starts.get(endpoint_id)
+        count = 0 if not starts else bisect_right(starts, at)
+        done = self._done.get(endpoint_id)
+        if done:
+            # From the newest end back to the first that ended by ``at``: the work is the
+            # requests that ended since, not the whole record (indexing near a deque's
+            # ends is O(1)).
+            try:
+                for j in range(len(done) - 1, -1, -1):
+                    began, ended = done[j]
+                    if ended <= at:
+                        break
+                    if began <= at:
+                        count += 1
+            except IndexError:  # another thread trimmed it meanwhile: what was read counts
+                pass
+        return count
+
+    def take_changed(self) -> set[str]:
+        """Endpoints a request to which started or ended since the last call (the
+        shared counts' exchange works on those only)."""
+        with self._lock:
+            changed, self._changed = self._changed, set()
+        return changed
+
+    def busy_ids(self) -> list[str]:
+        """Endpoints with requests in flight or finished within ``DONE_S``."""
+        now = self._clock()
+        ids = list(self._starts)
+        for endpoint_id, done in list(self._done.items()):
+            if done and done[-1][1] >= now - DONE_S:
+                if endpoint_id not in self._starts:
+                    ids.append(endpoint_id)
+        return ids
 
     def now(self) -> float:
         return self._clock()

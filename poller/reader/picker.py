@@ -21,6 +21,7 @@ from poller.errors import ConfigError
 from poller.reader.cache import ViewCache
 from poller.reader.index import INF, TIERS, Bag, Index, ModelIndex, Slot
 from poller.reader.load import LocalLoad
+from poller.reader.share import FleetLoad
 from poller.reader.view import EndpointView, View
 
 __all__ = ["Picker", "WhenSaturated", "check_arguments"]
@@ -30,6 +31,9 @@ WhenSaturated = Literal["least_loaded", "none"]
 SCALE_MAX = 64.0
 #: Draws before a pick stops sampling and lists the bag (most slots expired).
 _DRAWS = 24
+#: With the fleet's shared counts, a bag up to this size is scanned whole (the least
+#: loaded wins, as an oracle would choose); a larger one takes the better of two draws.
+SCAN_MAX = 32
 
 
 def _timed(view: EndpointView) -> float | None:
@@ -99,6 +103,7 @@ class Picker:
         *,
         scale_local: bool = True,
         use_latency: bool = True,
+        share: bool = True,
     ) -> None:
         if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
             raise ConfigError(f"max_waiting must be an integer >= 1, got {max_waiting!r}")
@@ -117,6 +122,7 @@ class Picker:
         self.rng = rng if rng is not None else random.Random()
         self.scale_local = scale_local
         self.use_latency = use_latency
+        self.share = share
         self._caches: weakref.WeakKeyDictionary[ViewCache, Index] = weakref.WeakKeyDictionary()
         # The cache picked on last and its index: a gateway has one, and this skips the
         # weak dictionary's lookup (a third of a pick).
@@ -154,6 +160,9 @@ class Picker:
         if found is None:
             return None
         index, judge_ms, offset_ms = found
+        fleet = None if local is None or not self.share else _fleet(view, local)
+        if fleet is not None and local is not None:
+            return self._shared(index, judge_ms, model, candidates, local, fleet)
         if local is not None and offset_ms is None:
             # A view without a clock offset is taken as read just now.
             # A bare mapping has no clock: every request in flight counts.
@@ -172,6 +181,144 @@ class Picker:
                     if chosen is not None:
                         return chosen
         return None
+
+    # --- with the fleet's shared counts ------------------------------------------------
+
+    def _shared(
+        self,
+        index: Index,
+        judge_ms: float,
+        model: str | None,
+        candidates: Iterable[str] | None,
+        local: LocalLoad,
+        fleet: FleetLoad,
+    ) -> str | None:
+        """The pick on the fleet's estimate (docs/reader.md, "The load estimate"):
+        load = (the estimate of the others' requests + ours in flight + 1) / relative
+        capacity, where ours started since the last exchange count ``1 + peers`` times
+        (the others sent about as many meanwhile, unseen yet). A page's ``waiting`` no
+        longer saturates an endpoint (the estimate knows its queue better than a page a
+        second old); its KV usage still does."""
+        in_flight, since = local.in_flight, local.since
+        extra, peers, since_s = fleet.extra, fleet.peers, fleet.since_s
+
+        def score(slot: Slot) -> tuple[float, float]:
+            base = extra.get(slot.id)
+            if base is None:
+                base = slot.requests
+            mine = in_flight(slot.id)
+            if peers and mine:
+                mine += peers * since(slot.id, since_s)
+            return (base + mine + 1) / slot.weight, slot.kv or 0.0
+
+        models = index.model(model)
+        if candidates is not None:
+            return self._among(models, index, candidates, judge_ms, score, by_kv=True)
+        for full in (False, True):
+            if full and self.when_saturated == "none":
+                return None
+            for tier in range(TIERS):
+                open_bag, saturated_bag = models.bags[tier]
+                if full:
+                    bags: _Bags = ((saturated_bag, _is_full),)
+                else:  # saturated by its waiting only: open on the fleet's estimate
+                    bags = ((open_bag, None), (saturated_bag, _not_full))
+                chosen = self._fewest(bags, judge_ms, models, score)
+                if chosen is not None:
+                    return chosen
+        return None
+
+    def _fewest(
+        self,
+        bags: _Bags,
+        judge_ms: float,
+        models: ModelIndex | None,
+        score: Callable[[Slot], tuple[float, float]],
+    ) -> str | None:
+        """The least loaded live slot of ``bags`` (each with the test its slots must
+        pass, None: all do) when they hold up to ``SCAN_MAX`` slots, else the better of
+        two weighted draws from them (no list of them built: a pick stays O(1))."""
+        total, wmax = 0, 0.0
+        for bag, _ in bags:
+            total += len(bag.items)
+            if bag.wmax > wmax:
+                wmax = bag.wmax
+        if total <= SCAN_MAX:
+            items = [s for bag, keep in bags for s in bag.items if keep is None or keep(s)]
+            return self._least(items, judge_ms, score)
+        first = self._draw_among(bags, total, wmax, judge_ms, models, None)
+        if first is None:
+            return None
+        second = self._draw_among(bags, total, wmax, judge_ms, models, first)
+        return first.id if second is None or score(first) <= score(second) else second.id
+
+    def _draw_among(
+        self,
+        bags: _Bags,
+        total: int,
+        wmax: float,
+        judge_ms: float,
+        models: ModelIndex | None,
+        other: Slot | None,
+    ) -> Slot | None:
+        """``_draw`` over several bags as one (``total`` slots, weights up to ``wmax``): a
+        slot other than ``other`` that passes its bag's test, in proportion to its
+        weight; expired ones are dropped."""
+        rand = self.rng.random
+        for _ in range(_DRAWS):
+            k = int(rand() * total)
+            for pair in bags:
+                if k < len(pair[0].items):
+                    break
+                k -= len(pair[0].items)
+            else:
+                return None  # every bag empty
+            bag, keep = pair
+            slot = bag.items[k]
+            if slot.fresh_until_ms < judge_ms:
+                if models is not None:
+                    models.drop(slot.id)  # its next stats write brings it back
+                else:
+                    bag.remove(slot.id)
+                total = sum(len(bag.items) for bag, _ in bags)
+                continue
+            if slot is other or (keep is not None and not keep(slot)):
+                continue
+            if slot.weight < wmax and rand() * wmax >= slot.weight:
+                continue
+            return slot
+        live = [
+            s
+            for bag, keep in bags
+            for s in bag.items
+            if s.fresh_until_ms >= judge_ms and s is not other and (keep is None or keep(s))
+        ]
+        if not live:
+            return None
+        return self.rng.choices(live, [s.weight for s in live])[0]
+
+    def _least(
+        self,
+        items: list[Slot],
+        judge_ms: float,
+        score: Callable[[Slot], tuple[float, float]],
+    ) -> str | None:
+        """The least loaded live slot of ``items`` (a scan from a random start, so ties
+        spread)."""
+        n = len(items)
+        if n == 0:
+            return None
+        start = int(self.rng.random() * n)
+        best: Slot | None = None
+        best_score = (INF, INF)
+        for i in range(n):
+            slot = items[(start + i) % n]
+            if slot.fresh_until_ms < judge_ms:
+                continue
+            value = score(slot)
+            if value < best_score:
+                best, best_score = slot, value
+        return None if best is None else best.id
 
     # --- the view's index ---------------------------------------------------------------
 
@@ -307,8 +454,11 @@ class Picker:
         candidates: Iterable[str],
         judge_ms: float,
         score: Callable[[Slot], tuple[float, float]],
+        *,
+        by_kv: bool = False,
     ) -> str | None:
-        """The same choice limited to ``candidates`` (a scan of them, not of the view)."""
+        """The same choice limited to ``candidates`` (a scan of them, not of the view);
+        ``by_kv``: the fleet's estimate, saturated by KV usage only, the least loaded."""
         groups: dict[tuple[bool, int], Bag] = {}
         for endpoint_id in dict.fromkeys(candidates):
             slot = index.slots.get(endpoint_id)
@@ -316,12 +466,15 @@ class Picker:
                 continue
             tier = slot.tier(models.model, models.adapter)
             if tier is not None:
-                groups.setdefault((slot.saturated, tier), Bag()).add(slot)
+                saturated = slot.full if by_kv else slot.saturated
+                groups.setdefault((saturated, tier), Bag()).add(slot)
         if not groups:
             return None
         saturated, tier = min(groups)
         if saturated and self.when_saturated == "none":
             return None
+        if by_kv:
+            return self._fewest(((groups[saturated, tier], None),), judge_ms, None, score)
         return self._two_choices(groups[saturated, tier], judge_ms, None, score)
 
 
@@ -347,6 +500,30 @@ def check_arguments(view: object, model: object, candidates: object, local: obje
         )
     if local is not None and not isinstance(local, LocalLoad):
         raise TypeError(f"local must be a LocalLoad or None, got {type(local).__name__}")
+
+
+def _fleet(view: object, local: LocalLoad) -> FleetLoad | None:
+    """The shared counts ``local`` is published in: its own, or the cache's (attached
+    then, so this replica's requests are published from now on)."""
+    fleet = local.fleet
+    if fleet is None:
+        cache = view if isinstance(view, ViewCache) else getattr(view, "cache", None)
+        fleet = getattr(cache, "fleet", None)
+        if fleet is not None:
+            fleet.attach(local)
+    return fleet
+
+
+#: Bags to choose from as one, each with the test its slots must pass (None: all do).
+_Bags = tuple[tuple[Bag, Callable[[Slot], bool] | None], ...]
+
+
+def _is_full(slot: Slot) -> bool:
+    return slot.full
+
+
+def _not_full(slot: Slot) -> bool:
+    return not slot.full
 
 
 def _neutral(endpoint_id: str, now: float) -> float:

@@ -53,6 +53,7 @@ from poller.reader.replies import (
     records_call,
     snapshot_call,
 )
+from poller.reader.share import Exchange, FleetLoad
 from poller.reader.view import EndpointView, View
 from poller.redis.connection import (
     close_client,
@@ -173,6 +174,13 @@ class _Reader:
         )
         return Protocol(cache, self.resync_s)
 
+    def _exchange(self, cache: ViewCache, share: bool, replica_id: str | None) -> Exchange | None:
+        """The gateway load sharing of ``cached(share=...)`` (poller/reader/share.py)."""
+        if not share:
+            return None
+        cache.fleet = FleetLoad(replica_id)
+        return Exchange(self.client, self.keys.gateways_inflight, cache, cache.fleet)
+
 
 class StatsReader(_Reader):
     """Read the view (asyncio). Build from a URL, settings, or a redis-py client of
@@ -266,11 +274,18 @@ class StatsReader(_Reader):
         return self._pollers(await redis_call(call, "members"))
 
     @asynccontextmanager
-    async def cached(self) -> AsyncIterator[ViewCache]:
-        """A local cache kept current in the background; reads never touch Redis."""
+    async def cached(
+        self, *, share: bool = True, replica_id: str | None = None
+    ) -> AsyncIterator[ViewCache]:
+        """A local cache kept current in the background; reads never touch Redis.
+        ``share``: exchange this replica's requests in flight with the other gateway
+        replicas (``cache.fleet``; docs/reader.md), under ``replica_id`` (default
+        hostname, pid and a random suffix)."""
         proto = self._protocol()
         first, stop = asyncio.Event(), asyncio.Event()
         task = asyncio.create_task(self._follow(proto, first, stop), name="reader-cache")
+        exchange = self._exchange(proto.cache, share, replica_id)
+        sharing = None if exchange is None else asyncio.create_task(exchange.run(stop))
         try:
             try:
                 # Give the first snapshot a moment, but never fail the caller over it.
@@ -283,6 +298,8 @@ class StatsReader(_Reader):
         finally:
             stop.set()
             await _end(task)
+            if sharing is not None:
+                await _end(sharing)
 
     async def _follow(self, proto: Protocol, first: asyncio.Event, stop: asyncio.Event) -> None:
         # The loop checks ``stop`` at least every MAX_WAIT_S: on Python 3.11 a cancel can be
@@ -456,14 +473,22 @@ class SyncStatsReader(_Reader):
         return self._pollers(self._call(self._members, "members", keys=keys, args=_READ_MEMBERS))
 
     @contextmanager
-    def cached(self) -> Iterator[ViewCache]:
-        """A cache kept current by a daemon thread; stopped when the block ends."""
+    def cached(self, *, share: bool = True, replica_id: str | None = None) -> Iterator[ViewCache]:
+        """A cache kept current by a daemon thread; stopped when the block ends.
+        ``share``, ``replica_id``: as ``StatsReader.cached`` (a second daemon thread)."""
         proto = self._protocol()
         stop, first = threading.Event(), threading.Event()
         thread = threading.Thread(
             target=self._follow, args=(proto, stop, first), name="reader-cache", daemon=True
         )
         thread.start()
+        exchange = self._exchange(proto.cache, share, replica_id)
+        sharing = None
+        if exchange is not None:
+            sharing = threading.Thread(
+                target=exchange.run_sync, args=(stop,), name="reader-share", daemon=True
+            )
+            sharing.start()
         try:
             first.wait(2.0)
             if isinstance(proto.error, SchemaMismatch):
@@ -472,6 +497,8 @@ class SyncStatsReader(_Reader):
         finally:
             stop.set()
             thread.join(STOP_BOUND_S)
+            if sharing is not None:
+                sharing.join(STOP_BOUND_S)
 
     def _follow(self, proto: Protocol, stop: threading.Event, first: threading.Event) -> None:
         channel = self.keys.updates

@@ -42,6 +42,10 @@ class Keys:
         self.view_failures = f"{self.prefix}:view:failures"
         # Discovery: source name -> JSON status (owner, last resolution, targets, failure).
         self.discovery = f"{self.prefix}:discovery"
+        # Gateway replica id -> "<expiry ms> <JSON>": each replica's requests in flight per
+        # endpoint, written and read by the gateways (poller/reader/share.py), pruned by
+        # the share script at its expiry (docs/schema.md).
+        self.gateways_inflight = f"{self.prefix}:gateways:inflight"
 
     def lease(self, endpoint_id: str) -> str:
         return f"{self.prefix}:lease:{endpoint_id}"

@@ -13,7 +13,12 @@ p50/p99/max in us:
 - the same with one stats update applied to the cache before every pick (the index is
   kept current from the change log: this is the cost of that upkeep, per update);
 - ``Picker.pick(view)`` on one ``View`` object given again and again;
-- ``pick(cache.view())``, the one-call form on a view built per request (for contrast).
+- ``pick(cache.view())``, the one-call form on a view built per request (for contrast);
+- the shared counts (poller/reader/share.py): ``Picker.pick(cache)`` with a ``LocalLoad``
+  when the cache holds the fleet's counts of 7 other gateway replicas, without and with
+  ``model=``, and one background exchange's CPU (``Exchange``: the pages a 1 s interval
+  brings in 100 ms applied before it, the record written and the replies absorbed,
+  Redis's round trip left out) with its CPU per second at the default period.
 
 Timings come from whatever machine runs it, often shared and noisy: compare runs on one
 machine, not single numbers.
@@ -37,6 +42,7 @@ if str(ROOT) not in sys.path:  # a checkout without `pip install -e .`
 
 from poller.reader import LocalLoad, Picker, ViewCache, pick  # noqa: E402
 from poller.reader.replies import LazyEndpoints  # noqa: E402
+from poller.reader.share import Exchange, FleetLoad, pages_of  # noqa: E402
 from poller.reader.view import View  # noqa: E402
 
 MODELS = [f"org/model-{i}" for i in range(8)]
@@ -76,14 +82,21 @@ def fleet(n: int, now_ms: int) -> ViewCache:
     return cache
 
 
-def timed(fn: Callable[[int], object], count: int) -> dict[str, float]:
+def timed(
+    fn: Callable[[int], object],
+    count: int,
+    before: Callable[[int], object] | None = None,
+) -> dict[str, float]:
     """Wall and CPU time (this thread's) per call: on a loaded machine the wall p99 is
-    mostly time spent preempted; the CPU p99 is what a pick costs."""
+    mostly time spent preempted; the CPU p99 is what a pick costs. ``before(k)`` runs
+    untimed before each call."""
     wall, cpu = [], []
     clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
     gc.disable()
     try:
         for k in range(count):
+            if before is not None:
+                before(k)
             start, cpu_start = clock(), cpu_clock()
             fn(k)
             cpu.append(cpu_clock() - cpu_start)
@@ -102,6 +115,87 @@ def timed(fn: Callable[[int], object], count: int) -> dict[str, float]:
         "mean_us": statistics.fmean(wall) / 1000,
         "count": count,
     }
+
+
+PEERS = 7
+
+
+def peer_fields(n: int, cache: ViewCache, rng: random.Random) -> list[str]:
+    """The share script's reply for ``PEERS`` other replicas, each with requests in
+    flight on a tenth of the endpoints (``[id, value, ...]``, after the TIME pair)."""
+    pages = pages_of((i, cache.base(i)) for i in cache.ids())
+    fields = []
+    for p in range(PEERS):
+        counts = {}
+        for i in rng.sample(range(n), max(1, n // 10)):
+            page = pages.get(f"ep-{i}")
+            if page is not None:
+                counts[f"ep-{i}"] = [rng.randrange(1, 4), rng.randrange(0, 3), page[1]]
+        fields += [f"gw-{p}", f"{cache.now_ms() + 800:.0f} {json.dumps(counts)}"]
+    return fields
+
+
+class _Script:
+    """The share script's call without Redis: the other replicas' fields, as it returns
+    them (the round trip itself is not the exchange's CPU)."""
+
+    def __init__(self, fields: list[str]) -> None:
+        self.reply = ["0", "0", *fields]
+
+    def __call__(self, keys: list[str], args: list[object]) -> list[str]:
+        return self.reply
+
+
+class _Client:
+    def __init__(self, fields: list[str]) -> None:
+        self.fields = fields
+
+    def register_script(self, body: str) -> _Script:
+        return _Script(self.fields)
+
+
+def shared(
+    cache: ViewCache,
+    local: LocalLoad,
+    picker: Picker,
+    n: int,
+    count: int,
+    results: dict[str, dict[str, float]],
+) -> None:
+    """The pick and the background exchange with the fleet's shared counts present."""
+    fleet = FleetLoad("bench")
+    cache.fleet = fleet
+    fleet.attach(local)
+    rng = random.Random(4)
+    fields = peer_fields(n, cache, rng)
+    exchange = Exchange(_Client(fields), "{bench}:gateways:inflight", cache, fleet)
+
+    def once(k: int) -> object:
+        keys, args, pages = exchange.prepare()
+        exchange.answered(exchange.script(keys=keys, args=args), pages)
+        return args
+
+    once(0)
+    assert len(fleet.extra) >= n // 2 and fleet.peers == PEERS
+    results["shared: pick(cache)"] = timed(lambda k: picker.pick(cache, local=local), count)
+    results["shared: pick(cache, model=)"] = timed(
+        lambda k: picker.pick(cache, MODELS[k % len(MODELS)], local=local), count
+    )
+    # Between two exchanges (100 ms) a 1 s poller interval brings a tenth of the pages.
+    now_ms = cache.now_ms()
+    rounds = max(20, count // 100)
+    batches = [
+        [(f"ep-{i}", record(now_ms, rng, i, seq=3)) for i in rng.sample(range(n), n // 10)]
+        for _ in range(rounds)
+    ]
+
+    def updated(k: int) -> None:
+        for endpoint_id, stats in batches[k]:
+            cache.set_stats(endpoint_id, stats)
+
+    results["shared: one exchange"] = timed(once, rounds, before=updated)
+    cache.fleet = None
+    local.fleet = None
 
 
 def main() -> None:
@@ -134,6 +228,7 @@ def main() -> None:
     view = cache.view()
     results["pick(view), same View"] = timed(lambda k: picker.pick(view, local=local), count)
     results["pick(cache.view())"] = timed(lambda k: pick(cache.view()), max(20, count // 100))
+    shared(cache, local, picker, n, count, results)
     if args.json:
         print(json.dumps({"endpoints": n, "results": results}))
         return
@@ -144,6 +239,9 @@ def main() -> None:
             f"{name:30} {r['p50_us']:8.1f} {r['p99_us']:8.1f} {r['max_us']:8.1f}"
             f" {r['cpu_p50_us']:8.1f} {r['cpu_p99_us']:8.1f} {r['count']:6}"
         )
+    one = results["shared: one exchange"]
+    per_s = one["cpu_p50_us"] / 1e6 / FleetLoad("x").period_s
+    print(f"the exchange every {FleetLoad('x').period_s * 1000:.0f} ms: {per_s:.1%} of a core")
 
 
 if __name__ == "__main__":

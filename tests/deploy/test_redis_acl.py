@@ -133,6 +133,8 @@ def test_acl_file_loads_and_each_user_gets_exactly_its_commands(acl_redis: _Redi
         ("SUBSCRIBE", ev), ("EVALSHA", sha, "1", key), ("EVALSHA_RO", sha, "1", key),
         ("SCRIPT", "LOAD", "return 1"), ("MULTI",), ("EXEC",), ("SSUBSCRIBE", up),
     ]  # fmt: skip
+    shared = "{llmgw}:gateways:inflight"  # the gateways' shared in-flight, their one write
+    gateway_may += [("HSET", shared, "g", "v"), ("HDEL", shared, "g"), ("PEXPIRE", shared, "1")]
     for command in gateway_may:
         assert _dryrun(admin, "gateway", *command), f"gateway may not {command}"
     for user, command in [
@@ -149,6 +151,9 @@ def test_acl_file_loads_and_each_user_gets_exactly_its_commands(acl_redis: _Redi
         ("poller", ("SPUBLISH", "other", "x")),
         ("gateway", ("EVAL", "return 1", "0")),
         ("gateway", ("GET", "other")),
+        ("gateway", ("SET", "{llmgw}:gateways:inflight", "1")),
+        ("gateway", ("DEL", "{llmgw}:gateways:inflight")),
+        ("gateway", ("PEXPIRE", key, "1")),
     ]:
         assert not _dryrun(admin, user, *command), f"{user} may {command}"
 
@@ -223,6 +228,14 @@ def test_a_poller_and_a_reader_run_as_the_acl_users(acl_redis: _Redis, tmp_path:
     admin = acl_redis.client()
     denied = admin.execute_command("ACL", "LOG")
     assert not denied, f"commands refused to the ACL users: {denied}"
+    # The gateways share their requests in flight with the share script, as that user.
+    from poller.reader.share import FleetLoad
+    from poller.schema.lua import lua
+
+    share = acl_redis.client(GATEWAY).register_script(lua("share"))
+    record = FleetLoad("acl-gw").outgoing('{"acl-vllm":[1,0,0]}', 0)
+    assert share(keys=["{llmgw}:gateways:inflight"], args=["acl-gw", 800, record])[2:] == []
+    assert admin.hexists("{llmgw}:gateways:inflight", "acl-gw")
     # The gateway cannot write, not even through a script it loads itself.
     gateway = acl_redis.client(GATEWAY)
     script = gateway.register_script("return redis.call('SET', KEYS[1], 'x')")
@@ -283,3 +296,85 @@ def test_every_redis_config_starts_and_replication_and_sentinel_authenticate(
     finally:
         for server in started:
             server.stop()
+
+
+def test_a_gateway_with_the_rights_of_before_the_sharing_routes_on_its_own_counts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """users.acl as it was before the gateways shared their requests in flight (the
+    gateway user without HSET, HDEL and PEXPIRE on P:gateways:inflight): a gateway keeps
+    routing, on its own counts and the pages, and says once what right it lacks and how
+    to give it."""
+    import logging
+
+    from poller.reader import LocalLoad, Picker, StatsReader
+    from poller.scrape.check import serve_example
+    from poller.service.worker import Worker
+
+    selector = " (~{llmgw}:gateways:inflight +hset +hdel +pexpire)"
+    text = ACL_FILE.read_text()
+    assert selector in text
+    old_acl = tmp_path / "users-before.acl"
+    old_acl.write_text(text.replace(selector, ""))
+    server = _Redis(["--save", "", "--appendonly", "no", "--aclfile", str(old_acl)], tmp_path / "r")
+
+    def refusals() -> int:
+        """Times Redis refused the gateway the share script's HSET (ACL LOG's count)."""
+        entries = server.client().execute_command("ACL", "LOG")
+        return sum(
+            int(e["count"])
+            for e in entries
+            if e.get("username") == "gateway" and e.get("object") == "hset"
+        )
+
+    async def scenario() -> None:
+        async with serve_example("vllm") as base:
+            registry = tmp_path / "endpoints.yaml"
+            registry.write_text(
+                yaml.safe_dump({"endpoints": [{"id": "acl-vllm", "url": base, "engine": "vllm"}]})
+            )
+            sync = await asyncio.to_thread(
+                CliRunner().invoke,
+                cli,
+                ["endpoints", "sync", str(registry), "--redis-url", server.url(POLLER)],
+            )
+            assert sync.exit_code == 0, sync.output
+            settings = load_settings(
+                None,
+                {"redis.url": server.url(POLLER), "id": "acl-poller", "health.port": 0},
+                environ={},
+            )
+            worker = Worker(settings)
+            reader = StatsReader.from_url(server.url(GATEWAY))
+            await worker.start()
+            try:
+                async with reader.cached() as cache:
+                    local, picker = LocalLoad(), Picker()
+                    deadline = time.monotonic() + 60  # ample for a loaded machine
+                    while (e := cache.get("acl-vllm")) is None or e.state != "fresh":
+                        assert time.monotonic() < deadline, "acl-vllm never fresh"
+                        await asyncio.sleep(0.05)
+                    chosen = picker.pick(cache, local=local)
+                    assert chosen == "acl-vllm"
+                    local.started(chosen)  # a request in flight: a record to write
+                    # Refused once, then again after the retry: one WARNING for both.
+                    while refusals() < 2:
+                        assert time.monotonic() < deadline + 30, "no second refusal"
+                        await asyncio.sleep(0.05)
+                    assert not cache.load_shared  # said in the cache's health
+                    assert cache.healthy  # the view itself is read as before
+                    assert picker.pick(cache, local=local) == "acl-vllm"  # routing goes on
+                    assert cache.fleet is not None and cache.fleet.peers == 0
+            finally:
+                await worker.stop()
+                await reader.aclose()
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="poller.reader.share"):
+            asyncio.run(scenario())
+    finally:
+        server.stop()
+    said = [r.getMessage() for r in caplog.records if r.name == "poller.reader.share"]
+    assert len(said) == 1, said
+    assert "HSET, HDEL and PEXPIRE on {llmgw}:gateways:inflight" in said[0], said[0]
+    assert "(~{llmgw}:gateways:inflight +hset +hdel +pexpire)" in said[0], said[0]

@@ -118,3 +118,25 @@ def test_summary_counts_requests_after_the_view_showed_an_event() -> None:
     assert (row["ok"], row["errors"], row["unanswered"]) == (1, 2, 0)
     assert row["view_showed_after_s"] == {SLEEPER: 1.0}
     assert row["largest_queue"] == 3
+
+
+def test_the_family_design_covers_every_level_and_the_target_cells() -> None:
+    from poller_lab.routing.family import LEVELS, MIXES, design, full_design
+
+    cells = design()
+    for factor, levels in LEVELS.items():
+        assert {getattr(c, factor) for c in cells} == set(levels), factor
+    for mix in MIXES:
+        assert any(c.mix == mix and c.gateways == 8 and c.load == 0.9 for c in cells)
+    assert len(full_design()) == 512
+
+
+def test_one_gateway_on_exact_counts_picks_as_the_oracle() -> None:
+    """Virtual time: the same arrivals, a machine-independent verdict."""
+    from poller_lab.routing.family import Cell, run_cell
+
+    cell = Cell("six", "exp", 0.0, 0.0, 1, 0.9, 1.0)
+    oracle, picker = (run_cell(cell, p, 20.0, 3) for p in ("oracle", "picker"))
+    assert picker["requests"] == oracle["requests"] > 0
+    assert picker["p99_s"] <= oracle["p99_s"] * 1.1
+    assert picker["commands_per_s_per_replica"] <= 20

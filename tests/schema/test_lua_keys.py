@@ -28,6 +28,14 @@ from poller.store.store import RedisStore
 from tests.support.redisproc import RedisProcess
 
 NS = "keys"
+
+
+class _AnyValue:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str)
+
+
+ANY_VALUE = _AnyValue()
 PROBE = "declared-keys-only"
 
 
@@ -132,6 +140,11 @@ async def test_every_script_touches_only_what_its_keys_declare(client: DeclaredK
     keys, args = reader._records_call("e1")
     await reader._get_records(keys=keys, args=args)
     assert await reader.live_pollers() == ["p1"]
+    share = client.register_script(lua("share"))
+    shared = reader.keys.gateways_inflight
+    assert (await share(keys=[shared], args=["g1", 800, '{"e1":[1,0,0]}']))[2:] == []
+    assert (await share(keys=[shared], args=["g2", 800, ""]))[2:] == ["g1", ANY_VALUE]
+    assert (await share(keys=[shared], args=["g1", 800, "-"]))[2:] == []
 
     assert await store.release_leases("p1", {"e1": first.token}) == 1
     assert await store.remove_endpoint("e2") is not None

@@ -1,0 +1,375 @@
+"""The routing family: many fleets in virtual time, the picker against the oracle.
+
+A discrete-event model, so that a cell costs a second of CPU, not a minute of wall time
+on a shared machine, and its figures never depend on the machine's speed: engines with
+``slots`` running slots and a FIFO queue, open-loop Poisson arrivals split among R gateway
+replicas (and a share arriving from outside the gateways, spread by capacity), a poller
+scraping every engine once per interval (staggered) whose page shows the engine as it was
+``lag`` seconds before the scrape. Each gateway replica runs the real ``Picker``,
+``LocalLoad`` and ``FleetLoad`` (poller/reader/share.py) on the sim clock; every 100 ms
+(staggered) it makes the exchange the share script makes, on an in-memory hash with the
+same expiry rule. Every policy of a cell serves the same arrivals (times, sizes,
+gateways, outside choices).
+
+Policies: ``oracle`` (the true queues at each request, least expected time to finish),
+``picker`` (the defaults, sharing on), ``picker-noshare`` (sharing off: local counts on
+stale pages, as with Redis lost). Factors (the issue's list): mix, service times, outside
+share, metrics lag, gateways, load, poller interval. ``design()`` is the documented
+fractional design; ``full_design()`` the factorial.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from poller.reader import LocalLoad, Picker
+from poller.reader.share import FleetLoad, pages_of
+from poller.reader.view import EndpointView, View
+from poller_lab.bench_fleet import percentile
+
+__all__ = ["MIXES", "Cell", "design", "full_design", "run_cell", "run_family"]
+
+#: (slots, speed) per engine: a request of size s takes s / speed seconds.
+MIXES: dict[str, tuple[tuple[int, float], ...]] = {
+    # The issue's fleet: 28 slots, equal speed.
+    "six": ((8, 1.0), (8, 1.0), (4, 1.0), (4, 1.0), (2, 1.0), (2, 1.0)),
+    # Dominated by one large engine.
+    "one-large": ((32, 1.0), (2, 1.0), (2, 1.0), (2, 1.0), (2, 1.0)),
+    # Many one-slot engines.
+    "one-slot": tuple((1, 1.0) for _ in range(16)),
+    # Unequal speeds: the slow engines take twice as long (their size says nothing).
+    "mixed-speed": ((8, 1.0), (8, 1.0), (4, 1.0), (4, 1.0), (4, 1.0), (2, 0.5), (2, 0.5)),
+}
+MEAN_S = 0.4
+LOGNORMAL_SIGMA = 1.0
+POLICIES = ("oracle", "picker", "picker-noshare")
+EXCHANGE_S = 0.1
+TTL_MS = 800
+
+
+@dataclass(frozen=True)
+class Cell:
+    mix: str
+    service: str  # "exp" or "lognormal"
+    outside: float  # share of the load from outside the gateways
+    lag_s: float
+    gateways: int
+    load: float
+    interval_s: float
+
+    def name(self) -> str:
+        return (
+            f"{self.mix} {self.service} out={self.outside:g} lag={self.lag_s:g} "
+            f"R={self.gateways} load={self.load:g} int={self.interval_s:g}"
+        )
+
+
+LEVELS: dict[str, tuple[Any, ...]] = {
+    "mix": tuple(MIXES),
+    "service": ("exp", "lognormal"),
+    "outside": (0.0, 0.3),
+    "lag_s": (0.0, 1.0),
+    "gateways": (1, 4, 8, 16),
+    "load": (0.7, 0.9),
+    "interval_s": (1.0, 2.0),
+}
+
+
+def full_design() -> list[Cell]:
+    return [Cell(*values) for values in itertools.product(*LEVELS.values())]
+
+
+def design() -> list[Cell]:
+    """The fractional design, every level of every factor:
+
+    1. 16 runs crossing mix x gateways (4 x 4), with the five two-level factors set by a
+       2^(5-1) half fraction (resolution V: interval = service x outside x lag x load),
+       the 16 sign rows in standard order assigned along the 16 (mix, gateways) pairs;
+    2. the targets: every mix at 90 % load and 8 gateways, both service times, 0 % and
+       30 % outside (lag 1 s, interval 1 s);
+    3. every mix at 90 % load with 1 and 16 gateways (exponential, no outside, lag 1 s,
+       interval 1 s), for "16 gateways no worse than one".
+    """
+    cells: list[Cell] = []
+    pairs = list(itertools.product(LEVELS["mix"], LEVELS["gateways"]))
+    for i, (mix, gateways) in enumerate(pairs):
+        a, b, c, d = ((i >> k) & 1 for k in range(4))
+        e = a ^ b ^ c ^ d
+        cells.append(
+            Cell(mix, ("exp", "lognormal")[a], (0.0, 0.3)[b], (0.0, 1.0)[c], gateways,
+                 (0.7, 0.9)[d], (1.0, 2.0)[e])
+        )  # fmt: skip
+    for mix in MIXES:
+        for service, outside in itertools.product(("exp", "lognormal"), (0.0, 0.3)):
+            cells.append(Cell(mix, service, outside, 1.0, 8, 0.9, 1.0))
+        for gateways in (1, 16):
+            cells.append(Cell(mix, "exp", 0.0, 1.0, gateways, 0.9, 1.0))
+    return list(dict.fromkeys(cells))
+
+
+def quick_design() -> list[Cell]:
+    return [
+        Cell("six", "exp", 0.0, 1.0, 4, 0.9, 1.0),
+        Cell("one-slot", "lognormal", 0.3, 0.0, 2, 0.7, 2.0),
+    ]
+
+
+# --- the model ---------------------------------------------------------------------------
+
+
+class _Engine:
+    __slots__ = ("busy", "history", "id", "queue", "slots", "speed")
+
+    def __init__(self, endpoint_id: str, slots: int, speed: float) -> None:
+        self.id, self.slots, self.speed = endpoint_id, slots, speed
+        self.busy = 0
+        self.queue: list[tuple[float, int]] = []  # (work, request index)
+        self.history: list[tuple[float, int]] = [(0.0, 0)]  # (time, requests on it)
+
+    @property
+    def load(self) -> int:
+        return self.busy + len(self.queue)
+
+    def at(self, t: float) -> int:
+        """Requests on the engine at ``t`` (what a page of then shows)."""
+        h = self.history
+        lo, hi = 0, len(h)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if h[mid][0] <= t:
+                lo = mid + 1
+            else:
+                hi = mid
+        return h[lo - 1][1] if lo else 0
+
+
+def _sizes(rng: random.Random, service: str) -> float:
+    if service == "exp":
+        return rng.expovariate(1 / MEAN_S)
+    mu = math.log(MEAN_S) - LOGNORMAL_SIGMA**2 / 2
+    return rng.lognormvariate(mu, LOGNORMAL_SIGMA)
+
+
+def _arrivals(
+    cell: Cell, engines: Sequence[_Engine], duration_s: float, seed: int
+) -> list[tuple[float, float, int, int]]:
+    """(time, work, gateway or -1 for outside, outside engine index)."""
+    rng = random.Random(seed)
+    capacity = sum(e.slots * e.speed for e in engines) / MEAN_S
+    rate = cell.load * capacity
+    weights = [e.slots * e.speed for e in engines]
+    out: list[tuple[float, float, int, int]] = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= duration_s:
+            return out
+        work = _sizes(rng, cell.service)
+        outside = rng.random() < cell.outside
+        target = rng.choices(range(len(engines)), weights)[0]
+        out.append((t, work, -1 if outside else rng.randrange(cell.gateways), target))
+
+
+class _Gateway:
+    def __init__(self, index: int, policy: str, clock: list[float], seed: int) -> None:
+        self.index = index
+        self.local = LocalLoad(clock=lambda: clock[0])
+        self.picker = Picker(rng=random.Random(seed), share=policy == "picker")
+        self.fleet = FleetLoad(f"g{index}", ttl_ms=TTL_MS)
+        if policy == "picker":
+            self.fleet.attach(self.local)
+        self.starts: dict[int, float] = {}
+
+
+def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its state around)
+    cell: Cell, policy: str, duration_s: float, seed: int
+) -> dict[str, Any]:
+    """One policy on one cell: latencies of the gateways' requests after a warm-up."""
+    rng = random.Random(seed * 7 + 1)
+    engines = [_Engine(f"e{i}", s, v) for i, (s, v) in enumerate(MIXES[cell.mix])]
+    arrivals = _arrivals(cell, engines, duration_s, seed)
+    clock = [0.0]
+    gateways = [_Gateway(g, policy, clock, seed * 1000 + g) for g in range(cell.gateways)]
+    shared_hash: dict[str, tuple[float, str]] = {}
+    commands = 0
+    events: list[tuple[float, int, int, Any]] = []  # (time, seq, kind, data)
+    seq = itertools.count()
+    ARRIVE, DONE, SCRAPE, EXCHANGE = 0, 1, 2, 3
+    for i, a in enumerate(arrivals):
+        heapq.heappush(events, (a[0], next(seq), ARRIVE, i))
+    n = len(engines)
+    for j in range(n):
+        heapq.heappush(events, (cell.interval_s * (j + 0.5) / n, next(seq), SCRAPE, j))
+    if policy == "picker":
+        for g in range(cell.gateways):
+            heapq.heappush(events, (EXCHANGE_S * (g + 0.5) / cell.gateways, next(seq), EXCHANGE, g))
+    pages: dict[str, EndpointView] = {}
+    view: View | None = None
+    latency: list[float] = []
+    placed: dict[int, tuple[int, int]] = {}  # request -> (engine, gateway)
+    end_at = duration_s + 120.0
+
+    def start(j: int, work: float, req: int) -> None:
+        e = engines[j]
+        t = clock[0]
+        if e.busy < e.slots:
+            e.busy += 1
+            heapq.heappush(events, (t + work / e.speed, next(seq), DONE, (j, req)))
+        else:
+            e.queue.append((work, req))
+        e.history.append((t, e.load))
+
+    def page(j: int, t: float) -> EndpointView:
+        e = engines[j]
+        on = e.at(max(0.0, t - cell.lag_s))
+        running, waiting = min(on, e.slots), max(0, on - e.slots)
+        raw = {
+            "engine": "vllm", "running": str(running), "waiting": str(waiting),
+            "interval_ms": str(int(cell.interval_s * 1000)), "scraped_at_ms": str(int(t * 1000)),
+            "poller": "p", "token": "1", "seq": "1",
+            "kv_cache_usage": f"{0.7 * running / e.slots:.3f}",
+            "kv_capacity_tokens": str(e.slots * 1000),
+        }  # fmt: skip
+        return EndpointView(e.id, state="fresh", age_ms=0, owner="p", token=1, raw=("", raw, {}))
+
+    while events:
+        t, _, kind, data = heapq.heappop(events)
+        if t > end_at:
+            break
+        clock[0] = t
+        if kind == ARRIVE:
+            at, work, g, target = arrivals[data]
+            if g < 0:
+                start(target, work, data)
+                continue
+            gw = gateways[g]
+            if policy == "oracle":
+                best = min(
+                    range(n),
+                    key=lambda j: (
+                        max(1.0, (engines[j].load + 1) / engines[j].slots) / engines[j].speed,
+                        rng.random(),
+                    ),
+                )  # fmt: skip
+            elif view is None:
+                best = rng.randrange(n)
+            else:
+                chosen = gw.picker.pick(view, local=gw.local)
+                best = rng.randrange(n) if chosen is None else int(chosen[1:])
+            gw.starts[data] = gw.local.started(engines[best].id)
+            placed[data] = (best, g)
+            start(best, work, data)
+        elif kind == DONE:
+            j, req = data
+            e = engines[j]
+            e.busy -= 1
+            if e.queue:
+                work, nxt = e.queue.pop(0)
+                e.busy += 1
+                heapq.heappush(events, (t + work / e.speed, next(seq), DONE, (j, nxt)))
+            e.history.append((t, e.load))
+            arrived = arrivals[req]
+            if arrived[2] >= 0:
+                gw = gateways[arrived[2]]
+                gw.local.finished(e.id, gw.starts.pop(req))
+                if arrived[0] >= 0.1 * duration_s:
+                    latency.append(t - arrived[0])
+        elif kind == SCRAPE:
+            pages[engines[data].id] = page(data, t)
+            view = View(int(t * 1000), 1, dict(pages), offset_ms=0.0)
+            if t + cell.interval_s < duration_s:
+                heapq.heappush(events, (t + cell.interval_s, next(seq), SCRAPE, data))
+        elif kind == EXCHANGE:
+            gw = gateways[data]
+            now_ms = t * 1000
+            numbers = pages_of(pages.items())
+            record = gw.fleet.record(numbers, 0.0)
+            outgoing = gw.fleet.outgoing(record, now_ms)
+            commands += 1
+            if outgoing == "-":
+                shared_hash.pop(gw.fleet.replica_id, None)
+            elif outgoing:
+                shared_hash[gw.fleet.replica_id] = (now_ms + TTL_MS, outgoing)
+            fields: list[str] = []
+            for rid, (expires, body) in list(shared_hash.items()):
+                if expires < now_ms:
+                    del shared_hash[rid]
+                elif rid != gw.fleet.replica_id:
+                    fields += [rid, f"{expires:.0f} {body}"]
+            gw.fleet.absorb(fields, numbers, 0.0)
+            if t + EXCHANGE_S < duration_s + 30:
+                heapq.heappush(events, (t + EXCHANGE_S, next(seq), EXCHANGE, data))
+    return {
+        "requests": len(latency),
+        "p50_s": round(percentile(latency, 0.5), 3) if latency else None,
+        "p99_s": round(percentile(latency, 0.99), 3) if latency else None,
+        "commands_per_s_per_replica": round(commands / (duration_s + 30) / cell.gateways, 1)
+        if policy == "picker" else 0.0,
+    }  # fmt: skip
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b <= 0 else round(a / b, 2)
+
+
+def run_family(
+    cells: Sequence[Cell], duration_s: float, seed: int, say: Any = print
+) -> dict[str, Any]:
+    """Every cell under every policy; rows with p50/p99 and their ratios to the oracle."""
+    started = time.monotonic()
+    rows = []
+    say(f"routing family: {len(cells)} cells of {duration_s:g} s virtual time, "
+        f"policies {', '.join(POLICIES)}")  # fmt: skip
+    say(FAMILY_HEADER)
+    for k, cell in enumerate(cells):
+        result = {p: run_cell(cell, p, duration_s, seed + k) for p in POLICIES}
+        oracle, picker, noshare = (result[p] for p in POLICIES)
+        row = {
+            **vars(cell),
+            "cell": cell.name(),
+            **{f"{p}_{q}": result[p][q] for p in POLICIES for q in ("p50_s", "p99_s")},
+            "p50_x": _ratio(picker["p50_s"], oracle["p50_s"]),
+            "p99_x": _ratio(picker["p99_s"], oracle["p99_s"]),
+            "noshare_p99_x": _ratio(noshare["p99_s"], oracle["p99_s"]),
+            "requests": oracle["requests"],
+            "commands_per_s_per_replica": picker["commands_per_s_per_replica"],
+        }
+        rows.append(row)
+        say(format_family_row(row))
+    worst = max(rows, key=lambda r: r["p99_x"] or 0.0) if rows else None
+    return {
+        "cells": len(rows),
+        "duration_s": duration_s,
+        "rows": rows,
+        "worst_p99": worst,
+        "worst_p50": max(rows, key=lambda r: r["p50_x"] or 0.0) if rows else None,
+        "elapsed_s": round(time.monotonic() - started, 1),
+    }
+
+
+FAMILY_HEADER = (
+    f"{'cell':<52} {'reqs':>6} {'oracle p50/p99':>15} {'picker p50/p99':>15} "
+    f"{'p50 x':>6} {'p99 x':>6} {'noshare p99 x':>13} {'cmd/s':>5}"
+)
+
+
+def format_family_row(row: dict[str, Any]) -> str:
+    def pair(p: str) -> str:
+        return f"{row[p + '_p50_s']:.2f}/{row[p + '_p99_s']:.2f}"
+
+    return (
+        f"{row['cell']:<52} {row['requests']:>6} {pair('oracle'):>15} {pair('picker'):>15} "
+        f"{row['p50_x']:>6} {row['p99_x']:>6} {row['noshare_p99_x']:>13} "
+        f"{row['commands_per_s_per_replica']:>5}"
+    )
+
+
+def iter_design(name: str) -> Iterator[Cell]:
+    yield from {"quick": quick_design, "full": full_design}.get(name, design)()
