@@ -380,7 +380,6 @@ def test_shell_completion_completes_commands() -> None:
     assert source.returncode == 0 and "complete -o nosort -F _poller_completion" in source.stdout
 
 
-@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_demo_installs_only_what_the_demo_needs_beside_the_dev_set(tmp_path: Path) -> None:
     """``make demo`` and ``make install`` share .venv, each with its own stamp."""
     for name in ("Makefile", "pyproject.toml", "lab/pyproject.toml", "constraints/litellm.txt"):
