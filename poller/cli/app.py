@@ -45,9 +45,9 @@ def cli() -> None:
     """llmgw-poller: scrape LLM engines once, share their load through Redis."""
 
 
-def _missing_lab(name: str, summary: str) -> click.Command:
+def _missing_lab(name: str, summary: str, why: str = "which is not installed") -> click.Command:
     def callback() -> None:
-        raise BadInput(f"poller {name} is part of the lab, which is not installed: {LAB_HINT}")
+        raise BadInput(f"poller {name} is part of the lab, {why}: {LAB_HINT}")
 
     return click.Command(
         name,
@@ -62,7 +62,12 @@ def _add_commands(group: click.Group) -> None:
     for command in (run, endpoints, status, drain, check):
         group.add_command(command)
     for point in entry_points(group=COMMANDS_GROUP):
-        group.add_command(point.load(), point.name)
+        try:
+            command = point.load()
+        except Exception as exc:  # a broken plug-in must not take the poller's own commands down
+            why = f"which did not load ({type(exc).__name__}: {exc})"
+            command = _missing_lab(point.name, LAB_COMMANDS.get(point.name, point.name), why)
+        group.add_command(command, point.name)
     for name, summary in LAB_COMMANDS.items():
         if name not in group.commands:
             group.add_command(_missing_lab(name, summary))

@@ -334,6 +334,31 @@ def test_without_the_lab_its_commands_are_listed_and_their_help_says_so() -> Non
     assert helped.returncode == 0 and "needs the lab" in " ".join(helped.stdout.split()), helped
 
 
+#: `poller` as it starts where the lab's entry point is there but its module fails to load.
+WITH_A_BROKEN_LAB = """
+import importlib.metadata as m, sys
+real, group = m.entry_points, sys.argv[1]
+broken = m.EntryPoint("demo", "poller_lab_missing_module:demo", group)
+def entry_points(**kw):
+    return m.EntryPoints((broken,)) if kw.get("group") == group else real(**kw)
+m.entry_points = entry_points
+sys.argv = ["poller", *sys.argv[2:]]
+from poller.cli import main
+main()
+"""
+
+
+def test_a_lab_that_fails_to_load_leaves_the_other_commands_working() -> None:
+    run = [sys.executable, "-c", WITH_A_BROKEN_LAB, COMMANDS_GROUP]
+    status = run_tool([*run, "status", "--help"], cwd=REPO)
+    assert status.returncode == 0 and "--state" in status.stdout, status
+    demo = run_tool([*run, "demo"], cwd=REPO)
+    assert demo.returncode == 2, demo
+    [line] = demo.stderr.splitlines()
+    assert line.startswith("Error: poller demo is part of the lab, which did not load "), line
+    assert "ModuleNotFoundError" in line and "pip install -e ./lab" in line, line
+
+
 GATEWAY = """\
 from poller import LocalLoad, Picker, StatsReader
 
