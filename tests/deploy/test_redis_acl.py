@@ -12,6 +12,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
@@ -23,6 +24,9 @@ from poller.config import load_settings
 from tests.support.deploy import ACL_FILE, ADMIN, DEPLOY, GATEWAY, POLLER
 from tests.support.markers import require
 from tests.support.redisproc import free_cluster_port, free_port, redis_server_binary, wait_until
+
+if TYPE_CHECKING:
+    from poller.service.worker import Worker
 
 pytestmark = pytest.mark.redis_server
 
@@ -158,30 +162,37 @@ def test_acl_file_loads_and_each_user_gets_exactly_its_commands(acl_redis: _Redi
         assert not _dryrun(admin, user, *command), f"{user} may {command}"
 
 
+async def _poller_on(server: _Redis, base: str, tmp_path: Path) -> Worker:
+    """The example engine at ``base`` registered through `endpoints sync`, and a Worker
+    for it (not started), both as the `poller` ACL user."""
+    from poller.service.worker import Worker
+
+    registry = tmp_path / "endpoints.yaml"
+    registry.write_text(
+        yaml.safe_dump({"endpoints": [{"id": "acl-vllm", "url": base, "engine": "vllm"}]})
+    )
+    sync = await asyncio.to_thread(
+        CliRunner().invoke,
+        cli,
+        ["endpoints", "sync", str(registry), "--redis-url", server.url(POLLER)],
+    )
+    assert sync.exit_code == 0, sync.output
+    settings = load_settings(
+        None,
+        {"redis.url": server.url(POLLER), "id": "acl-poller", "health.port": 0},
+        environ={},
+    )
+    return Worker(settings)
+
+
 def test_a_poller_and_a_reader_run_as_the_acl_users(acl_redis: _Redis, tmp_path: Path) -> None:
     """The real code paths, not a list: registry sync, poller run, gateway reads."""
     from poller.reader import StatsReader, SyncStatsReader
     from poller.scrape.check import serve_example
-    from poller.service.worker import Worker
 
     async def scenario() -> None:
         async with serve_example("vllm") as base:
-            registry = tmp_path / "endpoints.yaml"
-            registry.write_text(
-                yaml.safe_dump({"endpoints": [{"id": "acl-vllm", "url": base, "engine": "vllm"}]})
-            )
-            sync = await asyncio.to_thread(
-                CliRunner().invoke,
-                cli,
-                ["endpoints", "sync", str(registry), "--redis-url", acl_redis.url(POLLER)],
-            )
-            assert sync.exit_code == 0, sync.output
-            settings = load_settings(
-                None,
-                {"redis.url": acl_redis.url(POLLER), "id": "acl-poller", "health.port": 0},
-                environ={},
-            )
-            worker = Worker(settings)
+            worker = await _poller_on(acl_redis, base, tmp_path)
             reader = StatsReader.from_url(acl_redis.url(GATEWAY))
             await worker.start()
             try:
@@ -309,7 +320,6 @@ def test_a_gateway_with_the_rights_of_before_the_sharing_routes_on_its_own_count
 
     from poller.reader import LocalLoad, Picker, StatsReader
     from poller.scrape.check import serve_example
-    from poller.service.worker import Worker
 
     selector = " (~{llmgw}:gateways:inflight +hset +hdel +pexpire)"
     text = ACL_FILE.read_text()
@@ -329,22 +339,7 @@ def test_a_gateway_with_the_rights_of_before_the_sharing_routes_on_its_own_count
 
     async def scenario() -> None:
         async with serve_example("vllm") as base:
-            registry = tmp_path / "endpoints.yaml"
-            registry.write_text(
-                yaml.safe_dump({"endpoints": [{"id": "acl-vllm", "url": base, "engine": "vllm"}]})
-            )
-            sync = await asyncio.to_thread(
-                CliRunner().invoke,
-                cli,
-                ["endpoints", "sync", str(registry), "--redis-url", server.url(POLLER)],
-            )
-            assert sync.exit_code == 0, sync.output
-            settings = load_settings(
-                None,
-                {"redis.url": server.url(POLLER), "id": "acl-poller", "health.port": 0},
-                environ={},
-            )
-            worker = Worker(settings)
+            worker = await _poller_on(server, base, tmp_path)
             reader = StatsReader.from_url(server.url(GATEWAY))
             await worker.start()
             try:
