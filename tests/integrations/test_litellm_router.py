@@ -318,61 +318,91 @@ async def test_two_replicas_see_each_others_requests_in_flight_through_redis(f: 
 
     group = [deployment(f, e, group="pair", llmgw_endpoint=e) for e in OK]
     body = {"messages": [{"role": "user", "content": "h"}], "max_tokens": HOLD_TOKENS}
-    reader_a = StatsReader.from_url(f.redis_url, NS, stale_after_ms=STALE_AFTER_MS)
-    reader_b = StatsReader.from_url(f.redis_url, NS, stale_after_ms=STALE_AFTER_MS)
     held: list[asyncio.Task[Any]] = []
-    async with reader_a.cached(replica_id="gw-a") as cache_a:
-        async with reader_b.cached(replica_id="gw-b") as cache_b:
-            await until(lambda: cache_a.load_shared and cache_b.load_shared, 30, "sharing")
-            await until(lambda: all(cache_b.get(e) for e in OK), 30, "the view in replica b")
+    async with (
+        StatsReader.from_url(f.redis_url, NS, stale_after_ms=STALE_AFTER_MS) as reader_a,
+        StatsReader.from_url(f.redis_url, NS, stale_after_ms=STALE_AFTER_MS) as reader_b,
+        reader_a.cached(replica_id="gw-a") as cache_a,
+        reader_b.cached(replica_id="gw-b") as cache_b,
+    ):
+        await until(lambda: cache_a.load_shared and cache_b.load_shared, 30, "sharing")
+        await until(lambda: all(cache_b.get(e) for e in OK), 30, "the view in replica b")
 
-            def quiet(cache: Any) -> bool:
-                """No load on OK but the gateways': the earlier tests' requests (sent by
-                no sharing replica: outside load to the estimate) are off the pages."""
-                extra = cache.fleet.extra
-                return all(e in extra and extra[e] == 0 for e in OK)
+        def quiet(cache: Any) -> bool:
+            """No load on OK but the gateways': the earlier tests' requests (sent by
+            no sharing replica: outside load to the estimate) are off the pages, the
+            newest one included (its KV usage, full while a held request ran, would keep
+            an endpoint out of the picks)."""
+            extra = cache.fleet.extra
+            for e in OK:
+                stats = getattr(cache.get(e), "stats", None)
+                if stats is None or stats.running + stats.waiting or extra.get(e) != 0:
+                    return False
+            return True
 
-            # Up to PAGES scrapes (docs/reader.md) after the module's last request.
-            await until(lambda: quiet(cache_a) and quiet(cache_b), 120, "the pages quiet")
-            router_a = litellm.Router(model_list=group, num_retries=0)
-            router_b = litellm.Router(model_list=group, num_retries=0)
-            a = LoadAwareStrategy(router_a, cache=cache_a, rng=random.Random(3)).install()
-            b = LoadAwareStrategy(router_b, cache=cache_b, rng=random.Random(4)).install()
-            assert cache_a.fleet is not None and cache_b.fleet is not None
+        # Up to PAGES scrapes (docs/reader.md) after the module's last request.
+        await until(lambda: quiet(cache_a) and quiet(cache_b), 120, "the pages quiet")
+        router_a = litellm.Router(model_list=group, num_retries=0)
+        router_b = litellm.Router(model_list=group, num_retries=0)
+        a = LoadAwareStrategy(router_a, cache=cache_a, rng=random.Random(3)).install()
+        b = LoadAwareStrategy(router_b, cache=cache_b, rng=random.Random(4)).install()
+        assert cache_a.fleet is not None and cache_b.fleet is not None
 
-            def mine(strategy: LoadAwareStrategy) -> dict[str, int]:
-                return {e: strategy.local.in_flight(e) for e in OK}
+        def mine(strategy: LoadAwareStrategy) -> dict[str, int]:
+            return {e: strategy.local.in_flight(e) for e in OK}
 
-            def peers(cache: Any) -> dict[str, int]:
-                return {e: cache.fleet.peer_in_flight(e) for e in OK}
+        def peers(cache: Any) -> dict[str, int]:
+            return {e: cache.fleet.peer_in_flight(e) for e in OK}
 
-            try:
-                for n in (1, 2):  # replica a holds two requests, one at a time
-                    held.append(asyncio.create_task(router_a.acompletion(model="pair", **body)))
-                    await until(lambda n=n: sum(mine(a).values()) == n, 30, f"a's request {n}")
-                assert sorted(mine(a).values()) == [0, 1, 1]  # on two of the three
-                # Replica b learns them from Redis, not from its own requests.
-                await until(lambda: peers(cache_b) == mine(a), 30, "a's requests seen by b")
-                assert sum(mine(b).values()) == 0
-                free = next(e for e, n in mine(a).items() if n == 0)
-                # So b sends its request to the one endpoint the fleet has nothing on.
-                held.append(asyncio.create_task(router_b.acompletion(model="pair", **body)))
+        try:
+            for n in (1, 2):  # replica a holds two requests, one at a time
+                held.append(asyncio.create_task(router_a.acompletion(model="pair", **body)))
+                await until(lambda n=n: sum(mine(a).values()) == n, 30, f"a's request {n}")
+            assert sorted(mine(a).values()) == [0, 1, 1]  # on two of the three
+            # Replica b learns them from Redis, not from its own requests.
+            await until(lambda: peers(cache_b) == mine(a), 30, "a's requests seen by b")
+            assert sum(mine(b).values()) == 0
+            free = next(e for e, n in mine(a).items() if n == 0)
+            # So b sends its request to the one endpoint the fleet has nothing on, when
+            # its pick sees the fleet as it is: a loop stalled past a's field's TTL (a
+            # loaded machine) or a LiteLLM cooldown shows it another fleet; then again.
+            seen: list[tuple[set[str], dict[str, float]]] = []
+            choose = b.choose
+
+            def spy(cache: Any, model: str, healthy: list[Any], kwargs: Any) -> Any:
+                ids = {d["model_info"]["llmgw_endpoint"] for d in healthy}
+                seen.append((ids, dict(cache.fleet.extra)))
+                return choose(cache, model, healthy, kwargs)
+
+            b.choose = spy  # type: ignore[method-assign]
+            for _ in range(5):
+                task = asyncio.create_task(router_b.acompletion(model="pair", **body))
+                held.append(task)
                 await until(lambda: sum(mine(b).values()) == 1, 30, "b's request")
-                assert mine(b)[free] == 1, (mine(a), mine(b))
-                await until(lambda: peers(cache_a) == mine(b), 30, "b's request seen by a")
-                for task in held:
-                    task.cancel()
-                await asyncio.gather(*held, return_exceptions=True)
-                held.clear()
-                # Ended: gone from the other replica's view as well.
-                await until(lambda: sum(mine(a).values()) + sum(mine(b).values()) == 0, 30, "ends")
-                await until(lambda: not any(peers(cache_a).values()), 30, "b's gone from a")
-                await until(lambda: not any(peers(cache_b).values()), 30, "a's gone from b")
-            finally:
-                for task in held:
-                    task.cancel()
-                await asyncio.gather(*held, return_exceptions=True)
-                a.uninstall()
-                b.uninstall()
-    await reader_a.aclose()
-    await reader_b.aclose()
+                ids, extra = seen[-1]
+                busy = [e for e in OK if e != free]
+                if ids == set(OK) and extra.get(free) == 0 and all(extra[e] for e in busy):
+                    break
+                held.remove(task)
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                await until(lambda: sum(mine(b).values()) == 0, 30, "b's request ended")
+                await until(lambda: peers(cache_b) == mine(a), 30, "a's requests seen by b")
+            else:
+                pytest.fail(f"b's picks never saw a's requests: {seen}")
+            assert mine(b)[free] == 1, (seen[-1], mine(a), mine(b))
+            await until(lambda: peers(cache_a) == mine(b), 30, "b's request seen by a")
+            for task in held:
+                task.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+            held.clear()
+            # Ended: gone from the other replica's view as well.
+            await until(lambda: sum(mine(a).values()) + sum(mine(b).values()) == 0, 30, "ends")
+            await until(lambda: not any(peers(cache_a).values()), 30, "b's gone from a")
+            await until(lambda: not any(peers(cache_b).values()), 30, "a's gone from b")
+        finally:
+            for task in held:
+                task.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+            a.uninstall()
+            b.uninstall()

@@ -140,12 +140,13 @@ async def fleet(
             held = [asyncio.create_task(http.post(url, json=body)) for _ in range(HELD)]
             poller = PollerProc("p0", redis.url, NS, workdir, interval_s=INTERVAL_S).start()
             try:
-                reader = StatsReader.from_url(redis.url, NS, stale_after_ms=STALE_AFTER_MS)
-                async with reader.cached() as cache:
+                async with (
+                    StatsReader.from_url(redis.url, NS, stale_after_ms=STALE_AFTER_MS) as reader,
+                    reader.cached() as cache,
+                ):
                     f = Fleet(admin, urls, redis, cache, ok, bad)
                     await until(f.shown, 90, "the view showing the fleet's states")
                     yield f
-                await reader.aclose()
             finally:
                 poller.cleanup()
                 for task in held:
