@@ -16,13 +16,38 @@ from pathlib import Path
 from tests.support.paths import REPO
 
 PACKAGE = REPO / "poller"
-#: The texts whose references are checked, besides the package's modules.
-TEXTS = (REPO / "Makefile", REPO / "docs" / "operations.md")
+
+
+def _ours(path: Path) -> bool:
+    """A file of the repository's own, not of a virtualenv or a build inside it."""
+    rel = path.relative_to(REPO).parts
+    return not any(part.startswith(".") or part in ("build", "dist") for part in rel)
+
+
+#: Documents that name other repositories' files: the changelog (history: what was), the
+#: captured pages' provenance (the engines' own source paths).
+_FOREIGN = ("CHANGELOG.md", "SOURCES.md")
+#: The texts whose paths are checked, besides the package's modules: every document
+#: (the changelog is history and names what was), the lab, the tests and the build files.
+TEXTS = (
+    REPO / "Makefile",
+    REPO / "pyproject.toml",
+    *sorted(p for p in REPO.glob("**/*.md") if _ours(p) and p.name not in _FOREIGN),
+    *sorted(p for p in (REPO / "lab").rglob("*.py") if _ours(p)),
+    *sorted(p for p in (REPO / "tests").rglob("*.py") if _ours(p)),
+)
 #: Top-level folders of the repository: a path starting with one is a path of ours.
 TOPS = ("poller", "lab", "tests", "docs", "deploy", "constraints")
 _PATH = re.compile(rf"(?<![\w/.-])((?:{'|'.join(TOPS)})/[\w./*@-]*[\w*])")
-#: Names that look like paths and are not: kubectl's ``deploy/NAME`` (a Deployment).
-NOT_PATHS = {"deploy/llmgw-poller"}
+#: Names that look like paths and are not: kubectl's Deployment ``deploy/llmgw-poller``,
+#: and the files the packaging tests make up to check what the ignore files leave out.
+NOT_PATHS = {
+    "deploy/llmgw-poller",
+    "poller/__pycache__/x.pyc",
+    "lab/tests/x.py",
+    "lab/.venv/bin/python",
+    "lab/poller_lab/__pycache__/x.pyc",
+}
 _MODULE = re.compile(r"(?<![\w/.-])([a-z_][a-z0-9_]*\.py)\b")
 _MEMBER = re.compile(r"``([A-Z][A-Za-z0-9_]*)\.([a-z_][A-Za-z0-9_]*)(?:\([^`]*\))?``")
 #: Documents that are not in the repository (named without their extension here, so
@@ -43,7 +68,7 @@ def _exists(named: str) -> bool:
     named = named.split("::")[0].split("#")[0].rstrip(".")
     if "*" in named:
         return any(REPO.glob(named))
-    return (REPO / named).exists()
+    return (REPO / named).exists() or (REPO / f"{named}.py").exists()  # a module, by path
 
 
 def test_no_file_cites_a_document_the_repository_does_not_have() -> None:

@@ -3,7 +3,7 @@
 Usage: python tests/bench/bench_discovery.py [--engines 6] [--refresh 1] [--rounds 3]
 
 Starts a private redis-server, a simulator with ``--engines`` vLLM endpoints (one port
-each), a dnsmasq (tests/dnsproc.py) publishing SRV records for the first half of them, and
+each), a dnsmasq (tests/support/dnsproc.py) publishing SRV records for the first half of them, and
 three pollers with ``--discover dns+srv://...?refresh=R``. Then, ``--rounds`` times, it
 changes the records (restarting dnsmasq with the new set, as a zone change would) and
 times, from the moment dnsmasq answers with the new records:

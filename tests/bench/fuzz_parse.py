@@ -10,7 +10,7 @@ is anything a scrape would not turn into a failure reason: an exception other th
 ``stats_fields`` on what it returned (the worker writes that next).
 
 Without a corpus directory, the captured pages in tests/data seed a temporary one.
-``--skip-known`` ignores the bug classes tests/test_hostile.py already documents as
+``--skip-known`` ignores the bug classes tests/scrape/test_hostile_pages.py already documents as
 strict xfails (+Inf/overflow and NaN reaching int(), superscript digits in max_lora), so
 a run can look past them for new ones.
 """

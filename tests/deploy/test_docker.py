@@ -101,7 +101,12 @@ def test_dockerignore_keeps_the_context_to_what_the_build_needs() -> None:
     needed += ["poller/schema/scripts/write_stats.lua", "poller/service/web/static/page.js"]
     for rel in needed:
         assert not dockerignored(rel, patterns), f"{rel} must be in the build context"
-    for rel in ["tests/test_cli.py", ".git/HEAD", ".venv/bin/python", "poller/__pycache__/x.pyc"]:
+    for rel in [
+        "tests/cli/test_cli.py",
+        ".git/HEAD",
+        ".venv/bin/python",
+        "poller/__pycache__/x.pyc",
+    ]:
         assert dockerignored(rel, patterns), f"{rel} must stay out of the build context"
 
 

@@ -455,7 +455,7 @@ def test_pick_least_loaded_and_skips_saturated() -> None:
         entry("gone", state="failing"),
         entry("old", state="stale"),
     )
-    assert pick(v) in {"a", "b", "c"}  # the better of two random (tests/test_pick.py)
+    assert pick(v) in {"a", "b", "c"}  # the better of two random (tests/reader/test_pick.py)
     assert pick(v, candidates=["b", "c"]) == "c"  # equal queues: the lower KV
     assert pick(v, candidates=["a", "b", "busy", "missing"]) == "b"
     assert pick(v, candidates=["busy", "full", "gone", "old"], when_saturated="none") is None

@@ -79,7 +79,7 @@ def test_update_messages_match_the_code_and_the_scripts() -> None:
     for kind, script in UPDATE_KINDS.items():
         source = lua(script)
         assert "'SPUBLISH'" in source and f"'{kind} '" in source, script
-        # the channel is given in KEYS, as "updates" (tests/test_lua_keys.py runs them)
+        # the channel is given in KEYS, as "updates" (tests/schema/test_lua_keys.py runs them)
         assert re.search(r"'SPUBLISH', KEYS\[\d+\]", source), script
         assert "updates" in source.split("\n", 1)[0], script  # the header's KEYS line
 
