@@ -107,12 +107,19 @@ def endpoints_export(
     else:
         click.echo(text, nl=False)
     click.echo(
-        f"note: {len(entries)} entries of registry rev {registry.rev} of "
+        f"note: {_entries(len(entries))} of registry rev {registry.rev} of "
         f"{redis_line(settings.redis)}",
         err=True,
     )
     skipped = len(registry.endpoints) - len(entries)
     if skipped:
-        click.echo(f"note: {skipped} discovered entries left out (--include-discovered)", err=True)
+        click.echo(
+            f"note: {_entries(skipped, 'discovered ')} left out (--include-discovered)", err=True
+        )
     for endpoint_id in sorted(registry.invalid):
         click.echo(f"note: invalid entry {endpoint_id!r} left out: fix or remove it", err=True)
+
+
+def _entries(n: int, kind: str = "") -> str:
+    """``1 entry``, ``3 discovered entries``."""
+    return f"{n} {kind}{'entry' if n == 1 else 'entries'}"

@@ -83,7 +83,7 @@ def test_export_then_sync_is_the_same_registry(redis_server: RedisProcess, tmp_p
     exported = tmp_path / "out.yaml"
     result = poller(redis_server, "endpoints", "export", "-o", str(exported))
     assert result.returncode == 0, result.stderr
-    assert "1 discovered entries left out" in result.stderr
+    assert "1 discovered entry left out" in result.stderr
     document = yaml.safe_load(exported.read_text())
     assert [e["id"] for e in document["endpoints"]] == ["gpu-a", "gpu-b", "hosted", "llama"]
 

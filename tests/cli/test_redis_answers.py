@@ -95,7 +95,7 @@ def test_status_and_ls_say_which_redis_and_namespace_they_read(locked: RedisProc
         "`poller endpoints sync FILE` reads it back"
     )
     assert exported.stderr.splitlines() == [
-        f"note: 1 entries of registry rev 1 of {shown} namespace answers"
+        f"note: 1 entry of registry rev 1 of {shown} namespace answers"
     ]
 
 
