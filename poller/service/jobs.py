@@ -6,11 +6,8 @@ and its fenced write decides whether it still counts. A rejected write discards 
 lease's record here (cancelling its other scrapes), unschedules its job and wakes the
 worker; ``stop()`` cancels every scrape and waits for them before clients close.
 
-Model names: the stats' ``models`` are the page's names, then the names the engine lists
-on ``/v1/models``, then the entry's declared ``models`` (docs/schema.md). ``/v1/models``
-is asked only of engines whose page names none (``EngineSpec.models_from_api``: llama.cpp,
-TGI, trtllm-serve) when this page names no model, and at most once per lease (again
-only if the entry's URL changes under it); a failed read never fails the scrape.
+The stats' model names come from names.py; the trigger that places the runs is
+trigger.py's.
 """
 
 from __future__ import annotations
@@ -18,80 +15,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import replace as replaced
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, EVENT_JOB_SUBMITTED
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from apscheduler.triggers.interval import IntervalTrigger
 
 from poller.config import Settings
 from poller.errors import ScrapeError, StoreAuthError, StoreError
-from poller.schema.endpoint import merge_models
-from poller.schema.stats import Signals, prefix_hit_rate, stats_fields
+from poller.schema.stats import prefix_hit_rate, stats_fields
 from poller.scrape.http.client import Scraper
-from poller.scrape.models import read_models
 from poller.service.metrics import PollerMetrics, Surprises
+from poller.service.names import ModelNames
 from poller.service.owned import Holdings, JobSpec, Owned, Window
+from poller.service.trigger import GridJitterTrigger
 from poller.service.ttl import stats_ttl_ms
 from poller.store.store import RedisStore, WriteResult
 from poller.util.logs import count
 
-__all__ = ["GridJitterTrigger", "JobRunner"]
+__all__ = ["JobRunner"]
 
 log = logging.getLogger(__name__)
-
-
-class GridJitterTrigger(IntervalTrigger):  # type: ignore[misc]
-    """An interval trigger whose jitter does not drift, on a shared tick.
-
-    APScheduler 3.x computes the next run from the previous *jittered* run and adds a
-    positive jitter again, so the period stretches by the mean jitter every run
-    (1,000 jobs at 1 s with 0.1 s jitter ran 954 times a second). Here every run is
-    placed on the unjittered grid ``start + k * interval``, moved by up to +-jitter, and
-    then rounded up to the next multiple of ``tick_s`` of the epoch: the mean period
-    stays exactly the interval, and jobs whose runs fall in one tick start in one
-    scheduler wake-up, so their requests, responses and Redis writes share the event
-    loop's wake-ups too (each wake-up from idle costs more CPU than the work it does at a
-    few hundred scrapes a second: docs/performance.md).
-    """
-
-    def __init__(
-        self, *, seconds: float, start_date: datetime, jitter_s: float, tick_s: float = 0.0
-    ) -> None:
-        super().__init__(seconds=seconds, start_date=start_date, timezone=UTC)
-        self.jitter_s = jitter_s
-        self.tick_s = tick_s
-
-    def get_next_fire_time(
-        self, previous_fire_time: datetime | None, now: datetime
-    ) -> datetime | None:
-        interval: float = self.interval_length
-        start: datetime = self.start_date
-        if previous_fire_time is None:
-            if start > now:
-                return self._on_tick(start)
-            k = math.ceil((now - start).total_seconds() / interval)
-        else:
-            # Snap the jittered previous run back to its grid slot (|jitter| < interval/2).
-            k = round((previous_fire_time - start).total_seconds() / interval) + 1
-        slot: datetime = start + timedelta(seconds=k * interval)
-        if self.jitter_s:
-            slot += timedelta(seconds=random.uniform(-self.jitter_s, self.jitter_s))
-        slot = self._on_tick(slot)
-        if previous_fire_time is not None and slot <= previous_fire_time:
-            slot = self._on_tick(previous_fire_time + timedelta(seconds=interval / 2))
-        return slot
-
-    def _on_tick(self, when: datetime) -> datetime:
-        if not self.tick_s:
-            return when
-        ticks = math.ceil(round(when.timestamp() / self.tick_s, 6))
-        return datetime.fromtimestamp(ticks * self.tick_s, UTC)
 
 
 class JobRunner:
@@ -120,8 +66,7 @@ class JobRunner:
         self._scheduler: AsyncIOScheduler | None = None
         self._stopping = False
         self._refusal_logged = False
-        # Endpoints whose /v1/models read failed here already: said once, then DEBUG.
-        self._models_failed: set[str] = set()
+        self.names = ModelNames(scraper, surprises)
         self._background: set[asyncio.Task[None]] = set()
         # Label children resolved once, not per scrape: (engine, result) -> counter child.
         self._scrape_counters: dict[tuple[str, str], Any] = {}
@@ -318,9 +263,7 @@ class JobRunner:
         elapsed = time.perf_counter() - started
         self._count_scrape(spec.engine, "ok")
         self.metrics.scrape_duration.observe(elapsed)
-        if not signals.models and window.models is None and spec.mapping.spec.models_from_api:
-            window.models = await self._read_models(spec)
-        signals = self._with_models(signals, spec, window)
+        signals = await self.names.add(signals, spec, window)
         rate = prefix_hit_rate(
             signals.prefix_cache_hits_total,
             signals.prefix_cache_queries_total,
@@ -350,50 +293,6 @@ class JobRunner:
         window.prev_queries = signals.prefix_cache_queries_total
         window.prev_rate = rate
         window.failures.recovered(spec.endpoint_id)
-
-    @staticmethod
-    def _with_models(signals: Signals, spec: JobSpec, window: Window) -> Signals:
-        """The page's names, then those read from /v1/models, then the entry's own."""
-        declared = spec.endpoint.models if spec.endpoint is not None else ()
-        if not declared and not window.models:
-            return signals  # the common case: nothing to add
-        models = merge_models(signals.models, window.models or (), declared)
-        return signals if models == signals.models else replaced(signals, models=models)
-
-    async def _read_models(self, spec: JobSpec) -> tuple[str, ...]:
-        """The names the engine lists on /v1/models; () when the read fails, which is
-        logged once per endpoint (the endpoint keeps its declared names)."""
-        endpoint = spec.endpoint
-        assert endpoint is not None
-        try:
-            names = await read_models(self.scraper, endpoint, spec.timeout_s)
-        except ScrapeError as exc:
-            self._models_unread(spec, f"{exc.reason}: {exc.detail}")
-            return ()
-        except Exception as exc:  # a bug, never the scrape's failure
-            self.surprises.report("models", exc)
-            return ()
-        self._models_failed.discard(spec.endpoint_id)
-        log.debug(
-            "models read",
-            extra={"endpoint": spec.endpoint_id, "models": ",".join(names) or "(none)"},
-        )
-        return names
-
-    def _models_unread(self, spec: JobSpec, why: str) -> None:
-        fields = {"endpoint": spec.endpoint_id, "why": why}
-        if spec.endpoint_id in self._models_failed:
-            log.debug("/v1/models not read", extra=fields)
-            return
-        self._models_failed.add(spec.endpoint_id)
-        if spec.endpoint is not None and spec.endpoint.models:
-            log.info("/v1/models not read: the endpoint keeps its declared models", extra=fields)
-        else:
-            log.warning(
-                "/v1/models not read: the endpoint lists no model, so no pick for a model "
-                "chooses it; declare them in its registry entry (models)",
-                extra=fields,
-            )
 
     def _ttl_ms(self, spec: JobSpec) -> int:
         # Long enough that the record outlives a takeover (service/ttl.py).

@@ -52,6 +52,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "our job body, reporting, metrics",
         (
             "poller/service/jobs",
+            "poller/service/names",
             "poller/service/reporting",
             "poller/service/metrics",
             "poller/schema/stats",

@@ -26,7 +26,7 @@ from poller.reader import Picker, StatsReader
 from poller.reader.view import EndpointView, View
 from poller.schema.endpoint import MAX_MODELS, Endpoint, endpoint_from_dict, endpoint_from_json
 from poller.schema.stats import Signals, stats_fields
-from poller.service.jobs import JobRunner
+from poller.service.names import with_models
 from poller.service.owned import JobSpec, Window
 from poller.service.worker import Worker
 from poller.store.store import RedisStore
@@ -104,7 +104,7 @@ def view_row(
     """The endpoint as a reader sees it after the poller wrote this page's stats."""
     window = Window()
     window.models = read
-    written = JobRunner._with_models(signals, spec_of(endpoint), window)
+    written = with_models(signals, spec_of(endpoint), window)
     fields = stats_fields(written, prefix_cache_hit_rate=None, scrape_ms=1.0, interval_ms=1000)
     fields |= {"scraped_at_ms": str(NOW_MS - 500), "poller": "p", "token": "1", "seq": "1"}
     return EndpointView(
@@ -271,7 +271,7 @@ async def test_declared_models_join_the_read_ones(worker: Worker, engines: Engin
 async def test_a_failed_read_never_fails_the_scrape_and_is_logged_once(
     worker: Worker, engines: Engines, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="poller.service.jobs")
+    caplog.set_level(logging.DEBUG, logger="poller.service.names")
     engines.pages["declared"] = engines.pages["bare"] = LLAMACPP_PAGE
     # "declared" has no /v1/models (404); "bare" answers something that is no model list
     engines.models["bare"] = lambda _: httpx.Response(200, text="<html>hello</html>")

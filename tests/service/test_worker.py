@@ -13,7 +13,7 @@ from poller.config import ScrapeSettings, Settings
 from poller.schema.endpoint import Endpoint
 from poller.scrape.http.client import KeyPolicy
 from poller.service.follow import RegistryFollower
-from poller.service.jobs import GridJitterTrigger
+from poller.service.trigger import GridJitterTrigger
 from poller.service.worker import Worker
 from poller.store.store import RedisStore
 from poller.util.logs import text_of
