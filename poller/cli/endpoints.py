@@ -211,8 +211,16 @@ def endpoints_add(
                 sys.exit(1)
 
     rev = run_store_command(_refusing_url_conflicts(go()))
-    click.echo(f"{'updated' if replace else 'added'} {endpoint_id} (registry rev {rev})")
+    where = _where(config_file, redis_url, namespace)
+    click.echo(f"{'updated' if replace else 'added'} {endpoint_id} (registry rev {rev} of {where})")
     _timeout_notes([endpoint], scrape)
+
+
+def _where(config_file: str | None, redis_url: str | None, namespace: str | None) -> str:
+    """The Redis and namespace a command changed, for its last line."""
+    return redis_line(
+        load(config_file, {"redis.url": redis_url, "redis.namespace": namespace}).redis
+    )
 
 
 @endpoints.command("rm")
@@ -234,7 +242,9 @@ def endpoints_rm(endpoint_id: str, redis_url: str | None, namespace: str | None)
     if rev is None:
         click.echo(f"Error: no endpoint {endpoint_id!r}", err=True)
         sys.exit(1)
-    click.echo(f"removed {endpoint_id} (registry rev {rev})")
+    click.echo(
+        f"removed {endpoint_id} (registry rev {rev} of {_where(None, redis_url, namespace)})"
+    )
 
 
 @endpoints.command("ls")
@@ -312,11 +322,14 @@ def endpoints_sync(
         for endpoint_id in ids:
             click.echo(f"{sign} {endpoint_id}")
     if dry_run:
-        click.echo(f"would add {len(added)}, change {len(changed)}, remove {len(removed)}")
+        click.echo(
+            f"would add {len(added)}, change {len(changed)}, remove {len(removed)} "
+            f"(registry rev {rev} of {redis_line(settings.redis)})"
+        )
     else:
         click.echo(
             f"added {len(added)}, changed {len(changed)}, removed {len(removed)} "
-            f"(registry rev {rev})"
+            f"(registry rev {rev} of {redis_line(settings.redis)})"
         )
     _timeout_notes([wanted[endpoint_id] for endpoint_id in sorted(wanted)], scrape)
 

@@ -146,7 +146,7 @@ def test_endpoints_sync_is_exact_and_dry_run_changes_nothing(run, tmp_path: Path
         "+ new",
         "~ keep",
         "- old",
-        "would add 1, change 1, remove 1",
+        f"would add 1, change 1, remove 1 (registry rev 2 of {run.url} namespace {NS})",
     ]
     assert len(json.loads(run("endpoints", "ls", "--json").output)["endpoints"]) == 2
     done = run("endpoints", "sync", str(yaml_file))

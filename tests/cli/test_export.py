@@ -89,7 +89,9 @@ def test_export_then_sync_is_the_same_registry(redis_server: RedisProcess, tmp_p
 
     # against the same registry: nothing to do (the discovered entry is sync's to keep)
     dry = poller(redis_server, "endpoints", "sync", str(exported), "--dry-run")
-    assert dry.returncode == 0 and dry.stdout.splitlines() == ["would add 0, change 0, remove 0"]
+    assert dry.returncode == 0 and dry.stdout.splitlines() == [
+        f"would add 0, change 0, remove 0 (registry rev 2 of {redis_server.url} namespace {NS})"
+    ]
 
     # on an empty registry: the same hand-written entries, byte for byte
     redis.Redis.from_url(redis_server.url).flushall()

@@ -324,9 +324,17 @@ def test_sync_and_add_say_what_they_did_in_words(redis_env: dict[str, str], tmp_
     path = tmp_path / "endpoints.yaml"
     path.write_text("endpoints:\n  - {id: a, url: 'http://10.0.0.1:8000'}\n")
     dry = poller("endpoints", "sync", str(path), "--dry-run", env=redis_env)
-    assert dry.stdout.splitlines() == ["+ a", "would add 1, change 0, remove 0"]
+    # Which Redis and namespace it changed, as status says which it read.
+    where = f"{redis_env['POLLER_REDIS_URL']} namespace {NS}"
+    assert dry.stdout.splitlines() == [
+        "+ a",
+        f"would add 1, change 0, remove 0 (registry rev 0 of {where})",
+    ]
     done = poller("endpoints", "sync", str(path), env=redis_env)
-    assert done.stdout.splitlines() == ["+ a", "added 1, changed 0, removed 0 (registry rev 1)"]
+    assert done.stdout.splitlines() == [
+        "+ a",
+        f"added 1, changed 0, removed 0 (registry rev 1 of {where})",
+    ]
     again = poller("endpoints", "add", "a", "http://10.0.0.1:8000", env=redis_env)
     assert (again.returncode, again.stderr.splitlines()) == (
         1,
