@@ -18,9 +18,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
 from poller.errors import ConfigError
+from poller.reader.affinity import prefer
 from poller.reader.cache import ViewCache
 from poller.reader.index import INF, TIERS, Bag, Index, ModelIndex, Slot
 from poller.reader.load import LocalLoad
+from poller.reader.placements import Placements
+from poller.reader.prefix import block_ids
 from poller.reader.share import FleetLoad
 from poller.reader.view import EndpointView, View
 
@@ -34,6 +37,10 @@ _DRAWS = 24
 #: With the fleet's shared counts, a bag up to this size is scanned whole (the least
 #: loaded wins, as an oracle would choose); a larger one takes the better of two draws.
 SCAN_MAX = 32
+#: Prefix affinity's bound: an endpoint holding the prompt's prefix takes the request
+#: while its load is at most this factor x the load-only choice's + the slack.
+PREFIX_LOAD_FACTOR = 1.5
+PREFIX_LOAD_SLACK = 2.0
 
 
 def _timed(view: EndpointView) -> float | None:
@@ -81,6 +88,12 @@ class Picker:
       queue grown since the scrape; ``use_latency=False``: 1). Ties go to the lower KV
       usage; an engine that publishes none (TGI, llama.cpp) counts as the fleet's
       median KV, never 0 %.
+    - **Prefix affinity** (``prompt`` given): the endpoint holding the longest prefix
+      of the prompt, by the placements this replica and, through the cache, the others
+      recorded, takes the request instead when its load is at most
+      ``prefix_load_factor`` x the chosen one's + ``prefix_load_slack``
+      (poller/reader/affinity.py; docs/reader.md, "Prefix affinity"); the choice is
+      recorded. Without ``prompt`` nothing of it runs.
     - **Redis lost** (a cache or a view with ``healthy`` False): the last numbers, as
       fresh as they were when Redis last answered, are used for ``stale_grace_s``
       (default 5 s: a Sentinel failover) after that answer, then None.
@@ -104,6 +117,8 @@ class Picker:
         scale_local: bool = True,
         use_latency: bool = True,
         share: bool = True,
+        prefix_load_factor: float = PREFIX_LOAD_FACTOR,
+        prefix_load_slack: float = PREFIX_LOAD_SLACK,
     ) -> None:
         if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
             raise ConfigError(f"max_waiting must be an integer >= 1, got {max_waiting!r}")
@@ -115,6 +130,14 @@ class Picker:
             )
         if not (stale_grace_s >= 0.0 and math.isfinite(stale_grace_s)):
             raise ConfigError(f"stale_grace_s must be >= 0 seconds, got {stale_grace_s!r}")
+        for name, value, least in (
+            ("prefix_load_factor", prefix_load_factor, 1.0),
+            ("prefix_load_slack", prefix_load_slack, 0.0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"{name} must be a number >= {least:g}, got {value!r}")
+            if not (value >= least and math.isfinite(value)):
+                raise ConfigError(f"{name} must be a number >= {least:g}, got {value!r}")
         self.max_waiting = max_waiting
         self.max_kv_cache_usage = max_kv_cache_usage
         self.when_saturated: WhenSaturated = when_saturated
@@ -123,6 +146,10 @@ class Picker:
         self.scale_local = scale_local
         self.use_latency = use_latency
         self.share = share
+        self.prefix_load_factor = float(prefix_load_factor)
+        self.prefix_load_slack = float(prefix_load_slack)
+        #: Placements of picks on views no cache made (a cache keeps its own).
+        self.placements = Placements()
         self._caches: weakref.WeakKeyDictionary[ViewCache, Index] = weakref.WeakKeyDictionary()
         # The cache picked on last and its index: a gateway has one, and this skips the
         # weak dictionary's lookup (a third of a pick).
@@ -136,18 +163,28 @@ class Picker:
         view: View | ViewCache | Mapping[str, EndpointView],
         model: str | None = None,
         *,
+        prompt: str | None = None,
         candidates: Iterable[str] | None = None,
         local: LocalLoad | None = None,
     ) -> str | None:
         """The endpoint id for one request, or None when no endpoint may take it.
 
-        ``candidates`` limits the choice to those ids (unknown ids are ignored);
-        ``local`` is this replica's ``LocalLoad`` (see the class doc). An argument of
-        the wrong type (a model that is not a string, ``candidates`` given as one
-        string) raises ``TypeError``."""
+        ``prompt``: the text the engine will prefill (``prompt_of(messages)`` for a chat
+        request), for prefix affinity; ``candidates`` limits the choice to those ids
+        (unknown ids are ignored); ``local`` is this replica's ``LocalLoad`` (see the
+        class doc). An argument of the wrong type (a model that is not a string,
+        ``candidates`` given as one string) raises ``TypeError``."""
         check_arguments(view, model, candidates, local)
+        if prompt is None:
+            with self._lock:
+                return self._pick(view, model, candidates, local, None)
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a str or None, got {type(prompt).__name__}")
+        ids = block_ids(prompt, model)  # outside the lock: the pick's longest part
+        if candidates is not None:
+            candidates = list(candidates)
         with self._lock:
-            return self._pick(view, model, candidates, local)
+            return self._pick(view, model, candidates, local, ids)
 
     def _pick(
         self,
@@ -155,6 +192,7 @@ class Picker:
         model: str | None,
         candidates: Iterable[str] | None,
         local: LocalLoad | None,
+        ids: list[int] | None,
     ) -> str | None:
         found = self._from_cache(view) if isinstance(view, ViewCache) else self._source(view)
         if found is None:
@@ -162,12 +200,52 @@ class Picker:
         index, judge_ms, offset_ms = found
         fleet = None if local is None or not self.share else _fleet(view, local)
         if fleet is not None and local is not None:
-            return self._shared(index, judge_ms, model, candidates, local, fleet)
-        if local is not None and offset_ms is None:
-            # A view without a clock offset is taken as read just now.
-            # A bare mapping has no clock: every request in flight counts.
-            offset_ms = view.now_ms - local.now() * 1000 if isinstance(view, View) else INF
-        score = self._scorer(index, local, offset_ms)
+            score = _fleet_score(local, fleet)
+            chosen = self._shared(index, judge_ms, model, candidates, score)
+        else:
+            if local is not None and offset_ms is None:
+                # A view without a clock offset is taken as read just now.
+                # A bare mapping has no clock: every request in flight counts.
+                offset_ms = view.now_ms - local.now() * 1000 if isinstance(view, View) else INF
+            score = self._scorer(index, local, offset_ms)
+            chosen = self._load_only(index, judge_ms, model, candidates, score)
+        if ids is None or chosen is None:
+            return chosen
+        table = self._placements_of(view)
+        models = index.model(model)
+        chosen = prefer(
+            table,
+            ids,
+            index,
+            models,
+            chosen,
+            score,
+            judge_ms,
+            by_kv=fleet is not None,
+            factor=self.prefix_load_factor,
+            slack=self.prefix_load_slack,
+            allowed=None if candidates is None else set(candidates),
+        )
+        slot = index.slots.get(chosen)
+        if slot is not None:
+            table.observe(chosen, slot.prefix_queries, slot.prefix_hits)
+        capacity = index.median_capacity if slot is None or slot.capacity is None else slot.capacity
+        table.record(chosen, ids, capacity)
+        return chosen
+
+    def _placements_of(self, view: object) -> Placements:
+        cache = view if isinstance(view, ViewCache) else getattr(view, "cache", None)
+        return cache.placements if isinstance(cache, ViewCache) else self.placements
+
+    def _load_only(
+        self,
+        index: Index,
+        judge_ms: float,
+        model: str | None,
+        candidates: Iterable[str] | None,
+        score: Callable[[Slot], tuple[float, float]],
+    ) -> str | None:
+        """The pick on the pages and this replica's own requests (class doc)."""
         models = index.model(model)
         if candidates is not None:
             return self._among(models, index, candidates, judge_ms, score)
@@ -190,27 +268,11 @@ class Picker:
         judge_ms: float,
         model: str | None,
         candidates: Iterable[str] | None,
-        local: LocalLoad,
-        fleet: FleetLoad,
+        score: Callable[[Slot], tuple[float, float]],
     ) -> str | None:
-        """The pick on the fleet's estimate (docs/reader.md, "The load estimate"):
-        load = (the estimate of the others' requests + ours in flight + 1) / relative
-        capacity, where ours started since the last exchange count ``1 + peers`` times
-        (the others sent about as many meanwhile, unseen yet). A page's ``waiting`` no
+        """The pick on the fleet's estimate (``_fleet_score``). A page's ``waiting`` no
         longer saturates an endpoint (the estimate knows its queue better than a page a
         second old); its KV usage still does."""
-        in_flight, since = local.in_flight, local.since
-        extra, peers, since_s = fleet.extra, fleet.peers, fleet.since_s
-
-        def score(slot: Slot) -> tuple[float, float]:
-            base = extra.get(slot.id)
-            if base is None:
-                base = slot.requests
-            mine = in_flight(slot.id)
-            if peers and mine:
-                mine += peers * since(slot.id, since_s)
-            return (base + mine + 1) / slot.weight, slot.kv or 0.0
-
         models = index.model(model)
         if candidates is not None:
             return self._among(models, index, candidates, judge_ms, score, by_kv=True)
@@ -500,6 +562,26 @@ def check_arguments(view: object, model: object, candidates: object, local: obje
         )
     if local is not None and not isinstance(local, LocalLoad):
         raise TypeError(f"local must be a LocalLoad or None, got {type(local).__name__}")
+
+
+def _fleet_score(local: LocalLoad, fleet: FleetLoad) -> Callable[[Slot], tuple[float, float]]:
+    """The load on the fleet's estimate (docs/reader.md, "The load estimate"): (the
+    estimate of the others' requests + ours in flight + 1) / relative capacity, where
+    ours started since the last exchange count ``1 + peers`` times (the others sent
+    about as many meanwhile, unseen yet); ties by KV usage."""
+    in_flight, since = local.in_flight, local.since
+    extra, peers, since_s = fleet.extra, fleet.peers, fleet.since_s
+
+    def score(slot: Slot) -> tuple[float, float]:
+        base = extra.get(slot.id)
+        if base is None:
+            base = slot.requests
+        mine = in_flight(slot.id)
+        if peers and mine:
+            mine += peers * since(slot.id, since_s)
+        return (base + mine + 1) / slot.weight, slot.kv or 0.0
+
+    return score
 
 
 def _fleet(view: object, local: LocalLoad) -> FleetLoad | None:

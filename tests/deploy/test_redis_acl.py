@@ -365,11 +365,11 @@ def test_a_gateway_with_the_rights_of_before_the_sharing_routes_on_its_own_count
                 await reader.aclose()
 
     try:
-        with caplog.at_level(logging.WARNING, logger="poller.reader.share"):
+        with caplog.at_level(logging.WARNING, logger="poller.reader.exchange"):
             asyncio.run(scenario())
     finally:
         server.stop()
-    said = [r.getMessage() for r in caplog.records if r.name == "poller.reader.share"]
+    said = [r.getMessage() for r in caplog.records if r.name == "poller.reader.exchange"]
     assert len(said) == 1, said
     assert "HSET, HDEL and PEXPIRE on {llmgw}:gateways:inflight" in said[0], said[0]
     assert "(~{llmgw}:gateways:inflight +hset +hdel +pexpire)" in said[0], said[0]

@@ -1,0 +1,368 @@
+"""Where this gateway fleet sent which prompt blocks: the table a prefix pick reads.
+
+A placement is (block id, endpoint, position): the position counts the blocks placed on
+that endpoint so far (new ones only; a block placed again is moved up to the current
+count, as an LRU moves it to the front). A prompt's blocks are placed from its last to
+its first, so its head is the most recent: engines evict a request's blocks tail first
+(vLLM frees them in reverse order), and what is held of a prompt is a prefix. A
+placement counts while the engine could still hold the block (docs/reader.md, "Prefix
+affinity"):
+
+- fewer than the engine's KV capacity in blocks (``kv_capacity_tokens`` / 16) were
+  placed there since;
+- it was placed or used within ``age_s``;
+- the endpoint's prefix-cache counters have not gone back since (a restart, a cache
+  reset): ``observe`` moves the endpoint's lowest valid position past every placement,
+  O(1), whatever the table holds.
+
+Every check is two comparisons (the lowest valid position, the count since), so a pick
+costs one dict lookup per block of its prompt. The table holds at most ``max_blocks``
+blocks in two generations (the newer is filled; when it holds half, it becomes the
+older and the older is dropped), so memory is bounded and recently used blocks stay.
+
+Sharing (``sharing`` True, set by the cached reader's exchange): the blocks this replica
+placed that the table did not hold there already are queued and written to
+``P:gateways:placements`` on the exchange's one call per period; the other replicas'
+are read back on the same call (``absorb``). Redis lost: the table goes on with this
+replica's own placements, ``shared`` False.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["Placements"]
+
+#: Bits of a placement's value that hold the endpoint's code; the position is above.
+CODE_BITS = 20
+_MASK = (1 << CODE_BITS) - 1
+#: Blocks the table holds at most (both generations), about 100 bytes each.
+MAX_BLOCKS = 1 << 20
+#: How long an unused placement counts (s); also how long Redis keeps placements.
+AGE_S = 600.0
+#: The age is tracked in steps of this many seconds per endpoint.
+MARK_S = 10.0
+#: Capacity assumed for an engine that publishes none, when the fleet's is unknown too.
+DEFAULT_CAPACITY_TOKENS = 131072
+#: Tokens per KV block (vLLM's default; the picker's blocks are 16 tokens of text).
+TOKENS_PER_BLOCK = 16
+#: Endpoints one block is remembered on at most.
+MAX_HOLDERS = 8
+#: Block ids waiting to be written, at most (more are dropped, counted in ``dropped``).
+OUT_MAX = 8192
+#: Block ids one exchange writes at most (one stream entry).
+ENTRY_MAX = 1024
+#: Stream entries Redis keeps at most (approximate trim); with ``ENTRY_MAX`` ids of
+#: ~10.7 bytes each, the key stays under ~23 MB.
+STREAM_MAXLEN = 2048
+#: Entries one exchange reads at most.
+READ_COUNT = 256
+#: The exchange answered within this long: the other replicas' placements are current.
+LOST_AFTER_MS = 1000
+
+
+class Placements:
+    """Block id -> the endpoints holding it, bounded and kept valid (module doc).
+
+    - ``matches(ids, limit)``: ``[(endpoint id, blocks matched), ...]``, longest first,
+      of the endpoints that hold a prefix of the prompt whose block ids are ``ids``.
+    - ``record(endpoint id, ids, capacity_tokens)``: the prompt went there.
+    - ``observe(endpoint id, queries, hits)``: the endpoint's prefix-cache counters as a
+      page shows them; going back invalidates its placements.
+    """
+
+    def __init__(
+        self,
+        max_blocks: int = MAX_BLOCKS,
+        age_s: float = AGE_S,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if isinstance(max_blocks, bool) or not isinstance(max_blocks, int) or max_blocks < 2:
+            raise ValueError(f"max_blocks must be an integer >= 2, got {max_blocks!r}")
+        if not age_s > 0:
+            raise ValueError(f"age_s must be > 0 seconds, got {age_s!r}")
+        self.max_blocks = max_blocks
+        self.age_s = age_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._new: dict[int, int | tuple[int, ...]] = {}
+        self._old: dict[int, int | tuple[int, ...]] = {}
+        self._codes: dict[str, int] = {}
+        self._ids: list[str] = []
+        self._used: list[int] = []  # blocks placed per endpoint code
+        self._low: list[int] = []  # lowest valid position per code (age, resets)
+        self._cap: list[int] = []  # capacity in blocks per code
+        self._marks: list[deque[tuple[float, int]]] = []  # (time, used) per code
+        self._seen: list[tuple[float, float] | None] = []  # counters last observed
+        self._next_expire = 0.0
+        #: Written to Redis by the exchange (set by a cached reader that shares them).
+        self.sharing = False
+        self._out: dict[str, list[int]] = {}
+        self._out_n = 0
+        #: Monotonic seconds of the last exchange that carried placements; None: never.
+        self.exchanged_at: float | None = None
+        self.last_id = ""  # the stream entry read last
+        # Counters (the benchmark prints them).
+        self.placed = 0  # blocks this replica placed that were new where they went
+        self.invalidated = 0  # endpoints whose placements a counter reset voided
+        self.dropped = 0  # block ids never written (the queue was full)
+        self.ids_written = 0
+        self.ids_read = 0
+        self.bytes_written = 0
+        self.bytes_read = 0
+        #: Redis commands sent for placements: none, they ride on the exchange's call.
+        self.commands = 0
+
+    def __len__(self) -> int:
+        return len(self._new) + len(self._old)
+
+    @property
+    def shared(self) -> bool:
+        """The other replicas' placements are current (the exchange carrying them
+        answered within ``LOST_AFTER_MS``); False: this replica's own only."""
+        at = self.exchanged_at
+        return self.sharing and at is not None and (time.monotonic() - at) * 1000 <= LOST_AFTER_MS
+
+    # --- the pick path (no lock: dict reads) --------------------------------------------
+
+    def matches(self, ids: Sequence[int], limit: int = MAX_HOLDERS) -> list[tuple[str, int]]:
+        """The endpoints holding a prefix of ``ids``, longest first, at most ``limit``."""
+        new, old = self._new, self._old
+        low, used, cap = self._low, self._used, self._cap
+        found: dict[int, int] = {}
+        for k in range(len(ids) - 1, -1, -1):
+            value = new.get(ids[k])
+            if value is None:
+                value = old.get(ids[k])
+                if value is None:
+                    continue
+            for v in (value,) if type(value) is int else value:  # type: ignore[union-attr]
+                code = v & _MASK
+                if code not in found:
+                    pos = v >> CODE_BITS
+                    if pos >= low[code] and used[code] - pos < cap[code]:
+                        found[code] = k + 1
+            if len(found) >= limit:
+                break
+        names = self._ids
+        return [(names[code], n) for code, n in found.items()]
+
+    # --- changes ------------------------------------------------------------------------
+
+    def _code(self, endpoint_id: str) -> int:
+        code = self._codes.get(endpoint_id)
+        if code is None:
+            if len(self._ids) > _MASK:  # a million endpoints seen: start over
+                self._clear()
+            code = self._codes[endpoint_id] = len(self._ids)
+            self._ids.append(endpoint_id)
+            self._used.append(0)
+            self._low.append(1)
+            self._cap.append(DEFAULT_CAPACITY_TOKENS // TOKENS_PER_BLOCK)
+            self._marks.append(deque())
+            self._seen.append(None)
+        return code
+
+    def _clear(self) -> None:
+        self._new, self._old = {}, {}
+        self._codes.clear()
+        for table in (self._ids, self._used, self._low, self._cap, self._marks, self._seen):
+            table.clear()
+
+    def record(
+        self, endpoint_id: str, ids: Sequence[int], capacity_tokens: float | None = None
+    ) -> None:
+        """The prompt of block ids ``ids`` was sent to ``endpoint_id`` (an engine of
+        ``capacity_tokens`` KV tokens; None: as last known, else the default)."""
+        with self._lock:
+            fresh = self._place(endpoint_id, ids, capacity_tokens)
+            if fresh and self.sharing:
+                room = OUT_MAX - self._out_n
+                if room < len(fresh):
+                    self.dropped += len(fresh) - max(0, room)
+                    fresh = fresh[: max(0, room)]
+                if fresh:
+                    self._out.setdefault(endpoint_id, []).extend(fresh)
+                    self._out_n += len(fresh)
+
+    def _place(
+        self, endpoint_id: str, ids: Sequence[int], capacity_tokens: float | None
+    ) -> list[int]:
+        """Place ``ids`` (under the lock); returns those that were new there."""
+        now = self._clock()
+        if now >= self._next_expire:
+            self._expire(now)
+        code = self._code(endpoint_id)
+        if capacity_tokens is not None and capacity_tokens > 0:
+            self._cap[code] = max(1, int(capacity_tokens) // TOKENS_PER_BLOCK)
+        new, old = self._new, self._old
+        used, cap, floor = self._used[code], self._cap[code], self._low[code]
+        fresh: list[int] = []
+        # From the last block to the first, so a prompt's head is its most recent part:
+        # engines free a request's blocks tail first (vLLM), and a prefix held counts
+        # from its head.
+        for block in reversed(ids):
+            value = new.get(block)
+            if value is None:
+                value = old.get(block)
+            kept: list[int] = []
+            mine = False
+            if value is not None:
+                mine = self._holders(value, code, floor, used, cap, kept)
+            if not mine:
+                used += 1
+                fresh.append(block)
+            mark = used << CODE_BITS | code
+            if kept:
+                kept.append(mark)
+                new[block] = tuple(kept[-MAX_HOLDERS:])
+            else:
+                new[block] = mark
+        self._used[code] = used
+        marks = self._marks[code]
+        if not marks or now - marks[-1][0] >= MARK_S:
+            marks.append((now, used))
+        self.placed += len(fresh)
+        fresh.reverse()
+        if len(new) >= self.max_blocks // 2:
+            self._old, self._new = new, {}
+        return fresh
+
+    def _holders(
+        self,
+        value: int | tuple[int, ...],
+        code: int,
+        floor: int,
+        used: int,
+        cap: int,
+        kept: list[int],
+    ) -> bool:
+        """Whether ``value`` holds a valid placement on ``code`` (at ``used`` blocks
+        placed there, of ``cap``); the other endpoints' valid ones go into ``kept``."""
+        low, usedl, capl = self._low, self._used, self._cap
+        mine = False
+        for v in (value,) if isinstance(value, int) else value:
+            c, pos = v & _MASK, v >> CODE_BITS
+            if c == code:
+                mine = pos >= floor and used - pos < cap
+            elif pos >= low[c] and usedl[c] - pos < capl[c]:
+                kept.append(v)
+        return mine
+
+    def _expire(self, now: float) -> None:
+        """Placements not used within ``age_s`` stop counting (under the lock)."""
+        self._next_expire = now + MARK_S
+        limit = now - self.age_s
+        for code, marks in enumerate(self._marks):
+            while marks and marks[0][0] < limit:
+                _, used = marks.popleft()
+                if used + 1 > self._low[code]:
+                    self._low[code] = used + 1
+
+    def observe(self, endpoint_id: str, queries: float | None, hits: float | None) -> bool:
+        """The endpoint's prefix-cache counters (``prefix_cache_queries_total``,
+        ``hits_total``) as its page shows them; either below what was seen before (the
+        engine restarted or reset its cache): its placements are void (returns True)."""
+        if queries is None or hits is None:
+            return False
+        code = self._codes.get(endpoint_id)
+        if code is None:
+            with self._lock:
+                code = self._code(endpoint_id)
+        seen = self._seen[code]
+        if seen is not None and seen == (queries, hits):
+            return False
+        with self._lock:
+            reset = seen is not None and (queries < seen[0] or hits < seen[1])
+            if reset:
+                self._low[code] = self._used[code] + 1
+                self.invalidated += 1
+            self._seen[code] = (queries, hits)
+        return reset
+
+    # --- the exchange (poller/reader/share.py) ----------------------------------------
+
+    def outgoing(self) -> str:
+        """The placements to write on this exchange (taken from the queue, at most
+        ``ENTRY_MAX`` ids): ``<endpoint id> <base64 ids> ...``, "" when none."""
+        with self._lock:
+            if not self._out:
+                return ""
+            parts: list[str] = []
+            room = ENTRY_MAX
+            for endpoint_id in list(self._out):
+                ids = self._out[endpoint_id]
+                taken, rest = ids[:room], ids[room:]
+                if rest:
+                    self._out[endpoint_id] = rest
+                else:
+                    del self._out[endpoint_id]
+                parts += (endpoint_id, _pack(taken))
+                room -= len(taken)
+                self._out_n -= len(taken)
+                self.ids_written += len(taken)
+                if room <= 0:
+                    break
+        body = " ".join(parts)
+        self.bytes_written += len(body)
+        return body
+
+    def unsent(self, body: str) -> None:
+        """The exchange carrying ``body`` failed: its ids go back to the queue (as room
+        allows), for the next call."""
+        self.bytes_written -= len(body)
+        words = body.split(" ") if body else []
+        with self._lock:
+            for j in range(1, len(words), 2):
+                ids = _unpack(words[j]) or []
+                self.ids_written -= len(ids)
+                room = max(0, OUT_MAX - self._out_n)
+                if room < len(ids):
+                    self.dropped += len(ids) - room
+                    ids = ids[:room]
+                if ids:
+                    self._out.setdefault(words[j - 1], []).extend(ids)
+                    self._out_n += len(ids)
+
+    def absorb(self, reply: Sequence[Any]) -> None:
+        """The exchange's placement reply: ``[last entry id, entry id, body, ...]``, the
+        other replicas' entries since the last one read."""
+        if not reply:
+            return
+        self.last_id = str(reply[0])
+        for i in range(2, len(reply), 2):
+            body = str(reply[i])
+            self.bytes_read += len(body)
+            words = body.split(" ")
+            for j in range(1, len(words), 2):
+                ids = _unpack(words[j])
+                if ids is None:
+                    continue
+                self.ids_read += len(ids)
+                with self._lock:
+                    self._place(words[j - 1], ids, None)
+        self.exchanged_at = time.monotonic()
+
+    def __repr__(self) -> str:
+        return f"Placements({len(self)} blocks, {len(self._ids)} endpoints, shared={self.shared})"
+
+
+def _pack(ids: Sequence[int]) -> str:
+    """Ids as base64 of their 8 big-endian bytes each."""
+    return base64.b64encode(b"".join(i.to_bytes(8, "big") for i in ids)).decode("ascii")
+
+
+def _unpack(text: str) -> list[int] | None:
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError:
+        return None
+    if len(raw) % 8:
+        return None
+    return [int.from_bytes(raw[i : i + 8], "big") for i in range(0, len(raw), 8)]
