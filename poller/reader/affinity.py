@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Sequence
 
 from poller.reader.index import Index, ModelIndex, Slot
-from poller.reader.placements import Placements
+from poller.reader.placements import Found, Placements
 
 __all__ = ["prefer"]
 
@@ -25,6 +25,7 @@ __all__ = ["prefer"]
 def prefer(
     table: Placements,
     ids: Sequence[int],
+    found: Found,
     index: Index,
     models: ModelIndex,
     chosen_id: str,
@@ -38,7 +39,8 @@ def prefer(
 ) -> str:
     """The endpoint for a request whose prompt has block ids ``ids``, the load-only pick
     having chosen ``chosen_id`` (``by_kv``: saturation is by KV usage only, as on the
-    fleet's estimate); ``allowed``: the caller's candidates (None: any)."""
+    fleet's estimate); ``found``: ``table.lookup(ids)``; ``allowed``: the caller's
+    candidates (None: any)."""
     chosen = index.slots.get(chosen_id)
     if chosen is None or not ids:
         return chosen_id
@@ -48,7 +50,7 @@ def prefer(
     limit = 4 if tier is None else tier
     saturated = chosen.full if by_kv else chosen.saturated
     best, best_n, best_load = chosen_id, 0, bound
-    for endpoint_id, n in table.matches(ids):
+    for endpoint_id, n in table.matches(ids, found=found):
         if n < best_n:
             break  # a shorter prefix than one already within the bound
         slot = chosen if endpoint_id == chosen_id else index.slots.get(endpoint_id)

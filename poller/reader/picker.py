@@ -212,10 +212,12 @@ class Picker:
         if ids is None or chosen is None:
             return chosen
         table = self._placements_of(view)
+        held = table.lookup(ids)
         models = index.model(model)
         chosen = prefer(
             table,
             ids,
+            held,
             index,
             models,
             chosen,
@@ -230,7 +232,7 @@ class Picker:
         if slot is not None:
             table.observe(chosen, slot.prefix_queries, slot.prefix_hits)
         capacity = index.median_capacity if slot is None or slot.capacity is None else slot.capacity
-        table.record(chosen, ids, capacity)
+        table.record(chosen, ids, capacity, held)
         return chosen
 
     def _placements_of(self, view: object) -> Placements:

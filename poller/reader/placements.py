@@ -2,14 +2,14 @@
 
 A placement is (block id, endpoint, position): the position counts the blocks placed on
 that endpoint so far (new ones only; a block placed again is moved up to the current
-count, as an LRU moves it to the front). A prompt's blocks are placed from its last to
-its first, so its head is the most recent: engines evict a request's blocks tail first
-(vLLM frees them in reverse order), and what is held of a prompt is a prefix. A
-placement counts while the engine could still hold the block (docs/reader.md, "Prefix
+count, as an LRU moves it to the front). The blocks of one prompt all get the count
+after it: its head is never older than its tail, so what is held of a prompt is a
+prefix (engines evict a request's blocks tail first: vLLM frees them in reverse order).
+A placement counts while the engine could still hold the block (docs/reader.md, "Prefix
 affinity"):
 
-- fewer than the engine's KV capacity in blocks (``kv_capacity_tokens`` / 16) were
-  placed there since;
+- fewer than the engine's KV capacity in blocks (``kv_capacity_tokens`` / 128, the
+  tokens of a block) were placed there since;
 - it was placed or used within ``age_s``;
 - the endpoint's prefix-cache counters have not gone back since (a restart, a cache
   reset): ``observe`` moves the endpoint's lowest valid position past every placement,
@@ -36,7 +36,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Placements"]
+from poller.reader.prefix import BLOCK_BYTES, BYTES_PER_TOKEN
+
+__all__ = ["Found", "Placements"]
+
+#: A placement's value: position << CODE_BITS | endpoint code, or several of them.
+Value = int | tuple[int, ...]
+#: ``Placements.lookup``'s answer: the values of the ids, the indexes found older.
+Found = tuple[list[Value | None], set[int]]
 
 #: Bits of a placement's value that hold the endpoint's code; the position is above.
 CODE_BITS = 20
@@ -49,17 +56,19 @@ AGE_S = 600.0
 MARK_S = 10.0
 #: Capacity assumed for an engine that publishes none, when the fleet's is unknown too.
 DEFAULT_CAPACITY_TOKENS = 131072
-#: Tokens per KV block (vLLM's default; the picker's blocks are 16 tokens of text).
-TOKENS_PER_BLOCK = 16
+#: Tokens per block of the picker's (poller/reader/prefix.py): an engine's capacity in
+#: blocks is its ``kv_capacity_tokens`` over this.
+TOKENS_PER_BLOCK = BLOCK_BYTES // BYTES_PER_TOKEN
 #: Endpoints one block is remembered on at most.
-MAX_HOLDERS = 8
+MAX_HOLDERS = 4
 #: Block ids waiting to be written, at most (more are dropped, counted in ``dropped``).
 OUT_MAX = 8192
 #: Block ids one exchange writes at most (one stream entry).
 ENTRY_MAX = 1024
-#: Stream entries Redis keeps at most (approximate trim); with ``ENTRY_MAX`` ids of
-#: ~10.7 bytes each, the key stays under ~23 MB.
-STREAM_MAXLEN = 2048
+#: Stream entries Redis keeps at most (approximate trim: up to a stream node, 100
+#: entries, more); with ``ENTRY_MAX`` ids of ~12.5 bytes each in Redis, the key stays
+#: under ~14 MB however many replicas write.
+STREAM_MAXLEN = 1024
 #: Entries one exchange reads at most.
 READ_COUNT = 256
 #: The exchange answered within this long: the other replicas' placements are current.
@@ -131,27 +140,44 @@ class Placements:
 
     # --- the pick path (no lock: dict reads) --------------------------------------------
 
-    def matches(self, ids: Sequence[int], limit: int = MAX_HOLDERS) -> list[tuple[str, int]]:
-        """The endpoints holding a prefix of ``ids``, longest first, at most ``limit``."""
-        new, old = self._new, self._old
-        low, used, cap = self._low, self._used, self._cap
-        found: dict[int, int] = {}
-        for k in range(len(ids) - 1, -1, -1):
-            value = new.get(ids[k])
-            if value is None:
-                value = old.get(ids[k])
+    def lookup(self, ids: Sequence[int]) -> Found:
+        """What the table holds for each of ``ids`` (None: nothing), and the positions of
+        those found in the older generation: one pass that ``matches`` and ``record``
+        both use, so a pick looks each block up once."""
+        values: list[Value | None] = list(map(self._new.get, ids))
+        old = self._old
+        aged: set[int] = set()
+        if old:
+            for i, value in enumerate(values):
                 if value is None:
-                    continue
+                    held = old.get(ids[i])
+                    if held is not None:
+                        values[i] = held
+                        aged.add(i)
+        return values, aged
+
+    def matches(
+        self, ids: Sequence[int], limit: int = MAX_HOLDERS, found: Found | None = None
+    ) -> list[tuple[str, int]]:
+        """The endpoints holding a prefix of ``ids``, longest first, at most ``limit``
+        (``found``: ``lookup(ids)`` already made)."""
+        values = (found or self.lookup(ids))[0]
+        low, used, cap = self._low, self._used, self._cap
+        best: dict[int, int] = {}
+        for k in range(len(values) - 1, -1, -1):
+            value = values[k]
+            if value is None:
+                continue
             for v in (value,) if type(value) is int else value:  # type: ignore[union-attr]
                 code = v & _MASK
-                if code not in found:
+                if code not in best:
                     pos = v >> CODE_BITS
                     if pos >= low[code] and used[code] - pos < cap[code]:
-                        found[code] = k + 1
-            if len(found) >= limit:
+                        best[code] = k + 1
+            if len(best) >= limit:
                 break
         names = self._ids
-        return [(names[code], n) for code, n in found.items()]
+        return [(names[code], n) for code, n in best.items()]
 
     # --- changes ------------------------------------------------------------------------
 
@@ -176,12 +202,17 @@ class Placements:
             table.clear()
 
     def record(
-        self, endpoint_id: str, ids: Sequence[int], capacity_tokens: float | None = None
+        self,
+        endpoint_id: str,
+        ids: Sequence[int],
+        capacity_tokens: float | None = None,
+        found: Found | None = None,
     ) -> None:
         """The prompt of block ids ``ids`` was sent to ``endpoint_id`` (an engine of
-        ``capacity_tokens`` KV tokens; None: as last known, else the default)."""
+        ``capacity_tokens`` KV tokens; None: as last known, else the default);
+        ``found``: ``lookup(ids)`` made for the pick."""
         with self._lock:
-            fresh = self._place(endpoint_id, ids, capacity_tokens)
+            fresh = self._place(endpoint_id, ids, capacity_tokens, found)
             if fresh and self.sharing:
                 room = OUT_MAX - self._out_n
                 if room < len(fresh):
@@ -192,7 +223,11 @@ class Placements:
                     self._out_n += len(fresh)
 
     def _place(
-        self, endpoint_id: str, ids: Sequence[int], capacity_tokens: float | None
+        self,
+        endpoint_id: str,
+        ids: Sequence[int],
+        capacity_tokens: float | None,
+        found: Found | None = None,
     ) -> list[int]:
         """Place ``ids`` (under the lock); returns those that were new there."""
         now = self._clock()
@@ -201,59 +236,55 @@ class Placements:
         code = self._code(endpoint_id)
         if capacity_tokens is not None and capacity_tokens > 0:
             self._cap[code] = max(1, int(capacity_tokens) // TOKENS_PER_BLOCK)
-        new, old = self._new, self._old
-        used, cap, floor = self._used[code], self._cap[code], self._low[code]
-        fresh: list[int] = []
-        # From the last block to the first, so a prompt's head is its most recent part:
-        # engines free a request's blocks tail first (vLLM), and a prefix held counts
-        # from its head.
-        for block in reversed(ids):
-            value = new.get(block)
-            if value is None:
-                value = old.get(block)
-            kept: list[int] = []
-            mine = False
-            if value is not None:
-                mine = self._holders(value, code, floor, used, cap, kept)
-            if not mine:
-                used += 1
-                fresh.append(block)
-            mark = used << CODE_BITS | code
-            if kept:
-                kept.append(mark)
-                new[block] = tuple(kept[-MAX_HOLDERS:])
-            else:
-                new[block] = mark
+        if len(self._new) + len(ids) > self.max_blocks // 2:
+            self._old, self._new = self._new, {}  # the older generation is dropped
+            found = None  # found in generations that moved
+        used, fresh = self._blocks(ids, code, found or self.lookup(ids))
         self._used[code] = used
         marks = self._marks[code]
         if not marks or now - marks[-1][0] >= MARK_S:
             marks.append((now, used))
         self.placed += len(fresh)
-        fresh.reverse()
-        if len(new) >= self.max_blocks // 2:
-            self._old, self._new = new, {}
         return fresh
 
-    def _holders(
-        self,
-        value: int | tuple[int, ...],
-        code: int,
-        floor: int,
-        used: int,
-        cap: int,
-        kept: list[int],
-    ) -> bool:
-        """Whether ``value`` holds a valid placement on ``code`` (at ``used`` blocks
-        placed there, of ``cap``); the other endpoints' valid ones go into ``kept``."""
-        low, usedl, capl = self._low, self._used, self._cap
-        mine = False
-        for v in (value,) if isinstance(value, int) else value:
-            c, pos = v & _MASK, v >> CODE_BITS
-            if c == code:
-                mine = pos >= floor and used - pos < cap
-            elif pos >= low[c] and usedl[c] - pos < capl[c]:
-                kept.append(v)
-        return mine
+    def _blocks(self, ids: Sequence[int], code: int, found: Found) -> tuple[int, list[int]]:
+        """Place ``ids`` on ``code``: (its count of blocks after, the ids new there).
+        Every block of the prompt gets the count after it (one int shared by all): a
+        prompt's blocks are as recent as its last use, its head never older than its
+        tail."""
+        values, aged = found
+        used, cap, floor = self._used[code], self._cap[code], self._low[code]
+        fresh: list[int] = []
+        for i, value in enumerate(values):
+            if value is not None:
+                for v in (value,) if type(value) is int else value:  # type: ignore[union-attr]
+                    if v & _MASK == code:
+                        pos = v >> CODE_BITS
+                        break
+                else:
+                    pos = -1
+                if pos >= floor and used - pos < cap:
+                    continue  # held here: used again, not new
+            fresh.append(ids[i])
+        used += len(fresh)
+        mark = used << CODE_BITS | code
+        new = self._new
+        lows, useds, caps = self._low, self._used, self._cap
+        for i, value in enumerate(values):
+            if value is None or type(value) is int and value & _MASK == code:
+                if value != mark or (aged and i in aged):
+                    new[ids[i]] = mark
+                continue
+            kept = [
+                v
+                for v in ((value,) if type(value) is int else value)  # type: ignore[union-attr]
+                if (c := v & _MASK) != code
+                and (v >> CODE_BITS) >= lows[c]
+                and useds[c] - (v >> CODE_BITS) < caps[c]
+            ]
+            kept.append(mark)
+            new[ids[i]] = kept[0] if len(kept) == 1 else tuple(kept[-MAX_HOLDERS:])
+        return used, fresh
 
     def _expire(self, now: float) -> None:
         """Placements not used within ``age_s`` stop counting (under the lock)."""

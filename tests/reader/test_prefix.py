@@ -15,7 +15,14 @@ import pytest
 from poller import prompt_of
 from poller.errors import ConfigError
 from poller.reader import LocalLoad, Picker
-from poller.reader.placements import ENTRY_MAX, OUT_MAX, TOKENS_PER_BLOCK, Placements, _unpack
+from poller.reader.placements import (
+    ENTRY_MAX,
+    MAX_HOLDERS,
+    OUT_MAX,
+    TOKENS_PER_BLOCK,
+    Placements,
+    _unpack,
+)
 from poller.reader.prefix import BLOCK_BYTES, MAX_BLOCKS, block_ids
 from tests.reader.test_pick import picks, timed, view_of
 
@@ -38,22 +45,26 @@ def text(n: int, seed: int = 0) -> str:
 
 def test_block_ids_are_the_running_crc32_and_adler32_of_the_prefix() -> None:
     """The documented rule (docs/schema.md), computed here from zlib directly."""
-    prompt = text(200)
+    size = BLOCK_BYTES
+    assert size == 512
+    prompt = text(size * 3 + 40)
     data = prompt.encode()
-    expected = [zlib.crc32(data[:end]) << 32 | zlib.adler32(data[:end]) for end in (64, 128, 192)]
-    assert block_ids(prompt) == expected  # the part block (8 bytes) has no id
+    ends = (size, size * 2, size * 3)
+    expected = [zlib.crc32(data[:end]) << 32 | zlib.adler32(data[:end]) for end in ends]
+    assert block_ids(prompt) == expected  # the part block (40 bytes) has no id
     seeded = b"org/m\0"
     assert block_ids(prompt, "org/m")[0] == (
-        zlib.crc32(seeded + data[:64]) << 32 | zlib.adler32(seeded + data[:64])
+        zlib.crc32(seeded + data[:size]) << 32 | zlib.adler32(seeded + data[:size])
     )
-    assert block_ids(prompt[:63]) == []
+    assert block_ids(prompt[: size - 1]) == []
 
 
 def test_two_prompts_share_ids_exactly_as_far_as_they_share_a_prefix() -> None:
     base = text(BLOCK_BYTES * 10)
     longer = base + text(BLOCK_BYTES * 3, seed=1)
     assert block_ids(longer)[:10] == block_ids(base)
-    changed = base[:130] + ("x" if base[130] != "x" else "y") + base[131:]
+    at = BLOCK_BYTES * 2 + 3
+    changed = base[:at] + ("x" if base[at] != "x" else "y") + base[at + 1 :]
     a, b = block_ids(base), block_ids(changed)
     assert a[:2] == b[:2] and all(x != y for x, y in zip(a[2:], b[2:], strict=True))
     assert block_ids(base, "m1") != block_ids(base, "m2")  # a cache is per model
@@ -133,25 +144,27 @@ def test_matches_are_the_longest_prefix_per_endpoint_longest_first() -> None:
 
 
 def test_a_placement_counts_while_the_engine_could_still_hold_the_block() -> None:
-    """An engine of 10 blocks: a prompt's blocks go tail first as newer ones are placed,
-    its head last (what is held of it stays a prefix); a prompt placed again is moved
-    up, as an LRU moves it to the front."""
+    """An engine of 10 blocks: a prompt's blocks count until 10 new blocks were placed
+    there after its last use; a prompt placed again is moved up, as an LRU moves it to
+    the front."""
     table = Placements()
     capacity = 10 * TOKENS_PER_BLOCK
-    first, second = block_ids(text(BLOCK_BYTES * 4)), block_ids(text(BLOCK_BYTES * 6, seed=1))
+
+    def prompt(blocks: int, seed: int) -> list[int]:
+        return block_ids(text(BLOCK_BYTES * blocks, seed=seed))
+
+    first, second = prompt(4, 0), prompt(6, 1)
     table.record("e", first, capacity)
     table.record("e", second, capacity)
-    assert table.matches(first) == [("e", 4)]  # exactly 10 placed: still held
+    table.record("e", prompt(3, 2), capacity)
+    assert table.matches(first) == [("e", 4)]  # 9 placed since: still held
     table.record("e", first, capacity)  # used again: moved up, nothing new placed
-    assert table.placed == 10
-    table.record("e", block_ids(text(BLOCK_BYTES * 5, seed=2)), capacity)
-    assert table.matches(first) == [("e", 4)]  # newer than the second prompt's
-    assert table.matches(second) == [("e", 5)]  # 10 placed since its tail: that went first
-    last = block_ids(text(BLOCK_BYTES * 5, seed=3))
-    table.record("e", last, capacity)
+    assert table.placed == 13
+    table.record("e", prompt(7, 3), capacity)
     assert table.matches(second) == []  # 10 placed since its last use: evicted
-    assert table.matches(first) == []  # used last as the second was: the same
-    assert table.matches(last) == [("e", 5)]
+    assert table.matches(first) == [("e", 4)]  # 7 since its last use
+    table.record("e", prompt(3, 4), capacity)
+    assert table.matches(first) == []
 
 
 def test_a_placement_stops_counting_past_the_age_cap() -> None:
@@ -198,7 +211,7 @@ def test_a_block_is_remembered_on_a_bounded_number_of_endpoints() -> None:
     for i in range(20):
         table.record(f"e{i}", ids)
     held = table.matches(ids, limit=100)
-    assert len(held) == 8 and {e for e, _ in held} == {f"e{i}" for i in range(12, 20)}
+    assert len(held) == MAX_HOLDERS and {e for e, _ in held} == {f"e{i}" for i in range(16, 20)}
 
 
 def test_what_one_table_sends_another_absorbs() -> None:
@@ -319,7 +332,7 @@ def test_the_cache_keeps_the_placements_of_picks_on_it() -> None:
     cache = cache_of(*(timed(e, running="1", models="m") for e in "abc"))
     picker = Picker(rng=random.Random(6))
     chosen = picker.pick(cache, "m", prompt=PROMPT)
-    assert cache.placements.matches(block_ids(PROMPT, "m")) == [(chosen, 62)]
+    assert cache.placements.matches(block_ids(PROMPT, "m")) == [(chosen, 4000 // BLOCK_BYTES)]
     assert len(picker.placements) == 0 and not cache.placements_shared
 
 
