@@ -69,7 +69,7 @@ async def test_a_placement_one_replica_made_is_used_by_anothers_pick(
                     "a's placement in b",
                 )
                 assert cache_b.placements_shared and cache_a.placements_shared
-                turn = [*CONVERSATION, {"role": "assistant", "content": "It says " * 30}]
+                turn = [*CONVERSATION, {"role": "assistant", "content": "It says " * 150}]
                 turn.append({"role": "user", "content": "And the second part?"})
                 # Seeds whose load-only choice is another engine too: the placement decides.
                 blind = {Picker(rng=random.Random(seed)).pick(cache_b, "m") for seed in range(8)}
@@ -79,6 +79,7 @@ async def test_a_placement_one_replica_made_is_used_by_anothers_pick(
                     assert picker.pick(cache_b, "m", prompt=prompt_of(turn)) == chosen
                 # B's placement of the longer prompt reaches A (the new blocks only).
                 longer = block_ids(prompt_of(turn), "m")
+                assert len(longer) > len(ids)  # blocks new to everyone
                 await until(
                     lambda: dict(cache_a.placements.matches(longer)).get(chosen) == len(longer),
                     30,
