@@ -214,6 +214,21 @@ def test_a_block_is_remembered_on_a_bounded_number_of_endpoints() -> None:
     assert len(held) == MAX_HOLDERS and {e for e, _ in held} == {f"e{i}" for i in range(16, 20)}
 
 
+def test_a_prompt_on_several_endpoints_keeps_the_valid_holders_of_every_block() -> None:
+    table = Placements()
+    ids = block_ids(text(BLOCK_BYTES * 5))
+    table.record("e1", ids)
+    table.record("e2", ids[:3])  # a shorter prefix of it
+    table.observe("e1", 10.0, 5.0)
+    table.observe("e1", 1.0, 0.0)  # e1 restarted: its placements are void
+    table.record("e3", ids)
+    assert table.matches(ids) == [("e3", 5), ("e2", 3)]
+    assert table.matches(ids[:4]) == [("e3", 4), ("e2", 3)]
+    table.record("e1", ids)  # placed there again: new there, with the others kept
+    assert table.matches(ids) == [("e3", 5), ("e1", 5), ("e2", 3)]
+    assert table.placed == 5 + 3 + 5 + 5
+
+
 def test_what_one_table_sends_another_absorbs() -> None:
     a, b = Placements(), Placements()
     a.sharing = True
