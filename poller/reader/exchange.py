@@ -72,24 +72,24 @@ class Exchange:
         version = cache.version  # read first: the changes up to it are all in the log
         pages = self._pages_now
         changes = None if pages is None else cache.changes_since(self._version, version)
+        placements = self.placements
         if pages is None or changes is None:
             pages = self._pages_now = pages_of((i, cache.base(i)) for i in cache.ids())
             self._changed = None
+            if placements is not None:
+                for endpoint_id in pages:
+                    _observe(placements, endpoint_id, cache.base(endpoint_id))
         else:
             changed = set(changes)
-            placements = self.placements
             for endpoint_id in changed:
-                stats = getattr(cache.base(endpoint_id), "stats", None)
+                base = cache.base(endpoint_id)
+                stats = getattr(base, "stats", None)
                 if stats is None:
                     pages.pop(endpoint_id, None)
                 else:
                     pages[endpoint_id] = (stats.running + stats.waiting, stats.scraped_at_ms)
-                    if placements is not None:  # a counter that went back voids them
-                        placements.observe(
-                            endpoint_id,
-                            stats.prefix_cache_queries_total,
-                            stats.prefix_cache_hits_total,
-                        )
+                    if placements is not None:
+                        _observe(placements, endpoint_id, base)
             # Added to what the last call left unabsorbed (None: everything, still).
             self._changed = None if self._changed is None else self._changed | changed
         self._version = version
@@ -210,3 +210,12 @@ class Exchange:
             except Exception as exc:
                 wait_s = self.failed(exc, pages)
             stop.wait(wait_s)
+
+
+def _observe(placements: Placements, endpoint_id: str, view: Any) -> None:
+    """The endpoint's prefix-cache counters, to the placements: going back voids its."""
+    stats = getattr(view, "stats", None)
+    if stats is not None:
+        placements.observe(
+            endpoint_id, stats.prefix_cache_queries_total, stats.prefix_cache_hits_total
+        )

@@ -185,3 +185,62 @@ def test_a_replica_reads_the_others_entries_once_and_never_its_own(
     call("a", "e2 AAAAAAAAAAI=", "")
     assert call("b", "", first[0])[2:] == ["e2 AAAAAAAAAAI="]
     client.close()
+
+
+class _Answers:
+    """A client whose share script answers as Redis would with no one else around."""
+
+    def register_script(self, source: str) -> Any:
+        def call(keys: list[str], args: list[Any]) -> Any:
+            return ["0", "0", [args[4] or "0-0"]] if len(keys) > 1 else ["0", "0"]
+
+        return call
+
+
+def _record(now_ms: int, queries: int, hits: int) -> str:
+    import json
+
+    fields = {
+        "engine": "vllm",
+        "running": "0",
+        "waiting": "0",
+        "interval_ms": "1000",
+        "scraped_at_ms": str(now_ms),
+        "poller": "p1",
+        "token": "1",
+        "seq": "1",
+        "models": "m",
+        "prefix_cache_queries_total": str(queries),
+        "prefix_cache_hits_total": str(hits),
+    }
+    return f"{now_ms} 1000 {now_ms + 3_600_000} p1 1|{json.dumps(fields)}"
+
+
+def test_the_exchange_voids_an_engines_placements_when_its_counters_go_back() -> None:
+    """No pick needed: the exchange reads every page that changed, and an engine whose
+    prefix-cache counters went back (a restart) holds nothing of what was placed."""
+    from poller.reader.replies import LazyEndpoints
+    from poller.reader.view import View
+
+    now = 1_764_500_000_000
+    cache = ViewCache(stale_after_ms=3_600_000)
+    entries = {e: "{}" for e in ("e1", "e2")}
+    stats = {"e1": _record(now, 900, 300), "e2": _record(now, 50, 10)}
+    cache.load(View(now, 1, LazyEndpoints(entries, stats, {}, now)))
+    exchange = Exchange(_Answers(), "k1", cache, FleetLoad("g1"), cache.placements, "k2")
+
+    def once() -> None:
+        keys, args, pages = exchange.prepare()
+        exchange.answered(exchange.script(keys=keys, args=args), pages)
+
+    once()  # the counters as they are now
+    ids = block_ids("a long shared system prompt " * 40, "m")
+    cache.placements.record("e1", ids)
+    cache.placements.record("e2", ids)
+    cache.set_stats("e1", _record(now + 1000, 920, 310))  # grew: nothing happens
+    once()
+    assert dict(cache.placements.matches(ids)) == {"e1": len(ids), "e2": len(ids)}
+    cache.set_stats("e1", _record(now + 2000, 12, 3))  # went back: restarted
+    once()
+    assert cache.placements.matches(ids) == [("e2", len(ids))]
+    assert cache.placements.invalidated == 1 and cache.placements_shared
