@@ -198,10 +198,12 @@ class Placements:
         return code
 
     def _clear(self) -> None:
+        """Everything forgotten (new objects: a pick reading the old ones meanwhile reads
+        them whole)."""
         self._new, self._old = {}, {}
-        self._codes.clear()
-        for table in (self._ids, self._used, self._low, self._cap, self._marks, self._seen):
-            table.clear()
+        self._codes = {}
+        self._ids, self._used, self._low, self._cap = [], [], [], []
+        self._marks, self._seen = [], []
 
     def record(
         self,

@@ -182,6 +182,7 @@ def test_a_replica_reads_the_others_entries_once_and_never_its_own(
     assert first[2:] == ["e1 AAAAAAAAAAE="]
     again = call("b", "", first[0])
     assert again == [first[0]]  # nothing new: the same last id, no entries
+    client.xadd(keys.gateways_placements, {"other": "writer"})  # not ours to read
     call("a", "e2 AAAAAAAAAAI=", "")
     assert call("b", "", first[0])[2:] == ["e2 AAAAAAAAAAI="]
     client.close()

@@ -47,7 +47,7 @@ if KEYS[2] then
   end
   for _, entry in ipairs(got) do
     local fields = entry[2]
-    if fields[2] ~= ARGV[1] then
+    if fields[1] == '@' and fields[3] == 'p' and fields[4] and fields[2] ~= ARGV[1] then
       part[#part + 1] = entry[1]
       part[#part + 1] = fields[4]
     end
