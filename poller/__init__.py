@@ -28,6 +28,7 @@ from poller.reader import (
     ViewCache,
     WhenSaturated,
     pick,
+    prompt_of,
 )
 
 __all__ = [
@@ -53,4 +54,5 @@ __all__ = [
     "WhenSaturated",
     "__version__",
     "pick",
+    "prompt_of",
 ]

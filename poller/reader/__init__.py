@@ -17,6 +17,7 @@ from poller.reader.cache import ViewCache
 from poller.reader.load import LocalLoad
 from poller.reader.pick import pick
 from poller.reader.picker import Picker, WhenSaturated
+from poller.reader.prefix import prompt_of
 from poller.reader.reader import StatsReader, SyncStatsReader
 from poller.reader.view import EndpointView, State, Timing, View
 from poller.redis.settings import RedisSettings
@@ -45,4 +46,5 @@ __all__ = [
     "ViewCache",
     "WhenSaturated",
     "pick",
+    "prompt_of",
 ]

@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from poller.reader.placements import Placements
 from poller.reader.replies import LazyEndpoints, check_schema, view_from_records
 from poller.reader.share import FleetLoad
 from poller.reader.view import EndpointView, View, log_schema_missing
@@ -72,6 +73,11 @@ class ViewCache:
         #: by a cached reader that shares (``cached(share=True)``, the default); a picker
         #: given this cache and a ``LocalLoad`` routes on it. None: not shared.
         self.fleet: FleetLoad | None = None
+        #: Where this replica's prefix picks sent which prompt blocks, and, when the
+        #: cached reader shares them (``cached(share_placements=True)``), the other
+        #: replicas' (poller/reader/placements.py). A picker given this cache and a
+        #: ``prompt`` reads and records it.
+        self.placements = Placements()
 
     @property
     def load_shared(self) -> bool:
@@ -80,6 +86,13 @@ class ViewCache:
         or the gateway's ACL user lacks the right: picks use this replica's own counts
         and the pages."""
         return self.fleet is not None and self.fleet.shared
+
+    @property
+    def placements_shared(self) -> bool:
+        """The other gateway replicas' placements are current (exchanged through Redis
+        within the last second). False: not shared, Redis lost, or the gateway's ACL
+        user lacks the right: prefix picks use this replica's own placements."""
+        return self.placements.shared
 
     @property
     def healthy(self) -> bool:

@@ -44,6 +44,8 @@ class Slot:
         "lora_running",
         "lora_waiting",
         "models",
+        "prefix_hits",
+        "prefix_queries",
         "requests",
         "saturated",
         "scraped_at_ms",
@@ -67,6 +69,9 @@ class Slot:
         self.lora_waiting = stats.lora_waiting
         lora_max = stats.lora_max
         self.lora_free = lora_max is not None and len(stats.lora_running) < lora_max
+        #: The prefix-cache counters (going back: the engine's cache was reset).
+        self.prefix_queries = stats.prefix_cache_queries_total
+        self.prefix_hits = stats.prefix_cache_hits_total
 
     def tier(self, model: str | None, adapter: bool) -> int | None:
         """This endpoint's affinity tier for ``model`` (lower is better), None if it does

@@ -22,6 +22,7 @@ def pick(
     view: View | ViewCache | Mapping[str, EndpointView],
     model: str | None = None,
     *,
+    prompt: str | None = None,
     candidates: Iterable[str] | None = None,
     max_waiting: int = 5,
     max_kv_cache_usage: float = 0.8,
@@ -32,7 +33,8 @@ def pick(
     """The endpoint for one request by ``Picker``'s rules (eligible, not saturated, the
     better of two random candidates), or None when no endpoint may take it; with
     ``model``, only an endpoint that serves it; with ``candidates``, only one of those
-    ids. The arguments are ``Picker.pick``'s, in its order; a wrong type (a list where
+    ids; with ``prompt``, prefix affinity (``Picker``'s placements, of this process).
+    The arguments are ``Picker.pick``'s, in its order; a wrong type (a list where
     the model goes, ``candidates`` as one string) raises ``TypeError``.
 
     A gateway replica does better with its own ``Picker`` (its own random source) and a
@@ -45,4 +47,4 @@ def pick(
             picker = _pickers.setdefault(
                 key, Picker(max_waiting, max_kv_cache_usage, when_saturated, stale_grace_s)
             )
-    return picker.pick(view, model, candidates=candidates, local=local)
+    return picker.pick(view, model, prompt=prompt, candidates=candidates, local=local)

@@ -18,42 +18,37 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
 from poller.errors import ConfigError
+from poller.reader.affinity import prefer
 from poller.reader.cache import ViewCache
+from poller.reader.draws import SCAN_MAX, Bags, Draws
 from poller.reader.index import INF, TIERS, Bag, Index, ModelIndex, Slot
 from poller.reader.load import LocalLoad
-from poller.reader.share import FleetLoad
+from poller.reader.placements import Placements
+from poller.reader.prefix import block_ids
+from poller.reader.scores import (
+    as_judged,
+    fleet_of,
+    fleet_score,
+    is_full,
+    neutral,
+    not_full,
+    timed,
+    view_load,
+)
 from poller.reader.view import EndpointView, View
 
-__all__ = ["Picker", "WhenSaturated", "check_arguments"]
+__all__ = ["SCAN_MAX", "Picker", "WhenSaturated", "check_arguments"]
 
 WhenSaturated = Literal["least_loaded", "none"]
 #: The most this replica's recent requests are scaled up by (its share of the fleet's).
 SCALE_MAX = 64.0
-#: Draws before a pick stops sampling and lists the bag (most slots expired).
-_DRAWS = 24
-#: With the fleet's shared counts, a bag up to this size is scanned whole (the least
-#: loaded wins, as an oracle would choose); a larger one takes the better of two draws.
-SCAN_MAX = 32
+#: Prefix affinity's bound: an endpoint holding the prompt's prefix takes the request
+#: while its load is at most this factor x the load-only choice's + the slack.
+PREFIX_LOAD_FACTOR = 1.5
+PREFIX_LOAD_SLACK = 2.0
 
 
-def _timed(view: EndpointView) -> float | None:
-    """Until when (Redis ms) the endpoint's stats are fresh; None: not usable at all."""
-    t = view.timing
-    if t is None:  # built by hand: its state is all there is
-        return _as_judged(view)
-    if t.scraped_at_ms is None:
-        return None
-    if t.failing and (t.failure_at_ms is None or t.failure_at_ms >= t.scraped_at_ms):
-        return None
-    return float(t.scraped_at_ms + t.bound_ms)
-
-
-def _as_judged(view: EndpointView) -> float | None:
-    """A snapshot's endpoints as judged at its ``now_ms``: fresh ones stay usable."""
-    return INF if view.state == "fresh" else None
-
-
-class Picker:
+class Picker(Draws):
     """Chooses an endpoint for each request; one per gateway replica (it keeps an index
     of each view it is given, and its own random source).
 
@@ -81,6 +76,12 @@ class Picker:
       queue grown since the scrape; ``use_latency=False``: 1). Ties go to the lower KV
       usage; an engine that publishes none (TGI, llama.cpp) counts as the fleet's
       median KV, never 0 %.
+    - **Prefix affinity** (``prompt`` given): the endpoint holding the longest prefix
+      of the prompt, by the placements this replica and, through the cache, the others
+      recorded, takes the request instead when its load is at most
+      ``prefix_load_factor`` x the chosen one's + ``prefix_load_slack``
+      (poller/reader/affinity.py; docs/reader.md, "Prefix affinity"); the choice is
+      recorded. Without ``prompt`` nothing of it runs.
     - **Redis lost** (a cache or a view with ``healthy`` False): the last numbers, as
       fresh as they were when Redis last answered, are used for ``stale_grace_s``
       (default 5 s: a Sentinel failover) after that answer, then None.
@@ -104,6 +105,8 @@ class Picker:
         scale_local: bool = True,
         use_latency: bool = True,
         share: bool = True,
+        prefix_load_factor: float = PREFIX_LOAD_FACTOR,
+        prefix_load_slack: float = PREFIX_LOAD_SLACK,
     ) -> None:
         if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
             raise ConfigError(f"max_waiting must be an integer >= 1, got {max_waiting!r}")
@@ -115,6 +118,14 @@ class Picker:
             )
         if not (stale_grace_s >= 0.0 and math.isfinite(stale_grace_s)):
             raise ConfigError(f"stale_grace_s must be >= 0 seconds, got {stale_grace_s!r}")
+        for name, value, least in (
+            ("prefix_load_factor", prefix_load_factor, 1.0),
+            ("prefix_load_slack", prefix_load_slack, 0.0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"{name} must be a number >= {least:g}, got {value!r}")
+            if not (value >= least and math.isfinite(value)):
+                raise ConfigError(f"{name} must be a number >= {least:g}, got {value!r}")
         self.max_waiting = max_waiting
         self.max_kv_cache_usage = max_kv_cache_usage
         self.when_saturated: WhenSaturated = when_saturated
@@ -123,6 +134,10 @@ class Picker:
         self.scale_local = scale_local
         self.use_latency = use_latency
         self.share = share
+        self.prefix_load_factor = float(prefix_load_factor)
+        self.prefix_load_slack = float(prefix_load_slack)
+        #: Placements of picks on views no cache made (a cache keeps its own).
+        self.placements = Placements()
         self._caches: weakref.WeakKeyDictionary[ViewCache, Index] = weakref.WeakKeyDictionary()
         # The cache picked on last and its index: a gateway has one, and this skips the
         # weak dictionary's lookup (a third of a pick).
@@ -136,18 +151,28 @@ class Picker:
         view: View | ViewCache | Mapping[str, EndpointView],
         model: str | None = None,
         *,
+        prompt: str | None = None,
         candidates: Iterable[str] | None = None,
         local: LocalLoad | None = None,
     ) -> str | None:
         """The endpoint id for one request, or None when no endpoint may take it.
 
-        ``candidates`` limits the choice to those ids (unknown ids are ignored);
-        ``local`` is this replica's ``LocalLoad`` (see the class doc). An argument of
-        the wrong type (a model that is not a string, ``candidates`` given as one
-        string) raises ``TypeError``."""
+        ``prompt``: the text the engine will prefill (``prompt_of(messages)`` for a chat
+        request), for prefix affinity; ``candidates`` limits the choice to those ids
+        (unknown ids are ignored); ``local`` is this replica's ``LocalLoad`` (see the
+        class doc). An argument of the wrong type (a model that is not a string,
+        ``candidates`` given as one string) raises ``TypeError``."""
         check_arguments(view, model, candidates, local)
+        if prompt is None:
+            with self._lock:
+                return self._pick(view, model, candidates, local, None)
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a str or None, got {type(prompt).__name__}")
+        ids = block_ids(prompt, model)  # outside the lock: the pick's longest part
+        if candidates is not None:
+            candidates = list(candidates)
         with self._lock:
-            return self._pick(view, model, candidates, local)
+            return self._pick(view, model, candidates, local, ids)
 
     def _pick(
         self,
@@ -155,19 +180,62 @@ class Picker:
         model: str | None,
         candidates: Iterable[str] | None,
         local: LocalLoad | None,
+        ids: list[int] | None,
     ) -> str | None:
         found = self._from_cache(view) if isinstance(view, ViewCache) else self._source(view)
         if found is None:
             return None
         index, judge_ms, offset_ms = found
-        fleet = None if local is None or not self.share else _fleet(view, local)
+        fleet = None if local is None or not self.share else fleet_of(view, local)
         if fleet is not None and local is not None:
-            return self._shared(index, judge_ms, model, candidates, local, fleet)
-        if local is not None and offset_ms is None:
-            # A view without a clock offset is taken as read just now.
-            # A bare mapping has no clock: every request in flight counts.
-            offset_ms = view.now_ms - local.now() * 1000 if isinstance(view, View) else INF
-        score = self._scorer(index, local, offset_ms)
+            score = fleet_score(local, fleet)
+            chosen = self._shared(index, judge_ms, model, candidates, score)
+        else:
+            if local is not None and offset_ms is None:
+                # A view without a clock offset is taken as read just now.
+                # A bare mapping has no clock: every request in flight counts.
+                offset_ms = view.now_ms - local.now() * 1000 if isinstance(view, View) else INF
+            score = self._scorer(index, local, offset_ms)
+            chosen = self._load_only(index, judge_ms, model, candidates, score)
+        if ids is None or chosen is None:
+            return chosen
+        table = self._placements_of(view)
+        held = table.lookup(ids)
+        models = index.model(model)
+        chosen = prefer(
+            table,
+            ids,
+            held,
+            index,
+            models,
+            chosen,
+            score,
+            judge_ms,
+            by_kv=fleet is not None,
+            factor=self.prefix_load_factor,
+            slack=self.prefix_load_slack,
+            allowed=None if candidates is None else set(candidates),
+        )
+        slot = index.slots.get(chosen)
+        if slot is not None:
+            table.observe(chosen, slot.prefix_queries, slot.prefix_hits)
+        capacity = index.median_capacity if slot is None or slot.capacity is None else slot.capacity
+        table.record(chosen, ids, capacity, held)
+        return chosen
+
+    def _placements_of(self, view: object) -> Placements:
+        cache = view if isinstance(view, ViewCache) else getattr(view, "cache", None)
+        return cache.placements if isinstance(cache, ViewCache) else self.placements
+
+    def _load_only(
+        self,
+        index: Index,
+        judge_ms: float,
+        model: str | None,
+        candidates: Iterable[str] | None,
+        score: Callable[[Slot], tuple[float, float]],
+    ) -> str | None:
+        """The pick on the pages and this replica's own requests (class doc)."""
         models = index.model(model)
         if candidates is not None:
             return self._among(models, index, candidates, judge_ms, score)
@@ -190,27 +258,11 @@ class Picker:
         judge_ms: float,
         model: str | None,
         candidates: Iterable[str] | None,
-        local: LocalLoad,
-        fleet: FleetLoad,
+        score: Callable[[Slot], tuple[float, float]],
     ) -> str | None:
-        """The pick on the fleet's estimate (docs/reader.md, "The load estimate"):
-        load = (the estimate of the others' requests + ours in flight + 1) / relative
-        capacity, where ours started since the last exchange count ``1 + peers`` times
-        (the others sent about as many meanwhile, unseen yet). A page's ``waiting`` no
+        """The pick on the fleet's estimate (``_fleet_score``). A page's ``waiting`` no
         longer saturates an endpoint (the estimate knows its queue better than a page a
         second old); its KV usage still does."""
-        in_flight, since = local.in_flight, local.since
-        extra, peers, since_s = fleet.extra, fleet.peers, fleet.since_s
-
-        def score(slot: Slot) -> tuple[float, float]:
-            base = extra.get(slot.id)
-            if base is None:
-                base = slot.requests
-            mine = in_flight(slot.id)
-            if peers and mine:
-                mine += peers * since(slot.id, since_s)
-            return (base + mine + 1) / slot.weight, slot.kv or 0.0
-
         models = index.model(model)
         if candidates is not None:
             return self._among(models, index, candidates, judge_ms, score, by_kv=True)
@@ -220,105 +272,13 @@ class Picker:
             for tier in range(TIERS):
                 open_bag, saturated_bag = models.bags[tier]
                 if full:
-                    bags: _Bags = ((saturated_bag, _is_full),)
+                    bags: Bags = ((saturated_bag, is_full),)
                 else:  # saturated by its waiting only: open on the fleet's estimate
-                    bags = ((open_bag, None), (saturated_bag, _not_full))
+                    bags = ((open_bag, None), (saturated_bag, not_full))
                 chosen = self._fewest(bags, judge_ms, models, score)
                 if chosen is not None:
                     return chosen
         return None
-
-    def _fewest(
-        self,
-        bags: _Bags,
-        judge_ms: float,
-        models: ModelIndex | None,
-        score: Callable[[Slot], tuple[float, float]],
-    ) -> str | None:
-        """The least loaded live slot of ``bags`` (each with the test its slots must
-        pass, None: all do) when they hold up to ``SCAN_MAX`` slots, else the better of
-        two weighted draws from them (no list of them built: a pick stays O(1))."""
-        total, wmax = 0, 0.0
-        for bag, _ in bags:
-            total += len(bag.items)
-            if bag.wmax > wmax:
-                wmax = bag.wmax
-        if total <= SCAN_MAX:
-            items = [s for bag, keep in bags for s in bag.items if keep is None or keep(s)]
-            return self._least(items, judge_ms, score)
-        first = self._draw_among(bags, total, wmax, judge_ms, models, None)
-        if first is None:
-            return None
-        second = self._draw_among(bags, total, wmax, judge_ms, models, first)
-        return first.id if second is None or score(first) <= score(second) else second.id
-
-    def _draw_among(
-        self,
-        bags: _Bags,
-        total: int,
-        wmax: float,
-        judge_ms: float,
-        models: ModelIndex | None,
-        other: Slot | None,
-    ) -> Slot | None:
-        """``_draw`` over several bags as one (``total`` slots, weights up to ``wmax``): a
-        slot other than ``other`` that passes its bag's test, in proportion to its
-        weight; expired ones are dropped."""
-        rand = self.rng.random
-        for _ in range(_DRAWS):
-            k = int(rand() * total)
-            for pair in bags:
-                if k < len(pair[0].items):
-                    break
-                k -= len(pair[0].items)
-            else:
-                return None  # every bag empty
-            bag, keep = pair
-            slot = bag.items[k]
-            if slot.fresh_until_ms < judge_ms:
-                if models is not None:
-                    models.drop(slot.id)  # its next stats write brings it back
-                else:
-                    bag.remove(slot.id)
-                total = sum(len(bag.items) for bag, _ in bags)
-                continue
-            if slot is other or (keep is not None and not keep(slot)):
-                continue
-            if slot.weight < wmax and rand() * wmax >= slot.weight:
-                continue
-            return slot
-        live = [
-            s
-            for bag, keep in bags
-            for s in bag.items
-            if s.fresh_until_ms >= judge_ms and s is not other and (keep is None or keep(s))
-        ]
-        if not live:
-            return None
-        return self.rng.choices(live, [s.weight for s in live])[0]
-
-    def _least(
-        self,
-        items: list[Slot],
-        judge_ms: float,
-        score: Callable[[Slot], tuple[float, float]],
-    ) -> str | None:
-        """The least loaded live slot of ``items`` (a scan from a random start, so ties
-        spread)."""
-        n = len(items)
-        if n == 0:
-            return None
-        start = int(self.rng.random() * n)
-        best: Slot | None = None
-        best_score = (INF, INF)
-        for i in range(n):
-            slot = items[(start + i) % n]
-            if slot.fresh_until_ms < judge_ms:
-                continue
-            value = score(slot)
-            if value < best_score:
-                best, best_score = slot, value
-        return None if best is None else best.id
 
     # --- the view's index ---------------------------------------------------------------
 
@@ -340,7 +300,7 @@ class Picker:
                 return None
             judge_ms = confirmed
         if given is not self._view or self._view_index is None:
-            fresh_until = _as_judged if view.healthy else _timed
+            fresh_until = as_judged if view.healthy else timed
             self._view_index = self._index(view.endpoints.values(), fresh_until)
             self._view = given
         return self._view_index, judge_ms, view.offset_ms
@@ -368,7 +328,7 @@ class Picker:
         changes = None if index is None else cache.changes_since(index.version, version)
         if index is None or changes is None:
             bases = (cache.base(endpoint_id) for endpoint_id in cache.ids())
-            index = self._index((b for b in bases if b is not None), _timed)
+            index = self._index((b for b in bases if b is not None), timed)
             self._caches[cache] = index
         else:
             for endpoint_id in dict.fromkeys(changes):
@@ -384,60 +344,19 @@ class Picker:
 
     # --- choosing -----------------------------------------------------------------------
 
-    def _two_choices(
-        self,
-        bag: Bag,
-        judge_ms: float,
-        models: ModelIndex | None,
-        score: Callable[[Slot], tuple[float, float]],
-    ) -> str | None:
-        """The less loaded of two slots drawn from ``bag`` (the first on a tie, the only
-        one if the bag holds one live slot), or None: no live slot in it."""
-        first = self._draw(bag, judge_ms, models, None)
-        if first is None:
-            return None
-        second = self._draw(bag, judge_ms, models, first)
-        return first.id if second is None or score(first) <= score(second) else second.id
-
-    def _draw(
-        self, bag: Bag, judge_ms: float, models: ModelIndex | None, other: Slot | None
-    ) -> Slot | None:
-        """One slot of ``bag`` other than ``other``, in proportion to its weight
-        (rejection sampling against the bag's largest weight); expired ones are dropped."""
-        rand = self.rng.random
-        items = bag.items
-        for _ in range(_DRAWS):
-            n = len(items)
-            if n == 0 or (n == 1 and items[0] is other):
-                return None
-            slot = items[int(rand() * n)]
-            if slot.fresh_until_ms < judge_ms:
-                if models is not None:
-                    models.drop(slot.id)  # its next stats write brings it back
-                else:
-                    bag.remove(slot.id)
-                continue
-            if slot is other or (slot.weight < bag.wmax and rand() * bag.wmax >= slot.weight):
-                continue
-            return slot
-        live = [e for e in items if e.fresh_until_ms >= judge_ms and e is not other]
-        if not live:
-            return None
-        return self.rng.choices(live, [e.weight for e in live])[0]
-
     def _scorer(
         self, index: Index, local: LocalLoad | None, offset_ms: float | None
     ) -> Callable[[Slot], tuple[float, float]]:
         """The load of an endpoint for this pick: (requests per unit of capacity, KV)."""
         if local is None or offset_ms is None:
-            return _view_load
+            return view_load
         scale = 1.0
         if self.scale_local:
             # This replica's share of the fleet's requests, from the view's total and
             # ours in flight: with R equal replicas ours are ~1/R of what was sent.
             scale = min(SCALE_MAX, max(1.0, (index.requests + 1) / (local.total() + 1)))
         since, offset_s = local.since, offset_ms / 1000
-        slowness = local.slowness if self.use_latency else _neutral
+        slowness = local.slowness if self.use_latency else neutral
         now = local.now()
 
         def load(slot: Slot) -> tuple[float, float]:
@@ -500,35 +419,3 @@ def check_arguments(view: object, model: object, candidates: object, local: obje
         )
     if local is not None and not isinstance(local, LocalLoad):
         raise TypeError(f"local must be a LocalLoad or None, got {type(local).__name__}")
-
-
-def _fleet(view: object, local: LocalLoad) -> FleetLoad | None:
-    """The shared counts ``local`` is published in: its own, or the cache's (attached
-    then, so this replica's requests are published from now on)."""
-    fleet = local.fleet
-    if fleet is None:
-        cache = view if isinstance(view, ViewCache) else getattr(view, "cache", None)
-        fleet = getattr(cache, "fleet", None)
-        if fleet is not None:
-            fleet.attach(local)
-    return fleet
-
-
-#: Bags to choose from as one, each with the test its slots must pass (None: all do).
-_Bags = tuple[tuple[Bag, Callable[[Slot], bool] | None], ...]
-
-
-def _is_full(slot: Slot) -> bool:
-    return slot.full
-
-
-def _not_full(slot: Slot) -> bool:
-    return not slot.full
-
-
-def _neutral(endpoint_id: str, now: float) -> float:
-    return 1.0
-
-
-def _view_load(slot: Slot) -> tuple[float, float]:
-    return (slot.requests + 1) / slot.weight, slot.kv or 0.0

@@ -42,6 +42,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from poller.errors import ConfigError, SchemaMismatch
 from poller.reader.cache import ViewCache
+from poller.reader.exchange import Exchange
 from poller.reader.feed import open_feed
 from poller.reader.protocol import Action, Protocol
 from poller.reader.replies import (
@@ -53,7 +54,7 @@ from poller.reader.replies import (
     records_call,
     snapshot_call,
 )
-from poller.reader.share import Exchange, FleetLoad
+from poller.reader.share import FleetLoad
 from poller.reader.view import EndpointView, View
 from poller.redis.connection import (
     close_client,
@@ -174,12 +175,21 @@ class _Reader:
         )
         return Protocol(cache, self.resync_s)
 
-    def _exchange(self, cache: ViewCache, share: bool, replica_id: str | None) -> Exchange | None:
-        """The gateway load sharing of ``cached(share=...)`` (poller/reader/share.py)."""
-        if not share:
+    def _exchange(
+        self, cache: ViewCache, share: bool, replica_id: str | None, share_placements: bool
+    ) -> Exchange | None:
+        """The gateway sharing of ``cached(share=..., share_placements=...)``
+        (poller/reader/share.py, placements.py): one call per period carries both."""
+        if not share and not share_placements:
             return None
-        cache.fleet = FleetLoad(replica_id)
-        return Exchange(self.client, self.keys.gateways_inflight, cache, cache.fleet)
+        fleet = FleetLoad(replica_id)
+        if share:
+            cache.fleet = fleet  # else its counts are never used (nor written: none attached)
+        keys = self.keys
+        placements = cache.placements if share_placements else None
+        return Exchange(
+            self.client, keys.gateways_inflight, cache, fleet, placements, keys.gateways_placements
+        )
 
 
 class StatsReader(_Reader):
@@ -275,16 +285,22 @@ class StatsReader(_Reader):
 
     @asynccontextmanager
     async def cached(
-        self, *, share: bool = True, replica_id: str | None = None
+        self,
+        *,
+        share: bool = True,
+        replica_id: str | None = None,
+        share_placements: bool = True,
     ) -> AsyncIterator[ViewCache]:
         """A local cache kept current in the background; reads never touch Redis.
         ``share``: exchange this replica's requests in flight with the other gateway
         replicas (``cache.fleet``; docs/reader.md), under ``replica_id`` (default
-        hostname, pid and a random suffix)."""
+        hostname, pid and a random suffix). ``share_placements``: exchange the prefix
+        placements of picks with a prompt too (``cache.placements``), on the same call;
+        False: each replica uses and records its own only."""
         proto = self._protocol()
         first, stop = asyncio.Event(), asyncio.Event()
         task = asyncio.create_task(self._follow(proto, first, stop), name="reader-cache")
-        exchange = self._exchange(proto.cache, share, replica_id)
+        exchange = self._exchange(proto.cache, share, replica_id, share_placements)
         sharing = None if exchange is None else asyncio.create_task(exchange.run(stop))
         try:
             try:
@@ -473,16 +489,23 @@ class SyncStatsReader(_Reader):
         return self._pollers(self._call(self._members, "members", keys=keys, args=_READ_MEMBERS))
 
     @contextmanager
-    def cached(self, *, share: bool = True, replica_id: str | None = None) -> Iterator[ViewCache]:
+    def cached(
+        self,
+        *,
+        share: bool = True,
+        replica_id: str | None = None,
+        share_placements: bool = True,
+    ) -> Iterator[ViewCache]:
         """A cache kept current by a daemon thread; stopped when the block ends.
-        ``share``, ``replica_id``: as ``StatsReader.cached`` (a second daemon thread)."""
+        ``share``, ``replica_id``, ``share_placements``: as ``StatsReader.cached`` (a
+        second daemon thread)."""
         proto = self._protocol()
         stop, first = threading.Event(), threading.Event()
         thread = threading.Thread(
             target=self._follow, args=(proto, stop, first), name="reader-cache", daemon=True
         )
         thread.start()
-        exchange = self._exchange(proto.cache, share, replica_id)
+        exchange = self._exchange(proto.cache, share, replica_id, share_placements)
         sharing = None
         if exchange is not None:
             sharing = threading.Thread(

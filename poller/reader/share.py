@@ -7,9 +7,10 @@ exact for the traffic the gateways sent, plus what the page shows beyond what th
 gateways had in flight when it was scraped (traffic from outside the gateways).
 
 A cached reader keeps one ``FleetLoad`` on its cache (``cache.fleet``) and exchanges it
-with the other replicas every ``period_s`` in one script call (poller/schema/scripts/
-share.lua): our field written when it changed (or is about to expire), everyone else's
-read back, expired fields pruned by the Redis clock. The pick path never touches Redis:
+with the other replicas every ``period_s`` in one script call (poller/reader/exchange.py,
+poller/schema/scripts/share.lua): our field written when it changed (or is about to
+expire), everyone else's read back, expired fields pruned by the Redis clock. The pick
+path never touches Redis:
 it reads ``FleetLoad.extra``, a dict replaced whole at every exchange.
 
 Redis commands: one per period per replica (10/s at the default 100 ms), whatever the
@@ -21,7 +22,6 @@ this replica only, ``cache.load_shared`` False.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import random
@@ -35,9 +35,7 @@ from typing import Any
 
 from poller.reader.load import LocalLoad
 
-__all__ = ["FleetLoad", "default_replica_id"]
-
-log = logging.getLogger(__name__)
+__all__ = ["FleetLoad", "default_replica_id", "pages_of"]
 
 #: How often a replica exchanges its counts (seconds).
 PERIOD_S = 0.1
@@ -315,13 +313,6 @@ def _parse(body: str) -> dict[str, tuple[int, int, int]] | None:
     return counts
 
 
-def _refused(exc: Exception) -> bool:
-    """Redis said no to the share script's writes: the user lacks the right (NOPERM
-    for a command, "can't run this command" for one inside a script)."""
-    text = str(exc)
-    return "NOPERM" in text or "no permissions" in text or "can't run this command" in text
-
-
 def pages_of(items: Iterable[tuple[str, Any]]) -> dict[str, tuple[int, int]]:
     """``endpoint id -> (running + waiting, scraped_at_ms)`` of decoded endpoints."""
     pages: dict[str, tuple[int, int]] = {}
@@ -330,117 +321,3 @@ def pages_of(items: Iterable[tuple[str, Any]]) -> dict[str, tuple[int, int]]:
         if stats is not None:
             pages[endpoint_id] = (stats.running + stats.waiting, stats.scraped_at_ms)
     return pages
-
-
-class Exchange:
-    """The share script's call for one ``FleetLoad`` on one cache (both reader flavours
-    run it every ``period_s``: a task beside the asyncio follower, a thread beside the
-    threaded one)."""
-
-    def __init__(self, client: Any, gateways_key: str, cache: Any, fleet: FleetLoad) -> None:
-        from poller.schema.lua import lua
-
-        self.key = gateways_key
-        self.cache = cache
-        self.fleet = fleet
-        self.script = client.register_script(lua("share"))
-        self.calls = 0  # commands sent, for the benchmark's commands/s
-        self._refused = False
-        self._pages_now: dict[str, tuple[int, int]] | None = None
-        self._version = -1  # the cache's version ``_pages_now`` is of
-        #: Pages changed since the last ``absorb`` (None: any may have).
-        self._changed: set[str] | None = None
-
-    def _pages(self) -> dict[str, tuple[int, int]]:
-        """Every endpoint's page, kept from the cache's change log (all read again after
-        a snapshot or when the log has moved on): the work follows what changed."""
-        cache = self.cache
-        version = cache.version  # read first: the changes up to it are all in the log
-        pages = self._pages_now
-        changes = None if pages is None else cache.changes_since(self._version, version)
-        if pages is None or changes is None:
-            pages = self._pages_now = pages_of((i, cache.base(i)) for i in cache.ids())
-            self._changed = None
-        else:
-            changed = set(changes)
-            for endpoint_id in changed:
-                stats = getattr(cache.base(endpoint_id), "stats", None)
-                if stats is None:
-                    pages.pop(endpoint_id, None)
-                else:
-                    pages[endpoint_id] = (stats.running + stats.waiting, stats.scraped_at_ms)
-            # Added to what the last call left unabsorbed (None: everything, still).
-            self._changed = None if self._changed is None else self._changed | changed
-        self._version = version
-        return pages
-
-    def prepare(self) -> tuple[list[str], list[Any], dict[str, tuple[int, int]]]:
-        pages = self._pages()
-        fleet = self.fleet
-        ours = fleet.take_changed()
-        if self._changed is not None:
-            self._changed |= ours
-        record = fleet.record(pages, self.cache.offset_ms, self._changed)
-        outgoing = fleet.outgoing(record, self.cache.now_ms())
-        self.calls += 1
-        return [self.key], [fleet.replica_id, fleet.ttl_ms, outgoing], pages
-
-    def answered(self, reply: Sequence[Any], pages: Mapping[str, tuple[int, int]]) -> None:
-        self._refused = False
-        changed, self._changed = self._changed, set()
-        self.fleet.absorb(list(reply[2:]), pages, self.cache.offset_ms, changed=changed)
-
-    def failed(self, exc: Exception, pages: Mapping[str, tuple[int, int]]) -> float:
-        """Local counts only; returns how long to wait before the next try (s)."""
-        self.fleet.forget_written()
-        changed, self._changed = self._changed, set()
-        self.fleet.absorb([], pages, self.cache.offset_ms, shared=False, changed=changed)
-        if _refused(exc):
-            self.fleet.exchanged_at = None  # not shared from now: the health says so
-            if not self._refused:
-                log.warning(
-                    "gateway load sharing refused by Redis (%s): this replica routes on its "
-                    "own requests in flight and the pages. The gateway's ACL user needs "
-                    "HSET, HDEL and PEXPIRE on %s: add (~%s +hset +hdel +pexpire) to its "
-                    "line (deploy/redis/users.acl), or open the cache with "
-                    "cached(share=False)",
-                    exc,
-                    self.key,
-                    self.key,
-                )
-            self._refused = True
-            return REFUSED_RETRY_S
-        log.debug("gateway load sharing failed: %s", exc)
-        return self.fleet.period_s
-
-    async def run(self, stop: Any) -> None:
-        """Until ``stop`` (an ``asyncio.Event``) is set."""
-        import asyncio
-
-        while not stop.is_set():
-            keys, args, pages = self.prepare()
-            wait_s = self.fleet.period_s
-            try:
-                async with asyncio.timeout(1.0):
-                    reply = await self.script(keys=keys, args=args)
-                self.answered(reply, pages)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # Redis away, NOPERM: routing goes on, locally
-                wait_s = self.failed(exc, pages)
-            try:
-                async with asyncio.timeout(wait_s):
-                    await stop.wait()
-            except TimeoutError:
-                pass
-
-    def run_sync(self, stop: threading.Event) -> None:
-        """Until ``stop`` is set (the threaded reader's thread)."""
-        while not stop.is_set():
-            keys, args, pages = self.prepare()
-            wait_s = self.fleet.period_s
-            try:
-                self.answered(self.script(keys=keys, args=args), pages)
-            except Exception as exc:
-                wait_s = self.failed(exc, pages)
-            stop.wait(wait_s)

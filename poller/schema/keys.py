@@ -46,6 +46,10 @@ class Keys:
         # endpoint, written and read by the gateways (poller/reader/share.py), pruned by
         # the share script at its expiry (docs/schema.md).
         self.gateways_inflight = f"{self.prefix}:gateways:inflight"
+        # A stream of the gateways' prefix placements (entries {"@": replica id, "p":
+        # "<endpoint> <base64 block ids> ..."}), added and read by the share script,
+        # trimmed by length and age (docs/schema.md).
+        self.gateways_placements = f"{self.prefix}:gateways:placements"
 
     def lease(self, endpoint_id: str) -> str:
         return f"{self.prefix}:lease:{endpoint_id}"

@@ -41,8 +41,9 @@ if str(ROOT) not in sys.path:  # a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))
 
 from poller.reader import LocalLoad, Picker, ViewCache, pick  # noqa: E402
+from poller.reader.exchange import Exchange  # noqa: E402
 from poller.reader.replies import LazyEndpoints  # noqa: E402
-from poller.reader.share import Exchange, FleetLoad, pages_of  # noqa: E402
+from poller.reader.share import FleetLoad, pages_of  # noqa: E402
 from poller.reader.view import View  # noqa: E402
 
 MODELS = [f"org/model-{i}" for i in range(8)]

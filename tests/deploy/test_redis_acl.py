@@ -139,6 +139,12 @@ def test_acl_file_loads_and_each_user_gets_exactly_its_commands(acl_redis: _Redi
     ]  # fmt: skip
     shared = "{llmgw}:gateways:inflight"  # the gateways' shared in-flight, their one write
     gateway_may += [("HSET", shared, "g", "v"), ("HDEL", shared, "g"), ("PEXPIRE", shared, "1")]
+    placed = "{llmgw}:gateways:placements"  # their shared prefix placements, a stream
+    gateway_may += [
+        ("XADD", placed, "MAXLEN", "~", "10", "*", "@", "g", "p", ""),
+        ("XTRIM", placed, "MINID", "~", "1"), ("XRANGE", placed, "-", "+"),
+        ("XREVRANGE", placed, "+", "-"), ("PEXPIRE", placed, "1"),
+    ]  # fmt: skip
     for command in gateway_may:
         assert _dryrun(admin, "gateway", *command), f"gateway may not {command}"
     for user, command in [
@@ -158,6 +164,10 @@ def test_acl_file_loads_and_each_user_gets_exactly_its_commands(acl_redis: _Redi
         ("gateway", ("SET", "{llmgw}:gateways:inflight", "1")),
         ("gateway", ("DEL", "{llmgw}:gateways:inflight")),
         ("gateway", ("PEXPIRE", key, "1")),
+        ("gateway", ("XADD", key, "*", "f", "v")),
+        ("gateway", ("DEL", "{llmgw}:gateways:placements")),
+        ("gateway", ("HSET", "{llmgw}:gateways:placements", "f", "v")),
+        ("gateway", ("XADD", "{llmgw}:gateways:inflight", "*", "f", "v")),
     ]:
         assert not _dryrun(admin, user, *command), f"{user} may {command}"
 
@@ -323,9 +333,9 @@ def test_a_gateway_with_the_rights_of_before_the_sharing_routes_on_its_own_count
 
     selector = " (~{llmgw}:gateways:inflight +hset +hdel +pexpire)"
     text = ACL_FILE.read_text()
-    assert selector in text
+    assert selector in text and PLACEMENTS_SELECTOR in text
     old_acl = tmp_path / "users-before.acl"
-    old_acl.write_text(text.replace(selector, ""))
+    old_acl.write_text(text.replace(selector, "").replace(PLACEMENTS_SELECTOR, ""))
     server = _Redis(["--save", "", "--appendonly", "no", "--aclfile", str(old_acl)], tmp_path / "r")
 
     def refusals() -> int:
@@ -365,11 +375,61 @@ def test_a_gateway_with_the_rights_of_before_the_sharing_routes_on_its_own_count
                 await reader.aclose()
 
     try:
-        with caplog.at_level(logging.WARNING, logger="poller.reader.share"):
+        with caplog.at_level(logging.WARNING, logger="poller.reader.exchange"):
             asyncio.run(scenario())
     finally:
         server.stop()
-    said = [r.getMessage() for r in caplog.records if r.name == "poller.reader.share"]
+    said = [r.getMessage() for r in caplog.records if r.name == "poller.reader.exchange"]
+    load = [m for m in said if m.startswith("gateway load sharing refused")]
+    assert len(load) == 1, said
+    assert "HSET, HDEL and PEXPIRE on {llmgw}:gateways:inflight" in load[0], load[0]
+    assert "(~{llmgw}:gateways:inflight +hset +hdel +pexpire)" in load[0], load[0]
+    # The placements' stream was refused too, said once on its own line.
+    assert len(said) <= 2 and all(m in load or PLACEMENTS_SELECTOR.strip() in m for m in said)
+
+
+PLACEMENTS_SELECTOR = " (~{llmgw}:gateways:placements +xadd +xtrim +xrange +xrevrange +pexpire)"
+
+
+def test_a_gateway_without_the_placements_right_shares_its_load_and_keeps_its_placements(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """users.acl without the placements' selector: the replica's load is shared as
+    before, its prefix placements stay its own (``placements_shared`` False), and one
+    WARNING names the rights and the selector to add."""
+    import logging
+
+    from poller.reader import StatsReader
+
+    text = ACL_FILE.read_text()
+    assert PLACEMENTS_SELECTOR in text
+    acl = tmp_path / "users-no-placements.acl"
+    acl.write_text(text.replace(PLACEMENTS_SELECTOR, ""))
+    server = _Redis(["--save", "", "--appendonly", "no", "--aclfile", str(acl)], tmp_path / "r")
+
+    def warned() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "poller.reader.exchange"]
+
+    async def scenario() -> None:
+        reader = StatsReader.from_url(server.url(GATEWAY))
+        try:
+            async with reader.cached() as cache:
+                deadline = time.monotonic() + 60  # ample for a loaded machine
+                while not warned() or not cache.load_shared:
+                    assert time.monotonic() < deadline, "never refused, or never shared"
+                    await asyncio.sleep(0.05)
+                assert not cache.placements_shared and cache.placements.sharing
+                cache.placements.record("e1", [1, 2, 3])
+                assert cache.placements.matches([1, 2, 3]) == [("e1", 3)]  # its own, used
+        finally:
+            await reader.aclose()
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="poller.reader.exchange"):
+            asyncio.run(scenario())
+    finally:
+        server.stop()
+    said = warned()
     assert len(said) == 1, said
-    assert "HSET, HDEL and PEXPIRE on {llmgw}:gateways:inflight" in said[0], said[0]
-    assert "(~{llmgw}:gateways:inflight +hset +hdel +pexpire)" in said[0], said[0]
+    assert "prefix placement sharing refused" in said[0], said[0]
+    assert PLACEMENTS_SELECTOR.strip() in said[0], said[0]

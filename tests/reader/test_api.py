@@ -83,6 +83,22 @@ def test_every_error_a_reader_raises_is_exported() -> None:
     assert {"State", "WhenSaturated", "Endpoint", "Timing"} <= set(poller.__all__)
 
 
+def test_prefix_affinity_is_in_the_public_api() -> None:
+    """``prompt_of`` in both packages; ``prompt`` a keyword of both picks (after the
+    model, None by default); ``share_placements`` a keyword of both readers' ``cached``
+    (True by default) and the cache's placements and their health on every cache."""
+    assert "prompt_of" in poller.__all__ and "prompt_of" in poller.reader.__all__
+    assert poller.prompt_of([{"role": "user", "content": "hi"}]) == "<|user|>\nhi\n"
+    for fn in (pick, Picker.pick):
+        prompt = inspect.signature(fn).parameters["prompt"]
+        assert prompt.kind is inspect.Parameter.KEYWORD_ONLY and prompt.default is None
+    for reader in (StatsReader, SyncStatsReader):
+        shares = inspect.signature(reader.cached).parameters["share_placements"]
+        assert shares.kind is inspect.Parameter.KEYWORD_ONLY and shares.default is True
+    cache = ViewCache()
+    assert len(cache.placements) == 0 and cache.placements_shared is False
+
+
 # --- pick ---------------------------------------------------------------------------------
 
 

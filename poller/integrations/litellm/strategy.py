@@ -22,6 +22,7 @@ from poller.integrations.litellm.tickets import Key, Tickets
 from poller.reader.cache import ViewCache
 from poller.reader.load import LocalLoad
 from poller.reader.picker import Picker
+from poller.reader.prefix import prompt_of
 from poller.util.logs import count
 
 __all__ = ["LoadAwareStrategy"]
@@ -38,7 +39,8 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
     deployments LiteLLM considers healthy, the picker chooses an endpoint (a group whose
     deployments name one engine model picks with that model; a mixed group keeps those
     whose endpoint serves their own model, then picks among them); deployments sharing
-    that endpoint are chosen between at random. Nothing eligible (logged once per change
+    that endpoint are chosen between at random. A chat request's ``messages`` are the
+    pick's ``prompt`` (``prompt_of``): prefix affinity. Nothing eligible (logged once per change
     of the reasons): deployments that map to no endpoint (a hosted provider, an
     ``llmgw_endpoint`` the registry lacks: uninformed, logged once each) by LiteLLM's
     weighted shuffle, else LiteLLM's own no-deployment error. The view unreadable, or
@@ -104,7 +106,10 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
         if isinstance(healthy, dict):  # a specific deployment was asked for
             deployment: Deployment | None = healthy
         else:
-            deployment = self.choose(await self.routing.cache(), model, healthy, kwargs)
+            prompt = _prompt(messages)
+            deployment = self.choose(
+                await self.routing.cache(), model, healthy, kwargs, prompt=prompt
+            )
         if deployment is None:
             raise await async_raise_no_deployment_exception(
                 litellm_router_instance=self.router, model=model, parent_otel_span=span
@@ -133,7 +138,10 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
         if isinstance(healthy, dict):
             deployment: Deployment | None = healthy
         else:
-            deployment = self.choose(self.routing.cache_now(), model, healthy, kwargs)
+            prompt = _prompt(messages)
+            deployment = self.choose(
+                self.routing.cache_now(), model, healthy, kwargs, prompt=prompt
+            )
         if deployment is None:
             raise litellm.RouterRateLimitError(
                 model=model,
@@ -151,8 +159,12 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
         model: str,
         healthy: list[Deployment],
         kwargs: Mapping[str, Any],
+        *,
+        prompt: str | None = None,
     ) -> Deployment | None:
-        """The deployment for one request among ``healthy`` (None: nothing may take it)."""
+        """The deployment for one request among ``healthy`` (None: nothing may take it);
+        ``prompt``: the request's messages as the engine prefills them (``prompt_of``),
+        for the picker's prefix affinity."""
         if not healthy:
             return None
         if cache is None:
@@ -170,13 +182,15 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
             if len(served) == 1:
                 ids = [e for _, e, _ in mapped]
                 endpoint_id = routing.picker.pick(
-                    cache, served.pop(), candidates=ids, local=self.local
+                    cache, served.pop(), prompt=prompt, candidates=ids, local=self.local
                 )
             else:
                 ok = routing.eligible(cache, [t for _, _, t in mapped])
                 ids = [e for (_, e, _), k in zip(mapped, ok, strict=True) if k]
                 if ids:
-                    endpoint_id = routing.picker.pick(cache, None, candidates=ids, local=self.local)
+                    endpoint_id = routing.picker.pick(
+                        cache, None, prompt=prompt, candidates=ids, local=self.local
+                    )
         if endpoint_id is not None:
             routing.something_eligible(model)
             on_it = [d for d, e, _ in mapped if e == endpoint_id]
@@ -242,6 +256,18 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
         self._ended(kwargs)
+
+
+def _prompt(messages: Any) -> str | None:
+    """A chat request's messages as one text (``prompt_of``); None when there are none
+    (embeddings, text completions) or they are not OpenAI-style (never an error here:
+    the request is LiteLLM's to judge)."""
+    if not messages:
+        return None
+    try:
+        return prompt_of(messages)
+    except TypeError:
+        return None
 
 
 def _deployment_id(deployment: Mapping[str, Any]) -> str:

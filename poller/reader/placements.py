@@ -1,0 +1,415 @@
+"""Where this gateway fleet sent which prompt blocks: the table a prefix pick reads.
+
+A placement is (block id, endpoint, position): the position counts the blocks placed on
+that endpoint so far (new ones only; a block placed again is moved up to the current
+count, as an LRU moves it to the front). The blocks of one prompt all get the count
+after it: its head is never older than its tail, so what is held of a prompt is a
+prefix (engines evict a request's blocks tail first: vLLM frees them in reverse order).
+A placement counts while the engine could still hold the block (docs/reader.md, "Prefix
+affinity"):
+
+- fewer than the engine's KV capacity in blocks (``kv_capacity_tokens`` / 128, the
+  tokens of a block) were placed there since;
+- it was placed or used within ``age_s``;
+- the endpoint's prefix-cache counters have not gone back since (a restart, a cache
+  reset): ``observe`` moves the endpoint's lowest valid position past every placement,
+  O(1), whatever the table holds.
+
+Every check is two comparisons (the lowest valid position, the count since), so a pick
+costs one dict lookup per block of its prompt. The table holds at most ``max_blocks``
+blocks in two generations (the newer is filled; when it holds half, it becomes the
+older and the older is dropped), so memory is bounded and recently used blocks stay.
+
+Sharing (``sharing`` True, set by the cached reader's exchange): the blocks this replica
+placed that the table did not hold there already are queued and written to
+``P:gateways:placements`` on the exchange's one call per period; the other replicas'
+are read back on the same call (``absorb``). Redis lost: the table goes on with this
+replica's own placements, ``shared`` False.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from poller.reader.prefix import BLOCK_BYTES, BYTES_PER_TOKEN
+
+__all__ = ["Found", "Placements"]
+
+#: A placement's value: position << CODE_BITS | endpoint code, or several of them.
+Value = int | tuple[int, ...]
+#: ``Placements.lookup``'s answer: the values of the ids, the indexes found older.
+Found = tuple[list[Value | None], set[int]]
+
+#: Bits of a placement's value that hold the endpoint's code; the position is above.
+CODE_BITS = 20
+_MASK = (1 << CODE_BITS) - 1
+#: Blocks the table holds at most (both generations), 81 bytes each (measured).
+MAX_BLOCKS = 1 << 20
+#: How long an unused placement counts (s); also how long Redis keeps placements.
+AGE_S = 600.0
+#: The age is tracked in steps of this many seconds per endpoint.
+MARK_S = 10.0
+#: Capacity assumed for an engine that publishes none, when the fleet's is unknown too.
+DEFAULT_CAPACITY_TOKENS = 131072
+#: Tokens per block of the picker's (poller/reader/prefix.py): an engine's capacity in
+#: blocks is its ``kv_capacity_tokens`` over this.
+TOKENS_PER_BLOCK = BLOCK_BYTES // BYTES_PER_TOKEN
+#: Endpoints one block is remembered on at most.
+MAX_HOLDERS = 4
+#: Block ids waiting to be written, at most (more are dropped, counted in ``dropped``).
+OUT_MAX = 8192
+#: Block ids one exchange writes at most (one stream entry).
+ENTRY_MAX = 1024
+#: Stream entries Redis keeps at most (approximate trim: up to a stream node, 100
+#: entries, more); with ``ENTRY_MAX`` ids of ~12.5 bytes each in Redis, the key stays
+#: under ~14 MB however many replicas write.
+STREAM_MAXLEN = 1024
+#: Entries one exchange reads at most (8 replicas write ~8 per 100 ms; a backlog is
+#: caught up at 64 a call, so one call never absorbs more than ~64,000 ids).
+READ_COUNT = 64
+#: The exchange answered within this long: the other replicas' placements are current.
+LOST_AFTER_MS = 1000
+
+
+class Placements:
+    """Block id -> the endpoints holding it, bounded and kept valid (module doc).
+
+    - ``matches(ids, limit)``: ``[(endpoint id, blocks matched), ...]``, longest first,
+      of the endpoints that hold a prefix of the prompt whose block ids are ``ids``.
+    - ``record(endpoint id, ids, capacity_tokens)``: the prompt went there.
+    - ``observe(endpoint id, queries, hits)``: the endpoint's prefix-cache counters as a
+      page shows them; going back invalidates its placements.
+    """
+
+    def __init__(
+        self,
+        max_blocks: int = MAX_BLOCKS,
+        age_s: float = AGE_S,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if isinstance(max_blocks, bool) or not isinstance(max_blocks, int) or max_blocks < 2:
+            raise ValueError(f"max_blocks must be an integer >= 2, got {max_blocks!r}")
+        if not age_s > 0:
+            raise ValueError(f"age_s must be > 0 seconds, got {age_s!r}")
+        self.max_blocks = max_blocks
+        self.age_s = age_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._new: dict[int, int | tuple[int, ...]] = {}
+        self._old: dict[int, int | tuple[int, ...]] = {}
+        self._codes: dict[str, int] = {}
+        self._ids: list[str] = []
+        self._used: list[int] = []  # blocks placed per endpoint code
+        self._low: list[int] = []  # lowest valid position per code (age, resets)
+        self._cap: list[int] = []  # capacity in blocks per code
+        self._marks: list[deque[tuple[float, int]]] = []  # (time, used) per code
+        self._seen: list[tuple[float, float] | None] = []  # counters last observed
+        self._next_expire = 0.0
+        #: Written to Redis by the exchange (set by a cached reader that shares them).
+        self.sharing = False
+        self._out: dict[str, list[int]] = {}
+        self._out_n = 0
+        #: Monotonic seconds of the last exchange that carried placements; None: never.
+        self.exchanged_at: float | None = None
+        self.last_id = ""  # the stream entry read last
+        # Counters (the benchmark prints them).
+        self.placed = 0  # blocks this replica placed that were new where they went
+        self.invalidated = 0  # endpoints whose placements a counter reset voided
+        self.dropped = 0  # block ids never written (the queue was full)
+        self.ids_written = 0
+        self.ids_read = 0
+        self.bytes_written = 0
+        self.bytes_read = 0
+        #: Redis commands sent for placements: none, they ride on the exchange's call.
+        self.commands = 0
+
+    def __len__(self) -> int:
+        return len(self._new) + len(self._old)
+
+    @property
+    def shared(self) -> bool:
+        """The other replicas' placements are current (the exchange carrying them
+        answered within ``LOST_AFTER_MS``); False: this replica's own only."""
+        at = self.exchanged_at
+        return self.sharing and at is not None and (time.monotonic() - at) * 1000 <= LOST_AFTER_MS
+
+    # --- the pick path (no lock: dict reads) --------------------------------------------
+
+    def lookup(self, ids: Sequence[int]) -> Found:
+        """What the table holds for each of ``ids`` (None: nothing), and the positions of
+        those found in the older generation: one pass that ``matches`` and ``record``
+        both use, so a pick looks each block up once."""
+        values: list[Value | None] = list(map(self._new.get, ids))
+        old = self._old
+        aged: set[int] = set()
+        if old:
+            for i, value in enumerate(values):
+                if value is None:
+                    held = old.get(ids[i])
+                    if held is not None:
+                        values[i] = held
+                        aged.add(i)
+        return values, aged
+
+    def matches(
+        self, ids: Sequence[int], limit: int = MAX_HOLDERS, found: Found | None = None
+    ) -> list[tuple[str, int]]:
+        """The endpoints holding a prefix of ``ids``, longest first, at most ``limit``
+        (``found``: ``lookup(ids)`` already made)."""
+        values = (found or self.lookup(ids))[0]
+        low, used, cap = self._low, self._used, self._cap
+        best: dict[int, int] = {}
+        last: Value | None = None
+        for k in range(len(values) - 1, -1, -1):
+            value = values[k]
+            if value is None or value == last:
+                continue  # a prompt's blocks placed together hold the same: seen
+            last = value
+            for v in (value,) if type(value) is int else value:  # type: ignore[union-attr]
+                code = v & _MASK
+                if code not in best:
+                    pos = v >> CODE_BITS
+                    if pos >= low[code] and used[code] - pos < cap[code]:
+                        best[code] = k + 1
+            if len(best) >= limit:
+                break
+        names = self._ids
+        return [(names[code], n) for code, n in best.items()]
+
+    # --- changes ------------------------------------------------------------------------
+
+    def _code(self, endpoint_id: str) -> int:
+        code = self._codes.get(endpoint_id)
+        if code is None:
+            if len(self._ids) > _MASK:  # a million endpoints seen: start over
+                self._clear()
+            code = self._codes[endpoint_id] = len(self._ids)
+            self._ids.append(endpoint_id)
+            self._used.append(0)
+            self._low.append(1)
+            self._cap.append(DEFAULT_CAPACITY_TOKENS // TOKENS_PER_BLOCK)
+            self._marks.append(deque())
+            self._seen.append(None)
+        return code
+
+    def _clear(self) -> None:
+        """Everything forgotten (new objects: a pick reading the old ones meanwhile reads
+        them whole)."""
+        self._new, self._old = {}, {}
+        self._codes = {}
+        self._ids, self._used, self._low, self._cap = [], [], [], []
+        self._marks, self._seen = [], []
+
+    def record(
+        self,
+        endpoint_id: str,
+        ids: Sequence[int],
+        capacity_tokens: float | None = None,
+        found: Found | None = None,
+    ) -> None:
+        """The prompt of block ids ``ids`` was sent to ``endpoint_id`` (an engine of
+        ``capacity_tokens`` KV tokens; None: as last known, else the default);
+        ``found``: ``lookup(ids)`` made for the pick."""
+        with self._lock:
+            fresh = self._place(endpoint_id, ids, capacity_tokens, found)
+            if fresh and self.sharing:
+                room = OUT_MAX - self._out_n
+                if room < len(fresh):
+                    self.dropped += len(fresh) - max(0, room)
+                    fresh = fresh[: max(0, room)]
+                if fresh:
+                    self._out.setdefault(endpoint_id, []).extend(fresh)
+                    self._out_n += len(fresh)
+
+    def _place(
+        self,
+        endpoint_id: str,
+        ids: Sequence[int],
+        capacity_tokens: float | None,
+        found: Found | None = None,
+    ) -> list[int]:
+        """Place ``ids`` (under the lock); returns those that were new there."""
+        now = self._clock()
+        if now >= self._next_expire:
+            self._expire(now)
+        code = self._code(endpoint_id)
+        if capacity_tokens is not None and capacity_tokens > 0:
+            self._cap[code] = max(1, int(capacity_tokens) // TOKENS_PER_BLOCK)
+        if len(self._new) + len(ids) > self.max_blocks // 2:
+            self._old, self._new = self._new, {}  # the older generation is dropped
+            found = None  # found in generations that moved
+        used, fresh = self._blocks(ids, code, found or self.lookup(ids))
+        self._used[code] = used
+        marks = self._marks[code]
+        if not marks or now - marks[-1][0] >= MARK_S:
+            marks.append((now, used))
+        self.placed += len(fresh)
+        return fresh
+
+    def _blocks(self, ids: Sequence[int], code: int, found: Found) -> tuple[int, list[int]]:
+        """Place ``ids`` on ``code``: (its count of blocks after, the ids new there).
+        Every block of the prompt gets the count after it (one int shared by all): a
+        prompt's blocks are as recent as its last use, its head never older than its
+        tail."""
+        values, aged = found
+        used, cap, floor = self._used[code], self._cap[code], self._low[code]
+        fresh: list[int] = []
+        last: Value | None = None
+        held = False
+        for i, value in enumerate(values):
+            if value is not None and value != last:  # blocks placed together: as the last
+                last = value
+                for v in (value,) if type(value) is int else value:  # type: ignore[union-attr]
+                    if v & _MASK == code:
+                        pos = v >> CODE_BITS
+                        break
+                else:
+                    pos = -1
+                held = pos >= floor and used - pos < cap
+            if value is not None and held:
+                continue  # held here: used again, not new
+            fresh.append(ids[i])
+        used += len(fresh)
+        mark = used << CODE_BITS | code
+        new = self._new
+        lows, useds, caps = self._low, self._used, self._cap
+        last = None
+        result: Value = mark
+        for i, value in enumerate(values):
+            if value is None or type(value) is int and value & _MASK == code:
+                if value != mark or (aged and i in aged):
+                    new[ids[i]] = mark
+                continue
+            if value == last:  # blocks placed together: the same holders again
+                new[ids[i]] = result
+                continue
+            last = value
+            kept = [
+                v
+                for v in ((value,) if type(value) is int else value)  # type: ignore[union-attr]
+                if (c := v & _MASK) != code
+                and (v >> CODE_BITS) >= lows[c]
+                and useds[c] - (v >> CODE_BITS) < caps[c]
+            ]
+            kept.append(mark)
+            result = kept[0] if len(kept) == 1 else tuple(kept[-MAX_HOLDERS:])
+            new[ids[i]] = result
+        return used, fresh
+
+    def _expire(self, now: float) -> None:
+        """Placements not used within ``age_s`` stop counting (under the lock)."""
+        self._next_expire = now + MARK_S
+        limit = now - self.age_s
+        for code, marks in enumerate(self._marks):
+            while marks and marks[0][0] < limit:
+                _, used = marks.popleft()
+                if used + 1 > self._low[code]:
+                    self._low[code] = used + 1
+
+    def observe(self, endpoint_id: str, queries: float | None, hits: float | None) -> bool:
+        """The endpoint's prefix-cache counters (``prefix_cache_queries_total``,
+        ``hits_total``) as its page shows them; either below what was seen before (the
+        engine restarted or reset its cache): its placements are void (returns True)."""
+        if queries is None or hits is None:
+            return False
+        code = self._codes.get(endpoint_id)
+        if code is None:
+            with self._lock:
+                code = self._code(endpoint_id)
+        seen = self._seen[code]
+        if seen is not None and seen == (queries, hits):
+            return False
+        with self._lock:
+            reset = seen is not None and (queries < seen[0] or hits < seen[1])
+            if reset:
+                self._low[code] = self._used[code] + 1
+                self.invalidated += 1
+            self._seen[code] = (queries, hits)
+        return reset
+
+    # --- the exchange (poller/reader/share.py) ----------------------------------------
+
+    def outgoing(self) -> str:
+        """The placements to write on this exchange (taken from the queue, at most
+        ``ENTRY_MAX`` ids): ``<endpoint id> <base64 ids> ...``, "" when none."""
+        with self._lock:
+            if not self._out:
+                return ""
+            parts: list[str] = []
+            room = ENTRY_MAX
+            for endpoint_id in list(self._out):
+                ids = self._out[endpoint_id]
+                taken, rest = ids[:room], ids[room:]
+                if rest:
+                    self._out[endpoint_id] = rest
+                else:
+                    del self._out[endpoint_id]
+                parts += (endpoint_id, _pack(taken))
+                room -= len(taken)
+                self._out_n -= len(taken)
+                self.ids_written += len(taken)
+                if room <= 0:
+                    break
+        body = " ".join(parts)
+        self.bytes_written += len(body)
+        return body
+
+    def unsent(self, body: str) -> None:
+        """The exchange carrying ``body`` failed: its ids go back to the queue (as room
+        allows), for the next call."""
+        self.bytes_written -= len(body)
+        words = body.split(" ") if body else []
+        with self._lock:
+            for j in range(1, len(words), 2):
+                ids = _unpack(words[j]) or []
+                self.ids_written -= len(ids)
+                room = max(0, OUT_MAX - self._out_n)
+                if room < len(ids):
+                    self.dropped += len(ids) - room
+                    ids = ids[:room]
+                if ids:
+                    self._out.setdefault(words[j - 1], []).extend(ids)
+                    self._out_n += len(ids)
+
+    def absorb(self, reply: Sequence[Any]) -> None:
+        """The exchange's placement reply: ``[last entry id, entry id, body, ...]``, the
+        other replicas' entries since the last one read."""
+        if not reply:
+            return
+        self.last_id = str(reply[0])
+        for i in range(2, len(reply), 2):
+            body = str(reply[i])
+            self.bytes_read += len(body)
+            words = body.split(" ")
+            for j in range(1, len(words), 2):
+                ids = _unpack(words[j])
+                if ids is None:
+                    continue
+                self.ids_read += len(ids)
+                with self._lock:
+                    self._place(words[j - 1], ids, None)
+        self.exchanged_at = time.monotonic()
+
+    def __repr__(self) -> str:
+        return f"Placements({len(self)} blocks, {len(self._ids)} endpoints, shared={self.shared})"
+
+
+def _pack(ids: Sequence[int]) -> str:
+    """Ids as base64 of their 8 big-endian bytes each."""
+    return base64.b64encode(b"".join(i.to_bytes(8, "big") for i in ids)).decode("ascii")
+
+
+def _unpack(text: str) -> list[int] | None:
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError:
+        return None
+    if len(raw) % 8:
+        return None
+    return [int.from_bytes(raw[i : i + 8], "big") for i in range(0, len(raw), 8)]

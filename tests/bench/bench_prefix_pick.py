@@ -1,0 +1,149 @@
+"""Time a pick with a prompt (prefix affinity) on a cached view of N endpoints, no Redis.
+
+Usage: python tests/bench/bench_prefix_pick.py [--endpoints 1000] [--picks 20000]
+       [--chars 4000] [--json]
+
+The fleet of tests/bench/bench_pick.py (8 models, mixed engines), the fleet's shared
+counts of 7 other gateway replicas present and a ``LocalLoad`` with requests in flight,
+as a gateway runs by default; the placement table already holding 2,000 conversations
+and ~500,000 blocks. It times one call at a time (wall clock and this thread's CPU,
+garbage collector off) and prints p50/p99/max in us:
+
+- ``pick(cache, model=)`` without a prompt (the reference);
+- with a new ``--chars`` prompt each time (nothing matches; its blocks are recorded);
+- with a conversation's next turn (its previous turn placed: the prefix matches);
+- ``block_ids`` alone on such a prompt;
+- one exchange's placement work: 7 peers' entries (200 ids each) absorbed and ours
+  taken to write.
+
+Timings come from whatever machine runs it, often shared and noisy: compare runs on one
+machine, not single numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # a checkout without `pip install -e .`
+    sys.path.insert(0, str(ROOT))
+
+from poller.reader import LocalLoad, Picker, ViewCache  # noqa: E402
+from poller.reader.placements import _pack  # noqa: E402
+from poller.reader.prefix import block_ids  # noqa: E402
+from poller.reader.share import FleetLoad, pages_of  # noqa: E402
+from tests.bench.bench_pick import MODELS, fleet, peer_fields, timed  # noqa: E402
+
+CONVERSATIONS = 2000
+FILL_BLOCKS = 500_000
+
+
+def text(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz      ,.") for _ in range(n))
+
+
+def gateway(n: int, rng: random.Random) -> tuple[ViewCache, LocalLoad, Picker]:
+    """The cache of ``n`` endpoints with 7 peers' shared counts, a ``LocalLoad`` with
+    requests in flight, a picker, and the placement table filled as a busy fleet's."""
+    cache = fleet(n, int(time.time() * 1000))
+    local = LocalLoad()
+    for i in range(0, n, 3):
+        local.started(f"ep-{i}")
+    fleet_load = FleetLoad("bench")
+    cache.fleet = fleet_load
+    fleet_load.attach(local)
+    pages = pages_of((i, cache.base(i)) for i in cache.ids())
+    fleet_load.absorb(peer_fields(n, cache, rng), pages, cache.offset_ms)
+    assert fleet_load.peers == 7
+    table = cache.placements
+    table.sharing = True
+    for i in range(FILL_BLOCKS // 100):  # blocks of other prompts on every endpoint
+        table.record(f"ep-{i % n}", [rng.getrandbits(64) for _ in range(100)])
+    while table.outgoing():
+        pass
+    return cache, local, Picker(rng=random.Random(2))
+
+
+def report(results: dict[str, dict[str, float]], title: str) -> None:
+    print(f"{title}; times per call in us ({time.strftime('%Y-%m-%d %H:%M')})")
+    print(f"{'':34} {'p50':>8} {'p99':>8} {'max':>8} {'cpu p50':>8} {'cpu p99':>8} {'calls':>6}")
+    for name, r in results.items():
+        print(
+            f"{name:34} {r['p50_us']:8.1f} {r['p99_us']:8.1f} {r['max_us']:8.1f}"
+            f" {r['cpu_p50_us']:8.1f} {r['cpu_p99_us']:8.1f} {r['count']:6}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--endpoints", type=int, default=1000)
+    parser.add_argument("--picks", type=int, default=20000)
+    parser.add_argument("--chars", type=int, default=4000)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    n, count, chars = args.endpoints, args.picks, args.chars
+    rng = random.Random(1)
+    cache, local, picker = gateway(n, rng)
+    table = cache.placements
+    base = text(rng, chars)
+    turns = [f"{c:06d}" + base[6 : chars - 200] for c in range(CONVERSATIONS)]
+    for c, prompt in enumerate(turns):
+        picker.pick(cache, MODELS[c % len(MODELS)], prompt=prompt, local=local)
+    while table.outgoing():
+        pass
+    tail = text(rng, 200)
+    results: dict[str, dict[str, float]] = {}
+    results["pick(cache, model=)"] = timed(
+        lambda k: picker.pick(cache, MODELS[k % len(MODELS)], local=local), count
+    )
+    current = [""]
+
+    def new_prompt(k: int) -> None:
+        current[0] = f"new {k:08d} " + base[13:]
+        if k % 100 == 0:  # what the exchange takes meanwhile
+            table.outgoing()
+
+    results[f"pick, new {chars}-char prompt"] = timed(
+        lambda k: picker.pick(cache, MODELS[k % len(MODELS)], prompt=current[0], local=local),
+        count,
+        before=new_prompt,
+    )
+
+    def next_turn(k: int) -> None:
+        current[0] = turns[k % CONVERSATIONS] + tail
+
+    def pick_turn(k: int) -> object:
+        c = k % CONVERSATIONS
+        return picker.pick(cache, MODELS[c % len(MODELS)], prompt=current[0], local=local)
+
+    results[f"pick, next turn ({chars} chars)"] = timed(pick_turn, count, before=next_turn)
+    hits = 0
+    for c in range(CONVERSATIONS):
+        ids = block_ids(turns[c] + tail, MODELS[c % len(MODELS)])
+        matched = table.matches(ids, limit=1)
+        hits += bool(matched) and matched[0][1] == len(ids)
+    results[f"block_ids, {chars} chars"] = timed(lambda k: block_ids(current[0], "m"), count)
+    bodies: list[str] = []  # 7 peers' entries: 200 new ids each, on some endpoint
+    for i in range(7):
+        ids = [rng.getrandbits(64) for _ in range(200)]
+        bodies += [f"1-{i}", f"ep-{rng.randrange(n)} {_pack(ids)}"]
+
+    def exchange(k: int) -> object:
+        table.absorb([f"{k}-9", *bodies])
+        return table.outgoing()
+
+    results["placements: one exchange"] = timed(exchange, max(20, count // 100))
+    if args.json:
+        print(json.dumps({"endpoints": n, "chars": chars, "results": results}))
+        return
+    report(results, f"{n} endpoints, {len(table)} blocks placed, {chars}-char prompts")
+    print(f"next turns whose whole prompt is placed after the run: {hits}/{CONVERSATIONS}")
+
+
+if __name__ == "__main__":
+    main()

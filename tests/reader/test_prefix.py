@@ -1,0 +1,370 @@
+"""Prefix affinity without Redis: the block ids, ``prompt_of``, the placement table's
+bounds and invalidation, and the pick rule (the prefix wins, bounded load overrides,
+``prompt=None`` unchanged). Every random choice is seeded: the verdicts are exact."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import zlib
+
+import pytest
+
+from poller import prompt_of
+from poller.errors import ConfigError
+from poller.reader import LocalLoad, Picker
+from poller.reader.placements import (
+    ENTRY_MAX,
+    MAX_HOLDERS,
+    OUT_MAX,
+    TOKENS_PER_BLOCK,
+    Placements,
+    _unpack,
+)
+from poller.reader.prefix import BLOCK_BYTES, MAX_BLOCKS, block_ids
+from tests.reader.test_pick import picks, timed, view_of
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def text(n: int, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(n))
+
+
+# --- block ids -----------------------------------------------------------------------------
+
+
+def test_block_ids_are_the_running_crc32_and_adler32_of_the_prefix() -> None:
+    """The documented rule (docs/schema.md), computed here from zlib directly."""
+    size = BLOCK_BYTES
+    assert size == 512
+    prompt = text(size * 3 + 40)
+    data = prompt.encode()
+    ends = (size, size * 2, size * 3)
+    expected = [zlib.crc32(data[:end]) << 32 | zlib.adler32(data[:end]) for end in ends]
+    assert block_ids(prompt) == expected  # the part block (40 bytes) has no id
+    seeded = b"org/m\0"
+    assert block_ids(prompt, "org/m")[0] == (
+        zlib.crc32(seeded + data[:size]) << 32 | zlib.adler32(seeded + data[:size])
+    )
+    assert block_ids(prompt[: size - 1]) == []
+
+
+def test_two_prompts_share_ids_exactly_as_far_as_they_share_a_prefix() -> None:
+    base = text(BLOCK_BYTES * 10)
+    longer = base + text(BLOCK_BYTES * 3, seed=1)
+    assert block_ids(longer)[:10] == block_ids(base)
+    at = BLOCK_BYTES * 2 + 3
+    changed = base[:at] + ("x" if base[at] != "x" else "y") + base[at + 1 :]
+    a, b = block_ids(base), block_ids(changed)
+    assert a[:2] == b[:2] and all(x != y for x, y in zip(a[2:], b[2:], strict=True))
+    assert block_ids(base, "m1") != block_ids(base, "m2")  # a cache is per model
+    assert len(block_ids("é" * BLOCK_BYTES)) == 2  # UTF-8 bytes, not characters
+    assert len(block_ids("a" * BLOCK_BYTES * (MAX_BLOCKS + 5))) == MAX_BLOCKS
+
+
+def test_block_ids_are_the_same_in_another_process() -> None:
+    """Python's ``hash`` is salted per process; the ids must not be."""
+    prompt = text(1000, seed=3)
+    code = (
+        "import sys; from poller.reader.prefix import block_ids; "
+        "print(block_ids(sys.stdin.read(), 'org/model'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input=prompt,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+    )
+    assert out.stdout.strip() == str(block_ids(prompt, "org/model"))
+
+
+def test_block_ids_want_text() -> None:
+    with pytest.raises(TypeError, match="prompt must be a str"):
+        block_ids(b"bytes")  # type: ignore[arg-type]
+
+
+# --- prompt_of ------------------------------------------------------------------------------
+
+
+def test_a_turns_messages_render_to_a_prefix_of_the_next_turns() -> None:
+    turn = [
+        {"role": "system", "content": "You answer briefly."},
+        {"role": "user", "content": [{"type": "text", "text": "Look:"}, {"type": "image_url"}]},
+    ]
+    first = prompt_of(turn)
+    assert first == "<|system|>\nYou answer briefly.\n<|user|>\nLook:\n"
+    turn += [{"role": "assistant", "content": None}, {"role": "user", "content": "And?"}]
+    second = prompt_of(turn)
+    assert second.startswith(first) and second.endswith("<|assistant|>\n\n<|user|>\nAnd?\n")
+    assert prompt_of([]) == ""
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    assert prompt_of([{"role": "user", "content": parts}]) == "<|user|>\na\nb\n"
+
+
+@pytest.mark.parametrize(
+    ("messages", "said"),
+    [
+        ("hello", "messages must be a list"),
+        ({"role": "user"}, "messages must be a list"),
+        (["hi"], r"messages\[0\] must be a mapping"),
+        ([{"role": "user", "content": 3}], r"messages\[0\]\['content'\] must be"),
+    ],
+)
+def test_prompt_of_names_what_is_wrong(messages: object, said: str) -> None:
+    with pytest.raises(TypeError, match=said):
+        prompt_of(messages)  # type: ignore[arg-type]
+
+
+# --- the placement table ---------------------------------------------------------------------
+
+
+def test_matches_are_the_longest_prefix_per_endpoint_longest_first() -> None:
+    table = Placements()
+    system = text(BLOCK_BYTES * 4)
+    conversation = system + text(BLOCK_BYTES * 6, seed=1)
+    table.record("a", block_ids(system))
+    table.record("b", block_ids(conversation))
+    asked = block_ids(conversation + text(BLOCK_BYTES * 2, seed=2))
+    assert table.matches(asked) == [("b", 10), ("a", 4)]
+    assert table.matches(asked, limit=1) == [("b", 10)]
+    assert table.matches(block_ids(text(BLOCK_BYTES * 5, seed=9))) == []
+    assert table.placed == 4 + 10
+
+
+def test_a_placement_counts_while_the_engine_could_still_hold_the_block() -> None:
+    """An engine of 10 blocks: a prompt's blocks count until 10 new blocks were placed
+    there after its last use; a prompt placed again is moved up, as an LRU moves it to
+    the front."""
+    table = Placements()
+    capacity = 10 * TOKENS_PER_BLOCK
+
+    def prompt(blocks: int, seed: int) -> list[int]:
+        return block_ids(text(BLOCK_BYTES * blocks, seed=seed))
+
+    first, second = prompt(4, 0), prompt(6, 1)
+    table.record("e", first, capacity)
+    table.record("e", second, capacity)
+    table.record("e", prompt(3, 2), capacity)
+    assert table.matches(first) == [("e", 4)]  # 9 placed since: still held
+    table.record("e", first, capacity)  # used again: moved up, nothing new placed
+    assert table.placed == 13
+    table.record("e", prompt(7, 3), capacity)
+    assert table.matches(second) == []  # 10 placed since its last use: evicted
+    assert table.matches(first) == [("e", 4)]  # 7 since its last use
+    table.record("e", prompt(3, 4), capacity)
+    assert table.matches(first) == []
+
+
+def test_a_placement_stops_counting_past_the_age_cap() -> None:
+    clock = Clock()
+    table = Placements(age_s=60.0, clock=clock)
+    ids = block_ids(text(BLOCK_BYTES * 3))
+    table.record("e", ids)
+    clock.t += 30
+    table.record("other", block_ids(text(BLOCK_BYTES, seed=1)))
+    assert table.matches(ids) == [("e", 3)]
+    clock.t += 40  # 70 s since it was placed
+    table.record("other", block_ids(text(BLOCK_BYTES, seed=2)))  # any record sweeps
+    assert table.matches(ids) == []
+
+
+def test_counters_that_go_back_void_the_endpoints_placements_at_once() -> None:
+    table = Placements()
+    ids = block_ids(text(BLOCK_BYTES * 3))
+    table.record("e", ids)
+    table.record("f", ids)
+    assert not table.observe("e", 100.0, 40.0)
+    assert not table.observe("e", 150.0, 70.0)  # grew: nothing happens
+    assert table.observe("e", 3.0, 1.0)  # restarted
+    assert table.matches(ids) == [("f", 3)] and table.invalidated == 1
+    assert not table.observe("e", 4.0, 1.0)  # the new counters are the reference now
+    table.record("e", ids)
+    assert dict(table.matches(ids)) == {"e": 3, "f": 3}
+    assert not table.observe("g", None, None)  # no counters: nothing to tell
+
+
+def test_the_table_holds_at_most_max_blocks() -> None:
+    table = Placements(max_blocks=1000)
+    recent = []
+    for i in range(300):
+        recent = block_ids(text(BLOCK_BYTES * 10, seed=i))
+        table.record(f"e{i % 7}", recent)
+        assert len(table) <= 1000
+    assert table.matches(recent) == [(f"e{299 % 7}", 10)]  # the newest stay
+
+
+def test_a_block_is_remembered_on_a_bounded_number_of_endpoints() -> None:
+    table = Placements()
+    ids = block_ids(text(BLOCK_BYTES))
+    for i in range(20):
+        table.record(f"e{i}", ids)
+    held = table.matches(ids, limit=100)
+    assert len(held) == MAX_HOLDERS and {e for e, _ in held} == {f"e{i}" for i in range(16, 20)}
+
+
+def test_a_prompt_on_several_endpoints_keeps_the_valid_holders_of_every_block() -> None:
+    table = Placements()
+    ids = block_ids(text(BLOCK_BYTES * 5))
+    table.record("e1", ids)
+    table.record("e2", ids[:3])  # a shorter prefix of it
+    table.observe("e1", 10.0, 5.0)
+    table.observe("e1", 1.0, 0.0)  # e1 restarted: its placements are void
+    table.record("e3", ids)
+    assert table.matches(ids) == [("e3", 5), ("e2", 3)]
+    assert table.matches(ids[:4]) == [("e3", 4), ("e2", 3)]
+    table.record("e1", ids)  # placed there again: new there, with the others kept
+    assert table.matches(ids) == [("e3", 5), ("e1", 5), ("e2", 3)]
+    assert table.placed == 5 + 3 + 5 + 5
+
+
+def test_what_one_table_sends_another_absorbs() -> None:
+    a, b = Placements(), Placements()
+    a.sharing = True
+    ids = block_ids(text(BLOCK_BYTES * 5))
+    a.record("e", ids)
+    a.record("e", ids)  # held there already: nothing more to send
+    body = a.outgoing()
+    assert body.startswith("e ") and a.outgoing() == ""
+    assert a.ids_written == 5 and a.bytes_written == len(body)
+    b.absorb(["1-0", "1-0", body])
+    assert b.matches(ids) == [("e", 5)] and b.last_id == "1-0" and b.ids_read == 5
+    a.unsent(body)  # the call that carried it failed: sent again next time
+    assert a.outgoing() == body
+
+
+def test_the_queue_to_send_is_bounded_and_one_entry_carries_at_most_entry_max() -> None:
+    table = Placements()
+    table.sharing = True
+    for i in range(OUT_MAX // 100 + 5):
+        table.record(f"e{i % 3}", block_ids(text(BLOCK_BYTES * 100, seed=i)))
+    assert table.dropped == (OUT_MAX // 100 + 5) * 100 - OUT_MAX
+    sent = 0
+    while body := table.outgoing():
+        words = body.split(" ")
+        n = sum(len(_unpack(w) or []) for w in words[1::2])
+        assert n <= ENTRY_MAX
+        sent += n
+    assert sent == OUT_MAX
+
+
+# --- the pick rule ---------------------------------------------------------------------------
+
+PROMPT = text(4000, seed=7)
+
+
+def fleet(**loads: int) -> object:
+    return view_of(*(timed(e, running=str(n), models="m") for e, n in loads.items()))
+
+
+def test_the_endpoint_holding_the_prefix_takes_the_conversations_next_turn() -> None:
+    picker = Picker(rng=random.Random(1))
+    view = fleet(a=2, b=2, c=2, d=2)
+    first = picker.pick(view, "m", prompt=PROMPT)
+    assert first is not None
+    follow_up = PROMPT + text(300, seed=8)
+    assert picks(picker, view, 50, model="m", prompt=follow_up) == {first: 50}
+    # A load-only pick spreads (and records nothing).
+    assert len(picks(picker, view, 50, model="m")) > 1
+    assert len(picker.placements) == len(block_ids(follow_up, "m"))
+
+
+def test_bounded_load_sends_the_request_elsewhere_when_the_holder_is_too_busy() -> None:
+    """Holder at (r + 1) loads against the least loaded's 1: within 1.5 x 1 + 2 it wins,
+    past it the load-only choice does."""
+    for running, expected in ((2, "a"), (3, "b")):
+        picker = Picker(rng=random.Random(2))
+        picker.placements.record("a", block_ids(PROMPT, "m"))
+        view = fleet(a=running, b=0)
+        assert picker.pick(view, "m", prompt=PROMPT) == expected, running
+    picker = Picker(rng=random.Random(2), prefix_load_factor=4.0, prefix_load_slack=0.0)
+    picker.placements.record("a", block_ids(PROMPT, "m"))
+    assert picker.pick(fleet(a=3, b=0), "m", prompt=PROMPT) == "a"
+
+
+def test_among_equal_prefixes_the_least_loaded_holder_wins_and_a_longer_one_first() -> None:
+    picker = Picker(rng=random.Random(3))
+    system = PROMPT[:2000]
+    for holder in ("a", "b", "c"):
+        picker.placements.record(holder, block_ids(system, "m"))
+    view = fleet(a=3, b=1, c=2, d=0)
+    assert picker.pick(view, "m", prompt=system + "a new conversation " * 20) == "b"
+    picker.placements.record("c", block_ids(PROMPT, "m"))
+    assert picker.pick(view, "m", prompt=PROMPT + "next turn") == "c"
+
+
+def test_a_holder_that_may_not_take_the_request_is_passed_over() -> None:
+    ids = block_ids(PROMPT, "m")
+    cases = [
+        (view_of(timed("a", kv_cache_usage="0.95", models="m"), timed("b", models="m")), None),
+        (view_of(timed("a", age_ms=5000, models="m"), timed("b", models="m")), None),
+        (view_of(timed("a", models="other"), timed("b", models="m")), None),
+        (fleet(a=0, b=0), ["b"]),  # not among the caller's candidates
+    ]
+    for view, candidates in cases:
+        picker = Picker(rng=random.Random(4))
+        picker.placements.record("a", ids)
+        assert picker.pick(view, "m", prompt=PROMPT, candidates=candidates) == "b"
+
+
+def test_a_holder_whose_counters_went_back_is_no_holder() -> None:
+    picker = Picker(rng=random.Random(5))
+    ids = block_ids(PROMPT, "m")
+    picker.placements.record("a", ids)
+    picker.placements.observe("a", 500.0, 200.0)
+    reset = view_of(
+        timed("a", models="m", prefix_cache_queries_total="10", prefix_cache_hits_total="0"),
+        timed("b", models="m", running="1"),
+    )
+    assert picker.pick(reset, "m", prompt=PROMPT) == "a"  # the least loaded, then recorded
+    assert picker.placements.invalidated == 1
+    assert picker.placements.matches(ids) == [("a", len(ids))]  # placed after the reset
+
+
+def test_no_prompt_is_todays_pick_bit_for_bit() -> None:
+    view = view_of(*(timed(f"e{i}", running=str(i % 4), models="m") for i in range(40)))
+    local = LocalLoad()
+    one, two = Picker(rng=random.Random(9)), Picker(rng=random.Random(9))
+    a = [one.pick(view, "m", local=local) for _ in range(200)]
+    b = [two.pick(view, "m", prompt=None, local=local) for _ in range(200)]
+    assert a == b and len(two.placements) == 0
+
+
+def test_the_cache_keeps_the_placements_of_picks_on_it() -> None:
+    from tests.reader.test_pick import cache_of
+
+    cache = cache_of(*(timed(e, running="1", models="m") for e in "abc"))
+    picker = Picker(rng=random.Random(6))
+    chosen = picker.pick(cache, "m", prompt=PROMPT)
+    assert cache.placements.matches(block_ids(PROMPT, "m")) == [(chosen, 4000 // BLOCK_BYTES)]
+    assert len(picker.placements) == 0 and not cache.placements_shared
+
+
+@pytest.mark.parametrize(
+    ("kw", "said"),
+    [
+        ({"prefix_load_factor": 0.5}, "prefix_load_factor must be a number >= 1"),
+        ({"prefix_load_factor": float("inf")}, "prefix_load_factor"),
+        ({"prefix_load_slack": -1}, "prefix_load_slack must be a number >= 0"),
+        ({"prefix_load_slack": "2"}, "prefix_load_slack"),
+    ],
+)
+def test_bad_prefix_settings_are_config_errors(kw: dict[str, object], said: str) -> None:
+    with pytest.raises(ConfigError, match=said):
+        Picker(**kw)  # type: ignore[arg-type]
+
+
+def test_a_prompt_that_is_not_text_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="prompt must be a str or None"):
+        Picker().pick(fleet(a=0), "m", prompt=["hi"])  # type: ignore[arg-type]
