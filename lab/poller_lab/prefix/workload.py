@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from poller.errors import ConfigError
 from poller_lab.sim.prefix import block_ids, prompt_tokens
@@ -102,7 +103,7 @@ def _text(rng: random.Random, chars: int) -> str:
     return " ".join(words)[:chars]
 
 
-def render(messages: Iterable[Message]) -> str:
+def render(messages: Iterable[Mapping[str, Any]]) -> str:
     """The prompt an engine prefills for ``messages``: the simulator's rendering."""
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages)
 
