@@ -167,3 +167,56 @@ def test_targets_say_met_missed_and_not_measured() -> None:
     assert "not measured  prefix-heavy, 8 gateways, load 0.7: own placements" in text
     assert "not measured  no-prefix, 1 gateways" in text
     assert lines[-1].startswith("  met") and "CPU p99" in lines[-1]
+
+
+async def test_the_driver_sends_every_turn_in_order_through_the_hashed_gateway() -> None:
+    import time
+
+    from aiohttp import web
+
+    from poller_lab.prefix.driver import drive
+    from poller_lab.prefix.workload import Shape, conversations
+
+    seen: list[tuple[int, int]] = []
+
+    def app(index: int) -> web.Application:
+        async def chat(request: web.Request) -> web.StreamResponse:
+            body = await request.json()
+            seen.append((index, len(body["messages"])))
+            out = web.StreamResponse(headers={"x-gateway-endpoint": f"e{index}"})
+            await out.prepare(request)
+            await out.write(b"data: first\n\n")
+            await out.write(b"data: [DONE]\n\n")
+            await out.write_eof()
+            return out
+
+        a = web.Application()
+        a.router.add_post("/v1/chat/completions", chat)
+        return a
+
+    runners = [web.AppRunner(app(i)) for i in range(3)]
+    urls = []
+    for runner in runners:
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
+    try:
+        shape = Shape(system_chars=100, document_chars=100, question_chars=20, think_s=0.0,
+                      min_turns=3, max_turns=3)  # fmt: skip
+        convs = conversations("prefix-heavy", 4, 1, shape)
+        records, cut = await drive(convs, [0.0] * 4, urls, "m", time.monotonic())
+        none, all_cut = await drive(convs, [0.0] * 4, urls, "m", time.monotonic(), -1.0)
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+    assert cut == 0 and len(records) == 12
+    for r in records:
+        g = gateway_for(r["conversation"], r["turn"], 3)
+        assert r["gateway"] == g and r["endpoint"] == f"e{g}" and r["status"] == 200
+        assert 0 <= r["ttft_s"] <= r["latency_s"]
+    for conv in convs:
+        turns = [r["turn"] for r in records if r["conversation"] == conv.id]
+        assert turns == [0, 1, 2]  # one after the other
+    assert sorted(n for _, n in seen) == sorted([2, 4, 6] * 4)
+    assert none == [] and all_cut == 12  # past the deadline nothing is sent

@@ -4,12 +4,15 @@ Each conversation starts at its offset and sends its turns one after the other: 
 goes out its think time after the previous answer ended. Each turn goes to the gateway a
 hash of (conversation, turn) names, as a load balancer in front of the gateways spreads
 requests, so a conversation's turns land on different gateways. Every request streams;
-time to first token is until the first chunk of the body, latency until its end.
+time to first token is until the first chunk of the body, latency until its end. A turn
+not sent by ``deadline_s`` is not sent at all (``cut``): an overloaded fleet's queues
+would otherwise keep a cell running for many minutes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import zlib
 from collections.abc import Sequence
@@ -53,10 +56,13 @@ async def drive(
     gateway_urls: Sequence[str],
     model: str,
     t0: float,
-) -> list[dict[str, Any]]:
-    """Run every conversation (offsets ``starts`` from monotonic ``t0``) to its end;
-    returns one record per request (``sent_s`` counted from ``t0``)."""
+    deadline_s: float = math.inf,
+) -> tuple[list[dict[str, Any]], int]:
+    """Run every conversation (offsets ``starts`` from monotonic ``t0``) to its end or
+    ``deadline_s``; returns one record per request (``sent_s`` counted from ``t0``) and
+    the number of turns cut."""
     records: list[dict[str, Any]] = []
+    cut = [0]
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
@@ -66,6 +72,9 @@ async def drive(
             for index, turn in enumerate(conv.turns):
                 if turn.think_s:
                     await asyncio.sleep(turn.think_s)
+                if time.monotonic() - t0 > deadline_s:
+                    cut[0] += len(conv.turns) - index
+                    return
                 g = gateway_for(conv.id, index, len(gateway_urls))
                 body = {
                     "model": model,
@@ -106,4 +115,4 @@ async def drive(
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-    return records
+    return records, cut[0]

@@ -44,6 +44,8 @@ class PrefixConfig:
     duration_s: float = 30.0
     #: Requests sent before this many seconds into a cell (cold caches) are not counted.
     warmup_s: float = 8.0
+    #: No turn is sent later than this many seconds after ``duration_s`` (bounds a cell).
+    tail_s: float = 60.0
     shape: Shape = field(default_factory=Shape)
     max_conversations: int = 2000
     interval_s: float = 1.0
@@ -56,6 +58,7 @@ class PrefixConfig:
             loads=(0.7,),
             duration_s=5.0,
             warmup_s=1.0,
+            tail_s=30.0,
             shape=Shape(min_turns=2, max_turns=3, think_s=0.5, answer_tokens=16.0),
             max_conversations=60,
         )

@@ -87,6 +87,7 @@ _COLUMNS = (
     ("p50 s", 6, "p50_s"),
     ("p99 s", 6, "p99_s"),
     ("err", 4, "errors"),
+    ("cut", 4, "turns_cut"),
     ("cmd/s", 6, "redis_commands_per_s_per_replica"),
     ("bytes", 8, "redis_bytes_per_replica"),
     ("cpu us", 6, "pick_cpu_p99_us"),

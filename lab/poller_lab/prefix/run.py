@@ -5,7 +5,8 @@ Real processes on loopback: an embedded Redis, the simulator serving ``fleet.ENG
 many gateway processes (gateway.py). The bench process drives the conversations through
 the gateways (driver.py). A cell is one workload at one load: every engine's prefix cache
 is emptied first (the gateways' placements must notice), the conversations start over
-``duration_s`` seconds and run to their last turn; requests sent in the first
+``duration_s`` seconds and run to their last turn (none sent later than ``tail_s`` after
+that: ``turns_cut`` counts the turns left out); requests sent in the first
 ``warmup_s`` seconds are not counted, and the engines' prefix-cache counters and the
 gateways' counters are read when the warm-up ends and when the cell does.
 
@@ -163,7 +164,9 @@ class _Bench:
                 marks["placements"] = [s["placements"] for s in stats]
 
             warm = asyncio.create_task(at_warmup())
-            records = await drive(convs, starts, gateways, MODEL, t0)
+            records, cut = await drive(
+                convs, starts, gateways, MODEL, t0, cfg.duration_s + cfg.tail_s
+            )
             await warm
             end_t = time.monotonic()
             counters = await self._counters(http)
@@ -178,6 +181,7 @@ class _Bench:
             max(1e-3, end_t - marks["t"]),
         )
         row["conversations"] = n
+        row["turns_cut"] = cut
         row["conversations_per_s"] = round(rate, 3)
         row["largest_queue"] = max(q["peak_waiting"] for q in queues["endpoints"].values())
         return row
