@@ -65,6 +65,7 @@ def summarise(
         "p99_s": _q([r["latency_s"] for r in ok], 0.99),
         "hit_rate": round(hits / queries, 3) if queries else None,
         "fallbacks": sum(g["fallbacks"] for g in gateway_stats),
+        "pick_cpu_p50_us": _q(cpu_us, 0.5),
         "pick_cpu_p99_us": _q(cpu_us, 0.99),
         "redis_commands_per_s_per_replica": None
         if commands is None
