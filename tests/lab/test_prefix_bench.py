@@ -27,6 +27,7 @@ from tests.support.procs import leftovers
 
 @pytest.mark.slow
 @pytest.mark.redis_server
+@pytest.mark.timeout(960)  # the subprocess's own 900 s bound fails first
 def test_quick_prefix_bench_end_to_end() -> None:
     marker = f"PREFIX_TEST_{uuid.uuid4().hex}"
     args = [sys.executable, "-m", "poller", "bench", "--section", "prefix", "--quick", "--json"]
