@@ -108,16 +108,16 @@ def sim(ctx: click.Context) -> None:
     "--section",
     "sections",
     multiple=True,
-    type=click.Choice(["scrape", "cluster", "failover", "reader", "readers", "routing"]),
+    type=click.Choice(["scrape", "cluster", "failover", "reader", "readers", "routing", "prefix"]),
     show_default="scrape, cluster, failover, reader",
-    help="Run only these sections (repeatable); readers and routing run only when named.",
+    help="Run only these sections (repeatable); readers, routing and prefix run only when named.",
 )
 @click.option(
     "--policy",
     "policies",
     multiple=True,
     show_default="every registered one",
-    help="routing: only these policies (repeatable).",
+    help="routing, prefix: only these policies (repeatable).",
 )
 @click.option(
     "--page",
@@ -166,6 +166,11 @@ def bench(
     if "routing" in sections:
         _bench_routing(quick, duration_s, policies, redis_url, as_json, full)
         sections = tuple(s for s in sections if s != "routing")
+        if not sections:
+            return
+    if "prefix" in sections:
+        _bench_prefix(quick, duration_s, policies, redis_url, as_json)
+        sections = tuple(s for s in sections if s != "prefix")
         if not sections:
             return
 
@@ -230,6 +235,41 @@ def _bench_routing(
     try:
         result = run_routing(cfg, redis_url, out)
         result["family"] = family
+    except ConfigError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)
+    except (RuntimeError, TimeoutError) as exc:
+        click.echo(f"Error: bench failed: {exc}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        click.echo(f"  (took {result['elapsed_s']} s)")
+
+
+def _bench_prefix(
+    quick: bool,
+    duration_s: float | None,
+    policies: tuple[str, ...],
+    redis_url: str | None,
+    as_json: bool,
+) -> None:
+    """The prefix section (lab/poller_lab/prefix/run.py): rows as they come (to stderr
+    under --json), then the targets and the report."""
+    import dataclasses
+
+    from poller.errors import ConfigError
+    from poller_lab.prefix.fleet import PrefixConfig
+    from poller_lab.prefix.run import run_prefix
+
+    out = sys.stderr if as_json else sys.stdout
+    cfg = PrefixConfig.quick() if quick else PrefixConfig()
+    if duration_s is not None:
+        cfg = dataclasses.replace(cfg, duration_s=duration_s)
+    if policies:
+        cfg = dataclasses.replace(cfg, policies=policies)
+    try:
+        result = run_prefix(cfg, redis_url, out)
     except ConfigError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)

@@ -12,7 +12,8 @@ OpenAI-compatible completions that hold running slots and show on the pages::
 
 Modules: ``model`` (the load), ``templates`` + ``pages_*`` + ``engines`` (the pages),
 ``faults``, ``spec`` (``EndpointSpec``, ``fleet``), ``serving`` (slots and queue of the
-served requests), ``openai`` (their request and response shapes, vLLM's sleep routes),
+served requests), ``prefix`` (an engine's prefix cache), ``openai`` (request and
+response shapes, vLLM's sleep routes),
 ``endpoint`` and ``serve`` (one endpoint's state and answers), ``server`` (``Simulator``),
 ``admin`` (the JSON admin API) and ``cli`` (``python -m poller_lab.sim``). The reference
 is docs/simulator.md.

@@ -10,6 +10,11 @@
     POST   /admin/endpoints/<id>/wake_up     awake again
     GET    /admin/queue                      every endpoint's true queue, one call (oracle)
     POST   /admin/queue/reset                peak_waiting back to the current queue
+    POST   /admin/prefix                     {"prompt": "..."} or {"messages": [...]}
+                                             (+ "model"?): per endpoint the prompt's
+                                             cached tokens and the true queue (oracle)
+    POST   /admin/prefix/reset               {} for all, or {"id": "..."}: prefix caches
+                                             emptied, their counters from zero
     GET    /admin/hits                       {"hits": {id: n}, "times": {id: [unix s, ...]}}
                                              (?id=<id> for one endpoint, ?times=0 for none)
     POST   /admin/hits/reset                 {} for all, or {"id": "..."}
@@ -27,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from poller.errors import ConfigError
+from poller_lab.sim.openai import BadRequest, chat_text
 from poller_lab.sim.spec import EndpointSpec
 
 if TYPE_CHECKING:
@@ -127,6 +133,29 @@ class _Admin:
         self.sim.reset_peaks()
         return _reply(self.sim.queues())
 
+    async def prefix(self, request: web.Request) -> web.Response:
+        data = await _body(request)
+        if not isinstance(data, dict):
+            raise ConfigError('the body must be {"prompt": "..."} or {"messages": [...]}')
+        model = data.get("model")
+        if model is not None and not isinstance(model, str):
+            raise ConfigError("model must be a string")
+        if isinstance(data.get("prompt"), str) and "messages" not in data:
+            prompt = data["prompt"]
+        elif "messages" in data and "prompt" not in data:
+            try:
+                prompt = chat_text(data)
+            except BadRequest as exc:
+                raise ConfigError(exc.message) from None
+        else:
+            raise ConfigError('the body must hold "prompt" (a string) or "messages", one')
+        return _reply(self.sim.prefix(prompt, model))
+
+    async def reset_prefix(self, request: web.Request) -> web.Response:
+        data = await _body(request)
+        endpoint_id = data.get("id") if isinstance(data, dict) else None
+        return _reply({"reset": self.sim.reset_prefix_cache(endpoint_id)})
+
     async def hits(self, request: web.Request) -> web.Response:
         # A thousand endpoints' timestamps are megabytes: let callers narrow the answer.
         one = request.query.get("id")
@@ -159,6 +188,8 @@ def admin_app(sim: Simulator) -> web.Application:
     app.router.add_post("/admin/endpoints/{id}/wake_up", admin.wake_up)
     app.router.add_get("/admin/queue", admin.queue)
     app.router.add_post("/admin/queue/reset", admin.reset_queue)
+    app.router.add_post("/admin/prefix", admin.prefix)
+    app.router.add_post("/admin/prefix/reset", admin.reset_prefix)
     app.router.add_get("/admin/hits", admin.hits)
     app.router.add_post("/admin/hits/reset", admin.reset_hits)
     app.router.add_get("/admin/registry", admin.registry)

@@ -139,7 +139,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--spec-file",
         metavar="FILE",
         help="serve the endpoint specs in this JSON list instead of --endpoints/--engines "
-        "(keys as in the admin API: id, engine, capacity, load, speed_tps, metrics_lag_s, ...)",
+        "(keys as in the admin API: id, engine, capacity, load, speed_tps, prefill_tps, "
+        "kv_blocks, metrics_lag_s, ...)",
     )
     p.add_argument("--log-level", default="INFO")
     return p

@@ -95,6 +95,8 @@ class SimEndpoint:
             clock,
             busy=lambda: sum(s.running for s in self.load.states),
             hold=hold,
+            kv_blocks=params.kv_blocks * spec.dp,
+            prefill_tps=spec.prefill_tps,
         )
         self.sleep_level = 0
         #: (simulated time, step, background states) while there is a metrics lag.
@@ -181,6 +183,16 @@ class SimEndpoint:
                 )
             )
         return step, out, served
+
+    def reset_prefix_cache(self, now: float) -> None:
+        """Drop every cached block; the prefix-cache counters start again from zero (the
+        background's too), as a restarted engine's would."""
+        self.advance(now)
+        self.queue.reset_prefix_cache()
+        for s in self.load.states:
+            s.prefix_queries = s.prefix_hits = 0
+            s.batch_hit_rate = 0.0
+        self._body_key = None
 
     def page(self, now: float, drop: frozenset[str] = frozenset()) -> bytes:
         """The page now; rendered at most once per model step, served state (and shape)."""

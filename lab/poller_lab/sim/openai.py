@@ -8,7 +8,8 @@
 A request names a model ``/v1/models`` lists (llama.cpp and TGI also take one naming
 none, as their servers do); another name is a 404 on every engine, stricter than
 llama-server and TGI (which ignore it), so that a misconfigured gateway shows. A
-request holds a running slot for ``max_tokens / speed_tps`` seconds (``ServeQueue``)
+request holds a running slot for its prefill and ``max_tokens / speed_tps`` seconds of
+decode (``ServeQueue``)
 and always generates ``max_tokens`` tokens (``finish_reason: "length"``). Errors use the
 OpenAI shape ``{"error": {"message", "type", "param", "code"}}``, as vLLM writes them:
 400 bad input, 404 a model the endpoint does not serve, 503 while asleep (vLLM answers
@@ -28,7 +29,16 @@ from aiohttp import web
 
 from poller_lab.sim.endpoint import JSON, SimEndpoint
 
-__all__ = ["COMPLETION_PATHS", "SLEEP_PATHS", "error", "models_reply", "parse_request", "reply"]
+__all__ = [
+    "COMPLETION_PATHS",
+    "SLEEP_PATHS",
+    "BadRequest",
+    "chat_text",
+    "error",
+    "models_reply",
+    "parse_request",
+    "reply",
+]
 
 COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
 SLEEP_PATHS = ("/sleep", "/wake_up", "/is_sleeping")
@@ -69,7 +79,7 @@ def parse_request(ep: SimEndpoint, path: str, raw: bytes) -> tuple[str, str, int
     if model not in ep.models:
         raise BadRequest(404, f"The model `{model}` does not exist.", "model")
     chat = path == "/v1/chat/completions"
-    prompt = _chat_text(body) if chat else _prompt_text(body)
+    prompt = chat_text(body) if chat else _prompt_text(body)
     max_tokens = body.get("max_completion_tokens" if chat else "max_tokens")
     if max_tokens is None:
         max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
@@ -85,7 +95,9 @@ def parse_request(ep: SimEndpoint, path: str, raw: bytes) -> tuple[str, str, int
     return model, prompt, max_tokens, stream
 
 
-def _chat_text(body: dict[str, Any]) -> str:
+def chat_text(body: dict[str, Any]) -> str:
+    """The prompt of a chat request: each message as ``role: content`` and a newline, in
+    order (so a conversation's next turn extends its last prompt)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest(400, "messages must be a non-empty list", "messages")
@@ -167,10 +179,14 @@ class _Answer:
 def reply(
     path: str, model: str, prompt_tokens: int, max_tokens: int
 ) -> tuple[dict[str, Any], list[bytes], list[bytes]]:
-    """(whole body, stream chunks when the slot is taken, chunks when the request ends)."""
+    """(whole body, stream chunks at the first token (the end of the prefill): chat's
+    role chunk and the first word, chunks when the request ends: the rest)."""
     answer = _Answer(path, model, prompt_tokens, max_tokens)
+    head, space, rest = answer.text.partition(" ")
     first = [answer.chunk("", None, role=True)] if answer.chat else []
-    last = [answer.chunk(answer.text, None), answer.chunk("", "length"), b"data: [DONE]\n\n"]
+    first.append(answer.chunk(head, None))
+    last = [answer.chunk(space + rest, None)] if rest else []
+    last += [answer.chunk("", "length"), b"data: [DONE]\n\n"]
     return answer.whole(), first, last
 
 

@@ -24,8 +24,9 @@ from poller.errors import ConfigError
 from poller_lab.sim.admin import admin_app
 from poller_lab.sim.endpoint import SimEndpoint, Snapshot
 from poller_lab.sim.faults import Fault
+from poller_lab.sim.prefix import block_ids, prompt_tokens
 from poller_lab.sim.serve import Responder
-from poller_lab.sim.serving import Hold
+from poller_lab.sim.serving import Hold, cached_tokens
 from poller_lab.sim.spec import EndpointSpec
 
 __all__ = ["HOST", "Simulator"]
@@ -297,6 +298,54 @@ class Simulator:
             }
         return {"now": now, "time": now + self._wall_offset, "endpoints": out}
 
+    def prefix(self, prompt: str, model: str | None = None) -> dict[str, Any]:
+        """What a prefix oracle reads for one prompt: per endpoint (serving ``model``, if
+        given) the prompt's tokens it holds in its prefix cache now, and its true queue.
+
+        ``{"now", "time", "prompt_tokens", "blocks", "endpoints": {id: {cached_tokens,
+        cached_blocks, running, waiting, capacity, speed_tps, prefill_tps,
+        mean_service_s, kv_blocks, serving, models}}}``.
+        """
+        now = self._clock()
+        ids = block_ids(prompt)
+        tokens = prompt_tokens(prompt)
+        out: dict[str, Any] = {}
+        for endpoint_id, ep in self._endpoints.items():
+            if model is not None and model not in ep.models:
+                continue
+            _, states, _ = ep.shown_states(now, lagged=False)
+            cache = ep.queue.cache
+            out[endpoint_id] = {
+                "cached_tokens": cached_tokens(cache, ids, tokens),
+                "cached_blocks": len(cache),
+                "running": sum(s.running for s in states),
+                "waiting": sum(s.waiting for s in states),
+                "capacity": ep.queue.capacity,
+                "speed_tps": ep.spec.speed_tps,
+                "prefill_tps": ep.spec.prefill_tps,
+                "mean_service_s": round(ep.queue.mean_service_s, 4),
+                "kv_blocks": cache.capacity,
+                "models": list(ep.models),
+                "serving": ep.sleep_level == 0 and ep.current_fault(now).mode in _SERVING,
+            }
+        return {
+            "now": now,
+            "time": now + self._wall_offset,
+            "prompt_tokens": tokens,
+            "blocks": len(ids),
+            "endpoints": out,
+        }
+
+    def reset_prefix_cache(self, endpoint_id: str | None = None) -> list[str]:
+        """Empty the prefix cache of one endpoint (None: all); its prefix-cache counters
+        start again from zero. Returns the ids reset."""
+        now = self._clock()
+        eps = [self._get(endpoint_id)] if endpoint_id else list(self._endpoints.values())
+        for ep in eps:
+            ep.reset_prefix_cache(now)
+        _log.info("prefix cache reset: %s", endpoint_id or "every endpoint")
+        return [ep.spec.id for ep in eps]
+
     def reset_peaks(self) -> None:
         for ep in self._endpoints.values():
             ep.queue.peak_waiting = ep.queue.state.waiting
@@ -318,6 +367,8 @@ class Simulator:
             "capacity": ep.queue.capacity,
             "speed_tps": ep.spec.speed_tps,
             "metrics_lag_s": ep.spec.metrics_lag_s,
+            "prefill_tps": ep.spec.prefill_tps,
+            "kv_blocks": ep.queue.cache.capacity,
             "sleep_level": ep.sleep_level,
         }
 

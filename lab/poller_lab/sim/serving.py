@@ -1,10 +1,16 @@
 """The requests an endpoint actually serves: running slots, a FIFO queue, and their history.
 
-A request holds one running slot for ``max_tokens / speed_tps`` seconds; when every slot
-is taken it waits, first come first served. The counts show on the endpoint's page on top
-of the synthetic background load (whose running requests take slots too), and the
-page may trail the truth by ``lag_s``: ``at(t)`` answers what the queue was at time ``t``
-from a history of every change, so a lagging page needs no timer.
+A request holds one running slot for its prefill and its decode; when every slot is
+taken it waits, first come first served. Once scheduled, its prompt is looked up in the
+endpoint's prefix cache (``prefix.PrefixCache``) and its blocks stored; the prefill takes
+``uncached prompt tokens / prefill_tps`` seconds (none when ``prefill_tps`` is None), then
+the first token is out (``on_start``: a stream's first chunk), then the decode takes
+``max_tokens / speed_tps`` seconds. The prefix-cache counters count tokens when the request
+is scheduled, as vLLM's do; a prompt found whole still computes its last token. The
+counts show on the endpoint's page on top of the synthetic background load (whose
+running requests take slots too), and the page may trail the truth by ``lag_s``:
+``at(t)`` answers what the queue was at time ``t`` from a history of every change, so a
+lagging page needs no timer.
 
 Time is the simulator's clock; the wait itself is ``hold(seconds)``, ``asyncio.sleep`` by
 default, which tests replace with a gate they open, so no test depends on speed.
@@ -17,20 +23,21 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
-__all__ = ["Hold", "ServeQueue", "ServeState", "prompt_tokens"]
+from poller_lab.sim.prefix import BLOCK_TOKENS, PrefixCache, block_ids, prompt_tokens
+
+__all__ = ["Hold", "ServeQueue", "ServeState", "cached_tokens", "prompt_tokens"]
 
 Hold = Callable[[float], Awaitable[None]]
-#: Characters per prefix-cache block: 16 tokens of about 4 characters (vLLM's block size).
-_BLOCK_CHARS = 64
-#: Prefix blocks remembered before the cache is forgotten at once (an eviction, cheaply).
-_MAX_BLOCKS = 200_000
 #: History entries kept at most when nobody reads a lagging page.
 _MAX_HISTORY = 100_000
+#: Weight of the latest request in ``mean_service_s`` (an exponential average).
+_SERVICE_ALPHA = 0.1
 
 
-def prompt_tokens(text: str) -> int:
-    """A tokenizer-free estimate: about 4 characters per token, at least one."""
-    return max(1, len(text) // 4)
+def cached_tokens(cache: PrefixCache, ids: list[int], tokens: int) -> int:
+    """Tokens of a prompt the engine would not prefill: its cached leading blocks, less
+    the last token when the prompt is found whole (vLLM computes it again)."""
+    return max(0, min(tokens - 1, cache.cached_blocks(ids) * BLOCK_TOKENS))
 
 
 class ServeState(NamedTuple):
@@ -57,9 +64,16 @@ class ServeQueue:
         *,
         busy: Callable[[], int] = lambda: 0,
         hold: Hold = asyncio.sleep,
+        kv_blocks: int = 0,
+        prefill_tps: float | None = None,
     ) -> None:
         self.capacity = capacity
         self.speed_tps = speed_tps
+        self.prefill_tps = prefill_tps
+        #: The prefix cache, as large as the KV pool (blocks of 16 tokens).
+        self.cache = PrefixCache(kv_blocks)
+        #: Seconds a request held its slot (prefill and decode), averaged exponentially.
+        self.mean_service_s = 0.0
         self._clock = clock
         self._busy = busy
         self._hold = hold
@@ -68,7 +82,6 @@ class ServeQueue:
         self.peak_waiting = 0
         self._history: deque[tuple[float, ServeState]] = deque(maxlen=_MAX_HISTORY)
         self._history.append((clock(), self.state))
-        self._blocks: set[int] = set()
         self._reserved = 0  # slots handed to woken waiters that have not yet started
 
     def _set(self, **changes: int) -> None:
@@ -87,19 +100,10 @@ class ServeQueue:
         first_t, first = history[0]
         return first if first_t <= t else ServeState()
 
-    def _prefix_hits(self, text: str) -> int:
-        """Tokens of ``text`` whose leading blocks an earlier prompt already had."""
-        if len(self._blocks) > _MAX_BLOCKS:
-            self._blocks.clear()
-        hits, h, cached = 0, 0, True
-        for start in range(0, len(text) - _BLOCK_CHARS + 1, _BLOCK_CHARS):
-            h = hash((h, text[start : start + _BLOCK_CHARS]))
-            if cached and h in self._blocks:
-                hits += _BLOCK_CHARS // 4
-            else:
-                cached = False
-                self._blocks.add(h)
-        return hits
+    def reset_prefix_cache(self) -> None:
+        """Every cached block dropped; the prefix-cache counters start again from zero."""
+        self.cache.clear()
+        self._set(prefix_queries=0, prefix_hits=0)
 
     async def serve(
         self,
@@ -108,26 +112,33 @@ class ServeQueue:
         on_start: Callable[[], Awaitable[None]] | None = None,
     ) -> float:
         """Run one request to the end; returns the seconds it waited for a slot.
-        ``on_start`` runs once the slot is taken (a stream's first chunk)."""
-        s = self.state
+        ``on_start`` runs once the prefill is done (a stream's first chunk)."""
         tokens = prompt_tokens(prompt)
-        hits = min(tokens, self._prefix_hits(prompt))
-        self._set(
-            prompt_tokens=s.prompt_tokens + tokens,
-            prefix_queries=s.prefix_queries + tokens,
-            prefix_hits=s.prefix_hits + hits,
-        )
         queued_at = self._clock()
         if self._waiters or self.free_slots() <= 0:
             await self._wait()
             self._reserved -= 1
         waited_s = self._clock() - queued_at
+        ids = block_ids(prompt)
+        hits = cached_tokens(self.cache, ids, tokens)
+        self.cache.store(ids)
         s = self.state
-        self._set(running=s.running + 1, kv_tokens=s.kv_tokens + tokens + max_tokens)
+        self._set(
+            running=s.running + 1,
+            kv_tokens=s.kv_tokens + tokens + max_tokens,
+            prompt_tokens=s.prompt_tokens + tokens,
+            prefix_queries=s.prefix_queries + tokens,
+            prefix_hits=s.prefix_hits + hits,
+        )
+        prefill_s = (tokens - hits) / self.prefill_tps if self.prefill_tps else 0.0
+        decode_s = max_tokens / self.speed_tps
+        self.mean_service_s += _SERVICE_ALPHA * (prefill_s + decode_s - self.mean_service_s)
         try:
+            if prefill_s > 0:
+                await self._hold(prefill_s)
             if on_start is not None:
                 await on_start()
-            await self._hold(max_tokens / self.speed_tps)
+            await self._hold(decode_s)
         finally:
             s = self.state
             self._set(

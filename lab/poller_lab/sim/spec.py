@@ -49,6 +49,8 @@ class EndpointSpec:
     port: int = 0
     speed_tps: float = 30.0
     metrics_lag_s: float = 0.0
+    prefill_tps: float | None = None
+    kv_blocks: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not _ID.fullmatch(self.id):
@@ -72,8 +74,9 @@ class EndpointSpec:
         if "id" not in data:
             raise ConfigError("an endpoint spec needs an id")
         data = dict(data)
-        if isinstance(data.get("speed_tps"), int):
-            data["speed_tps"] = float(data["speed_tps"])
+        for name in ("speed_tps", "prefill_tps"):
+            if isinstance(data.get(name), int) and not isinstance(data.get(name), bool):
+                data[name] = float(data[name])
         if isinstance(data.get("lora"), str):  # "a,b" as on the command line
             data["lora"] = tuple(a for a in data["lora"].split(",") if a)
         try:
@@ -95,7 +98,7 @@ class EndpointSpec:
             prompt_tokens=rng.randint(300, 2000),
             hit_ratio=rng.uniform(0.1, 0.7),
             kv_fill=rng.uniform(0.6, 0.95),
-            kv_blocks=max(1, round(capacity * KV_BLOCKS_PER_SLOT)),
+            kv_blocks=self.kv_blocks or max(1, round(capacity * KV_BLOCKS_PER_SLOT)),
             gen_tokens_per_s=self.speed_tps,
         )
 
@@ -144,6 +147,15 @@ def _number_problem(spec: EndpointSpec) -> str | None:
             return f"{name} must be a number"
         if not (math.isfinite(value) and (value > 0 if name == "speed_tps" else value >= 0)):
             return f"{name} out of range: {value!r}"
+    prefill = spec.prefill_tps
+    if prefill is not None and (
+        isinstance(prefill, bool)
+        or not isinstance(prefill, int | float)
+        or not (math.isfinite(prefill) and prefill > 0)
+    ):
+        return f"prefill_tps must be a number > 0 (tokens per second) or null, got {prefill!r}"
+    if spec.kv_blocks is not None and not (whole(spec.kv_blocks) and spec.kv_blocks > 0):
+        return "kv_blocks must be a positive integer"
     if not whole(spec.port) or not 0 <= spec.port < 65536:
         return "port must be 0 (any free port) or a port number"
     return None

@@ -1,0 +1,209 @@
+"""One gateway of the prefix benchmark (a process of its own): a small OpenAI proxy.
+
+    python -m poller_lab.prefix.gateway CONFIG.json
+
+It listens on a free loopback port and writes the port to the file ``ready``. For each
+``POST /v1/chat/completions`` it chooses an engine with its policy (policies.py), sends
+the request there, streams the engine's answer back chunk by chunk, and names the engine
+in the ``x-gateway-endpoint`` header (``-`` and a 503 when there was nowhere to send it).
+``GET /stats`` answers its counters since the last ``GET /stats?reset=1``: requests,
+fallbacks, CPU per pick, and the Redis traffic of its placements when the reader has them
+(``cache.placements``). SIGTERM ends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import signal
+import sys
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from poller_lab.prefix.policies import Chooser, make_chooser
+
+__all__ = ["main", "placement_counters"]
+
+#: An engine answer still unfinished after this long is given up (the client sees 504).
+REQUEST_TIMEOUT_S = 120.0
+
+
+def placement_counters(cache: Any) -> dict[str, float]:
+    """The numeric counters of ``cache.placements`` (a mapping, a named tuple, a
+    dataclass or an object with public number attributes); {} without placements."""
+    placements = getattr(cache, "placements", None)
+    if placements is None:
+        return {}
+    stats = placements.stats() if callable(getattr(placements, "stats", None)) else placements
+    if isinstance(stats, Mapping):
+        items = dict(stats)
+    elif hasattr(stats, "_asdict"):
+        items = stats._asdict()
+    elif dataclasses.is_dataclass(stats) and not isinstance(stats, type):
+        items = dataclasses.asdict(stats)
+    else:
+        items = {k: getattr(stats, k) for k in dir(stats) if not k.startswith("_")}
+    return {
+        k: v
+        for k, v in items.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and not callable(v)
+    }
+
+
+class _Gateway:
+    def __init__(self, cfg: Mapping[str, Any], http: aiohttp.ClientSession) -> None:
+        self.cfg, self.http = cfg, http
+        self.urls: dict[str, str] = cfg["urls"]
+        self.chooser: Chooser | None = None
+        self.cache: Any = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.requests = 0
+        self.fallbacks = 0
+        self.errors = 0
+        self.cpu_ns: list[int] = []
+
+    async def oracle(self, body: dict[str, Any]) -> Mapping[str, Any]:
+        async with self.http.post(self.cfg["admin_url"] + "/admin/prefix", json=body) as r:
+            r.raise_for_status()
+            answer: Mapping[str, Any] = await r.json()
+        return answer
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        assert self.chooser is not None
+        body = await request.json()
+        chosen, cpu_ns = await self.chooser.choose(body)
+        self.requests += 1
+        self.cpu_ns.append(cpu_ns)
+        if chosen is None or chosen not in self.urls:
+            self.fallbacks += 1
+            return web.json_response(
+                {"error": {"message": "no endpoint may take it", "code": 503}},
+                status=503,
+                headers={"x-gateway-endpoint": "-"},
+            )
+        started_at = self.chooser.started(chosen)
+        ok = False
+        try:
+            response = await self._forward(request, chosen, body)
+            ok = response.status == 200
+            return response
+        finally:
+            self.chooser.finished(chosen, started_at, ok)
+            if not ok:
+                self.errors += 1
+
+    async def _forward(
+        self, request: web.Request, chosen: str, body: Mapping[str, Any]
+    ) -> web.StreamResponse:
+        url = self.urls[chosen] + "/v1/chat/completions"
+        headers = {"x-gateway-endpoint": chosen}
+        try:
+            async with self.http.post(url, json=body) as upstream:
+                out = web.StreamResponse(status=upstream.status, headers=headers)
+                out.content_type = upstream.content_type
+                await out.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await out.write(chunk)
+                await out.write_eof()
+                return out
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return web.json_response(
+                {"error": {"message": f"engine failed: {exc!r}", "code": 502}},
+                status=502,
+                headers=headers,
+            )
+
+    async def stats(self, request: web.Request) -> web.Response:
+        answer = {
+            "requests": self.requests,
+            "fallbacks": self.fallbacks,
+            "errors": self.errors,
+            "cpu_ns": self.cpu_ns,
+            "placements": placement_counters(self.cache),
+        }
+        if request.query.get("reset") == "1":
+            self._reset()
+        return web.json_response(answer)
+
+
+@contextlib.asynccontextmanager
+async def _view(cfg: Mapping[str, Any]) -> AsyncIterator[Any]:
+    """The cached view (None for the policies that read none)."""
+    if cfg["policy"] in ("round-robin", "oracle"):
+        yield None
+        return
+    from poller.reader import StatsReader
+
+    options: dict[str, Any] = {}
+    if cfg["policy"] in ("prefix-own", "prefix-shared"):
+        options["share_placements"] = cfg["policy"] == "prefix-shared"
+    reader = StatsReader.from_url(cfg["redis_url"], cfg["namespace"])
+    try:
+        cached: Any = reader.cached  # takes share_placements with the prefix-aware reader
+        async with cached(**options) as cache:
+            yield cache
+    finally:
+        await reader.aclose()
+
+
+async def serve(cfg: Mapping[str, Any], stop: asyncio.Event) -> None:
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+        gateway = _Gateway(cfg, http)
+        async with _view(cfg) as cache:
+            gateway.cache = cache
+            gateway.chooser = make_chooser(
+                cfg["policy"],
+                cfg["model"],
+                cfg["candidates"],
+                cfg["seed"],
+                cache=cache,
+                oracle=gateway.oracle,
+            )
+            app = web.Application(client_max_size=64 * 1024 * 1024)
+            app.router.add_post("/v1/chat/completions", gateway.chat)
+            app.router.add_get("/stats", gateway.stats)
+            runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+            await runner.setup()
+            try:
+                site = web.TCPSite(runner, "127.0.0.1", 0)
+                await site.start()
+                port = runner.addresses[0][1]
+                ready = Path(cfg["ready"])
+                tmp = ready.with_suffix(".tmp")
+                tmp.write_text(str(port), encoding="utf-8")
+                tmp.rename(ready)  # atomic: the bench never reads half a number
+                await stop.wait()
+            finally:
+                await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m poller_lab.prefix.gateway CONFIG.json\n")
+        return 2
+    cfg = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(cfg, stop)
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""How a gateway of the prefix benchmark chooses an engine for one chat request.
+
+- ``round-robin``: over the engines configured for the model, blind.
+- ``picker``: ``poller.reader.Picker`` on the cached view with ``LocalLoad``, no prompt
+  (load only: today's behaviour).
+- ``prefix-own``: the picker given the request's prompt (``poller.reader.prompt_of`` of
+  its messages), on a cached view whose placements are this gateway's own
+  (``StatsReader.cached(share_placements=False)``).
+- ``prefix-shared``: the same with the placements every gateway shares through Redis.
+- ``oracle``: per request, the simulator's ``POST /admin/prefix`` (every engine's true
+  queue and the prompt's cached tokens there), then the least expected time to first
+  token: the wait for a slot (requests ahead beyond the free slots, drained at
+  ``capacity`` per mean service time) plus the prefill of the tokens not cached.
+
+The two prefix policies need a reader whose ``Picker.pick`` takes ``prompt`` and whose
+``cached`` takes ``share_placements``; ``unavailable`` says why when it does not.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from poller_lab.prefix.workload import render
+
+__all__ = ["Chooser", "make_chooser", "oracle_choice", "unavailable"]
+
+PREFIX_POLICIES = ("prefix-own", "prefix-shared")
+Prompt = Callable[[Sequence[Mapping[str, Any]]], str]
+
+
+def unavailable(policy: str) -> str | None:
+    """Why ``policy`` cannot run with the installed reader (None: it can)."""
+    if policy not in PREFIX_POLICIES:
+        return None
+    import poller.reader as reader
+
+    if "prompt" not in inspect.signature(reader.Picker.pick).parameters:
+        return "not available: Picker.pick takes no prompt"
+    if not hasattr(reader, "prompt_of"):
+        return "not available: poller.reader has no prompt_of"
+    if "share_placements" not in inspect.signature(reader.StatsReader.cached).parameters:
+        return "not available: StatsReader.cached takes no share_placements"
+    return None
+
+
+def prompt_function() -> Prompt:
+    """The gateway's rendering of chat messages: the reader's, else the simulator's."""
+    import poller.reader as reader
+
+    found: Prompt | None = getattr(reader, "prompt_of", None)
+    return found if found is not None else render
+
+
+def oracle_choice(answer: Mapping[str, Any], max_tokens: int) -> str | None:
+    """The least expected time to first token on the simulator's ``/admin/prefix`` answer."""
+    tokens = answer["prompt_tokens"]
+    best: tuple[float, str] | None = None
+    for endpoint_id, e in sorted(answer["endpoints"].items()):
+        if not e["serving"]:
+            continue
+        decode_s = max_tokens / e["speed_tps"]
+        service_s = e["mean_service_s"] or decode_s
+        ahead = e["running"] + e["waiting"] + 1 - e["capacity"]
+        wait_s = max(0, ahead) * service_s / e["capacity"]
+        prefill_tps = e["prefill_tps"]
+        prefill_s = (tokens - e["cached_tokens"]) / prefill_tps if prefill_tps else 0.0
+        cost = wait_s + prefill_s
+        if best is None or cost < best[0]:
+            best = (cost, endpoint_id)
+    return None if best is None else best[1]
+
+
+class Chooser:
+    """One gateway's policy: ``choose`` per request, ``started``/``finished`` around it."""
+
+    def __init__(
+        self,
+        policy: str,
+        model: str,
+        candidates: Sequence[str],
+        rng: random.Random,
+        *,
+        cache: Any = None,
+        oracle: Callable[[dict[str, Any]], Awaitable[Mapping[str, Any]]] | None = None,
+    ) -> None:
+        from poller.reader import LocalLoad, Picker
+
+        self.policy, self.model, self.candidates = policy, model, list(candidates)
+        self.cache, self.oracle = cache, oracle
+        self.local = LocalLoad()
+        self.picker = Picker(rng=rng)
+        self.prompt_of = prompt_function()
+        start = rng.randrange(len(self.candidates))
+        self._cycle = itertools.islice(itertools.cycle(self.candidates), start, None)
+        self.rng = rng
+
+    async def choose(self, body: Mapping[str, Any]) -> tuple[str | None, int]:
+        """(endpoint or None: nowhere, CPU ns the pick took on this thread)."""
+        import time
+
+        chosen: str | None
+        if self.policy == "oracle":
+            assert self.oracle is not None
+            answer = await self.oracle({"messages": body["messages"], "model": self.model})
+            t0 = time.thread_time_ns()
+            chosen = oracle_choice(answer, int(body.get("max_tokens") or 16))
+            return chosen, time.thread_time_ns() - t0
+        t0 = time.thread_time_ns()
+        if self.policy == "round-robin":
+            chosen = next(self._cycle)
+        elif self.policy == "picker":
+            chosen = self.picker.pick(self.cache, self.model, local=self.local)
+        else:
+            prompt = self.prompt_of(body["messages"])
+            pick: Any = self.picker.pick  # takes prompt= with the prefix-aware reader
+            chosen = pick(self.cache, self.model, prompt=prompt, local=self.local)
+        return chosen, time.thread_time_ns() - t0
+
+    def started(self, endpoint_id: str) -> float:
+        return self.local.started(endpoint_id)
+
+    def finished(self, endpoint_id: str, started_at: float, ok: bool) -> None:
+        self.local.finished(endpoint_id, started_at, ok=ok)
+
+
+def make_chooser(
+    policy: str,
+    model: str,
+    candidates: Sequence[str],
+    seed: int,
+    cache: Any = None,
+    oracle: Callable[[dict[str, Any]], Awaitable[Mapping[str, Any]]] | None = None,
+) -> Chooser:
+    return Chooser(policy, model, candidates, random.Random(seed), cache=cache, oracle=oracle)
