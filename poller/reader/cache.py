@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from poller.reader.placements import Placements
 from poller.reader.replies import LazyEndpoints, check_schema, view_from_records
@@ -19,6 +19,9 @@ from poller.reader.share import FleetLoad
 from poller.reader.view import EndpointView, View, log_schema_missing
 from poller.redis.clock import server_ms
 from poller.schema.records import written_ms
+
+if TYPE_CHECKING:
+    from poller.reader.exchange import Exchange
 
 __all__ = ["ViewCache"]
 
@@ -78,6 +81,9 @@ class ViewCache:
         #: replicas' (poller/reader/placements.py). A picker given this cache and a
         #: ``prompt`` reads and records it.
         self.placements = Placements()
+        #: The share script's call that carries both (poller/reader/exchange.py; its
+        #: ``calls``: the Redis commands this replica's sharing sent). None: no sharing.
+        self.exchange: Exchange | None = None
 
     @property
     def load_shared(self) -> bool:

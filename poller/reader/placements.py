@@ -126,8 +126,6 @@ class Placements:
         self.ids_read = 0
         self.bytes_written = 0
         self.bytes_read = 0
-        #: Redis commands sent for placements: none, they ride on the exchange's call.
-        self.commands = 0
 
     def __len__(self) -> int:
         return len(self._new) + len(self._old)

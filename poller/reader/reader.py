@@ -187,9 +187,10 @@ class _Reader:
             cache.fleet = fleet  # else its counts are never used (nor written: none attached)
         keys = self.keys
         placements = cache.placements if share_placements else None
-        return Exchange(
+        cache.exchange = Exchange(
             self.client, keys.gateways_inflight, cache, fleet, placements, keys.gateways_placements
         )
+        return cache.exchange
 
 
 class StatsReader(_Reader):

@@ -12,14 +12,15 @@ import os
 import subprocess
 import sys
 import uuid
+from types import SimpleNamespace
 
 import pytest
 
 from poller.errors import ConfigError
 from poller_lab.prefix.driver import gateway_for
 from poller_lab.prefix.fleet import POLICIES, PrefixConfig, cells
-from poller_lab.prefix.gateway import placement_counters
-from poller_lab.prefix.policies import oracle_choice, unavailable
+from poller_lab.prefix.gateway import sharing_counters
+from poller_lab.prefix.policies import oracle_choice
 from poller_lab.prefix.report import summarise, targets
 from poller_lab.prefix.run import _check
 from tests.support.procs import leftovers
@@ -46,11 +47,6 @@ def test_quick_prefix_bench_end_to_end() -> None:
         tuple(c) for c in cells(cfg)
     ]
     for row in report["rows"]:
-        reason = unavailable(row["policy"])
-        assert row["available"] == (reason is None), row
-        if not row["available"]:
-            assert row["reason"] == reason
-            continue
         assert row["requests"] > 0 and row["errors"] == 0, row
         assert row["fallbacks"] == 0, row
         assert set(row["per_endpoint"]) <= {"large-0", "large-1", "medium-0", "medium-1",
@@ -60,8 +56,13 @@ def test_quick_prefix_bench_end_to_end() -> None:
         assert row["ttft_p50_s"] <= row["p50_s"]
         if row["workload"] == "no-prefix":
             assert row["hit_rate"] == 0.0, row  # nothing shared: the counters say so
-    heavy = [r for r in report["rows"] if r["available"] and r["workload"] == "prefix-heavy"]
+        sharing = row["policy"] in ("picker", "prefix-own", "prefix-shared")  # cached views
+        commands = row["redis_commands_per_s_per_replica"]
+        assert (commands is not None and 0 < commands <= 20) if sharing else commands is None
+    heavy = [r for r in report["rows"] if r["workload"] == "prefix-heavy"]
     assert heavy and all(r["hit_rate"] > 0 for r in heavy)
+    # Placements were shared through Redis: written and read back by the gateways.
+    assert all(r["redis_bytes_per_replica"] for r in heavy if r["policy"] == "prefix-shared")
     # The oracle reads the caches: it finds more cached blocks than the blind rotation.
     for g in cfg.gateways:
         by = {r["policy"]: r for r in heavy if r["gateways"] == g}
@@ -135,24 +136,22 @@ def test_the_summary_counts_after_the_warm_up_and_diffs_the_counters() -> None:
     assert empty["redis_commands_per_s_per_replica"] is None
 
 
-def test_placement_counters_read_the_shapes_a_reader_may_give() -> None:
-    class Cache:
-        def __init__(self, placements: object) -> None:
-            self.placements = placements
+def test_sharing_counters_are_the_exchange_calls_and_the_placements_bytes() -> None:
+    from poller.reader.cache import ViewCache
 
-    class Counters:
-        def __init__(self) -> None:
-            self.commands, self.bytes_written, self.name, self._private = 3, 40, "x", 9
-
-    assert placement_counters(object()) == {}
-    assert placement_counters(Cache({"commands": 1, "on": True})) == {"commands": 1}
-    assert placement_counters(Cache(Counters())) == {"commands": 3, "bytes_written": 40}
+    cache = ViewCache()
+    assert sharing_counters(cache) == {}  # no sharing: nothing to count
+    cache.exchange = SimpleNamespace(calls=7)  # type: ignore[assignment]
+    cache.placements.bytes_written, cache.placements.bytes_read = 40, 12
+    counters = sharing_counters(cache)
+    assert counters["commands"] == 7
+    assert (counters["bytes_written"], counters["bytes_read"]) == (40, 12)
 
 
 def test_targets_say_met_missed_and_not_measured() -> None:
     def row(policy: str, g: int, workload: str = "prefix-heavy", **figures: float) -> dict:
         return {"policy": policy, "gateways": g, "workload": workload, "load": 0.7,
-                "available": True, **figures}  # fmt: skip
+                **figures}  # fmt: skip
 
     rows = [
         row("prefix-shared", 8, hit_rate=0.8, ttft_p50_s=0.1, p99_s=2.0, pick_cpu_p99_us=30.0),

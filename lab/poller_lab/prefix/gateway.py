@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import signal
 import sys
@@ -28,31 +27,28 @@ from aiohttp import web
 
 from poller_lab.prefix.policies import Chooser, make_chooser
 
-__all__ = ["main", "placement_counters"]
+__all__ = ["main", "sharing_counters"]
 
 #: An engine answer still unfinished after this long is given up (the client sees 504).
 REQUEST_TIMEOUT_S = 120.0
 
 
-def placement_counters(cache: Any) -> dict[str, float]:
-    """The numeric counters of ``cache.placements`` (a mapping, a named tuple, a
-    dataclass or an object with public number attributes); {} without placements."""
-    placements = getattr(cache, "placements", None)
-    if placements is None:
+def sharing_counters(cache: Any) -> dict[str, float]:
+    """The Redis traffic of this gateway's sharing: the share script's calls (they carry
+    the placements too) and the placements' bytes and ids; {} without sharing."""
+    exchange = None if cache is None else cache.exchange
+    if exchange is None:
         return {}
-    stats = placements.stats() if callable(getattr(placements, "stats", None)) else placements
-    if isinstance(stats, Mapping):
-        items = dict(stats)
-    elif hasattr(stats, "_asdict"):
-        items = stats._asdict()
-    elif dataclasses.is_dataclass(stats) and not isinstance(stats, type):
-        items = dataclasses.asdict(stats)
-    else:
-        items = {k: getattr(stats, k) for k in dir(stats) if not k.startswith("_")}
+    p = cache.placements
     return {
-        k: v
-        for k, v in items.items()
-        if isinstance(v, int | float) and not isinstance(v, bool) and not callable(v)
+        "commands": exchange.calls,
+        "bytes_written": p.bytes_written,
+        "bytes_read": p.bytes_read,
+        "ids_written": p.ids_written,
+        "ids_read": p.ids_read,
+        "placed": p.placed,
+        "dropped": p.dropped,
+        "invalidated": p.invalidated,
     }
 
 
@@ -127,7 +123,7 @@ class _Gateway:
             "fallbacks": self.fallbacks,
             "errors": self.errors,
             "cpu_ns": self.cpu_ns,
-            "placements": placement_counters(self.cache),
+            "placements": sharing_counters(self.cache),
         }
         if request.query.get("reset") == "1":
             self._reset()
@@ -147,8 +143,7 @@ async def _view(cfg: Mapping[str, Any]) -> AsyncIterator[Any]:
         options["share_placements"] = cfg["policy"] == "prefix-shared"
     reader = StatsReader.from_url(cfg["redis_url"], cfg["namespace"])
     try:
-        cached: Any = reader.cached  # takes share_placements with the prefix-aware reader
-        async with cached(**options) as cache:
+        async with reader.cached(**options) as cache:
             yield cache
     finally:
         await reader.aclose()

@@ -11,48 +11,16 @@
   queue and the prompt's cached tokens there), then the least expected time to first
   token: the wait for a slot (requests ahead beyond the free slots, drained at
   ``capacity`` per mean service time) plus the prefill of the tokens not cached.
-
-The two prefix policies need a reader whose ``Picker.pick`` takes ``prompt`` and whose
-``cached`` takes ``share_placements``; ``unavailable`` says why when it does not.
 """
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from poller_lab.prefix.workload import render
-
-__all__ = ["Chooser", "make_chooser", "oracle_choice", "unavailable"]
-
-PREFIX_POLICIES = ("prefix-own", "prefix-shared")
-Prompt = Callable[[Sequence[Mapping[str, Any]]], str]
-
-
-def unavailable(policy: str) -> str | None:
-    """Why ``policy`` cannot run with the installed reader (None: it can)."""
-    if policy not in PREFIX_POLICIES:
-        return None
-    import poller.reader as reader
-
-    if "prompt" not in inspect.signature(reader.Picker.pick).parameters:
-        return "not available: Picker.pick takes no prompt"
-    if not hasattr(reader, "prompt_of"):
-        return "not available: poller.reader has no prompt_of"
-    if "share_placements" not in inspect.signature(reader.StatsReader.cached).parameters:
-        return "not available: StatsReader.cached takes no share_placements"
-    return None
-
-
-def prompt_function() -> Prompt:
-    """The gateway's rendering of chat messages: the reader's, else the simulator's."""
-    import poller.reader as reader
-
-    found: Prompt | None = getattr(reader, "prompt_of", None)
-    return found if found is not None else render
+__all__ = ["Chooser", "make_chooser", "oracle_choice"]
 
 
 def oracle_choice(answer: Mapping[str, Any], max_tokens: int) -> str | None:
@@ -87,13 +55,13 @@ class Chooser:
         cache: Any = None,
         oracle: Callable[[dict[str, Any]], Awaitable[Mapping[str, Any]]] | None = None,
     ) -> None:
-        from poller.reader import LocalLoad, Picker
+        from poller.reader import LocalLoad, Picker, prompt_of
 
         self.policy, self.model, self.candidates = policy, model, list(candidates)
         self.cache, self.oracle = cache, oracle
         self.local = LocalLoad()
         self.picker = Picker(rng=rng)
-        self.prompt_of = prompt_function()
+        self.prompt_of = prompt_of
         start = rng.randrange(len(self.candidates))
         self._cycle = itertools.islice(itertools.cycle(self.candidates), start, None)
         self.rng = rng
@@ -116,8 +84,7 @@ class Chooser:
             chosen = self.picker.pick(self.cache, self.model, local=self.local)
         else:
             prompt = self.prompt_of(body["messages"])
-            pick: Any = self.picker.pick  # takes prompt= with the prefix-aware reader
-            chosen = pick(self.cache, self.model, prompt=prompt, local=self.local)
+            chosen = self.picker.pick(self.cache, self.model, prompt=prompt, local=self.local)
         return chosen, time.thread_time_ns() - t0
 
     def started(self, endpoint_id: str) -> float:

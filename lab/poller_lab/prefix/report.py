@@ -97,9 +97,6 @@ HEADER = "  ".join(f"{title:>{width}}" for title, width, _ in _COLUMNS)
 
 
 def format_row(row: Mapping[str, Any]) -> str:
-    if not row.get("available", True):
-        head = "  ".join(f"{row.get(k)!s:>{w}}" for _, w, k in _COLUMNS[:4])
-        return f"{head}  {row['reason']}"
     cells = []
     for _, width, key in _COLUMNS:
         value = row.get(key)
@@ -110,7 +107,7 @@ def format_row(row: Mapping[str, Any]) -> str:
 
 def _find(rows: Sequence[Mapping[str, Any]], **match: Any) -> Mapping[str, Any] | None:
     for row in rows:
-        if row.get("available", True) and all(row.get(k) == v for k, v in match.items()):
+        if all(row.get(k) == v for k, v in match.items()):
             return row
     return None
 
@@ -167,8 +164,8 @@ def targets(rows: Sequence[Mapping[str, Any]], gateways: Sequence[int]) -> list[
                     _line(f"no-prefix, {g} gateways, load {load:g}: shared {key} vs 1.05x picker's",
                           None if mine is None else mine.get(key), _times(base, key, 1.05))
                 )  # fmt: skip
-    cpu = [r["pick_cpu_p99_us"] for r in rows if r["policy"] == "prefix-shared"
-           and r.get("available", True) and r.get("pick_cpu_p99_us") is not None]  # fmt: skip
+    cpu = [r["pick_cpu_p99_us"] for r in rows
+           if r["policy"] == "prefix-shared" and r.get("pick_cpu_p99_us") is not None]  # fmt: skip
     lines.append(
         _line("prefix pick CPU p99 (us, prompts of 4,000+ characters), worst cell",
               max(cpu) if cpu else None, 50.0)

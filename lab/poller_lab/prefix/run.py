@@ -34,7 +34,6 @@ from poller_lab.embedded import Proc, redis_for, start_pollers, start_sim, wait_
 from poller_lab.prefix import fleet
 from poller_lab.prefix.driver import drive
 from poller_lab.prefix.fleet import MODEL, POLICIES, PrefixConfig
-from poller_lab.prefix.policies import unavailable
 from poller_lab.prefix.report import HEADER, format_row, summarise, targets
 from poller_lab.prefix.workload import KINDS, capacity_per_s, conversations, start_times
 
@@ -253,15 +252,6 @@ def _run_cells(
     for policy, gateways, workload, load in cells:
         groups.setdefault((policy, gateways), []).append((workload, load))
     for (policy, count), group in groups.items():
-        reason = unavailable(policy)
-        if reason is not None:
-            for workload, load in group:
-                row = {"policy": policy, "gateways": count, "workload": workload, "load": load,
-                       "available": False, "reason": reason}  # fmt: skip
-                rows.append(row)
-                out.write(format_row(row) + "\n")
-            out.flush()
-            continue
         procs, urls = bench.start_gateways(policy, count)
         try:
             for workload, load in group:
@@ -270,7 +260,7 @@ def _run_cells(
                     out.flush()
                 row = asyncio.run(bench.cell(urls, workload, load))
                 row = {"policy": policy, "gateways": count, "workload": workload, "load": load,
-                       "available": True, **row}  # fmt: skip
+                       **row}  # fmt: skip
                 rows.append(row)
                 out.write(format_row(row) + "\n")
                 out.flush()
