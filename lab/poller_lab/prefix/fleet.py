@@ -54,7 +54,7 @@ class PrefixConfig:
     @classmethod
     def quick(cls) -> PrefixConfig:
         return cls(
-            gateways=(1, 2),
+            gateways=(2,),
             loads=(0.7,),
             duration_s=5.0,
             warmup_s=1.0,
