@@ -73,7 +73,8 @@ class Picker(Draws):
       which no view can show yet (``scale_local=False``: s = 1). The load is multiplied
       by ``local.slowness(id)``: how long this replica's requests there took lately,
       relative to its requests anywhere (an engine slower than its size says, or a
-      queue grown since the scrape; ``use_latency=False``: 1). Ties go to the lower KV
+      queue grown since the scrape; ``use_latency=False``: 1; on the fleet's shared
+      counts weighted by the peers' share, docs/reader.md). Ties go to the lower KV
       usage; an engine that publishes none (TGI, llama.cpp) counts as the fleet's
       median KV, never 0 %.
     - **Prefix affinity** (``prompt`` given): the endpoint holding the longest prefix
@@ -188,7 +189,7 @@ class Picker(Draws):
         index, judge_ms, offset_ms = found
         fleet = None if local is None or not self.share else fleet_of(view, local)
         if fleet is not None and local is not None:
-            score = fleet_score(local, fleet)
+            score = fleet_score(local, fleet, None if self.use_latency else neutral)
             chosen = self._shared(index, judge_ms, model, candidates, score)
         else:
             if local is not None and offset_ms is None:

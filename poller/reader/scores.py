@@ -40,13 +40,21 @@ def as_judged(view: EndpointView) -> float | None:
     return INF if view.state == "fresh" else None
 
 
-def fleet_score(local: LocalLoad, fleet: FleetLoad) -> Callable[[Slot], tuple[float, float]]:
+def fleet_score(
+    local: LocalLoad, fleet: FleetLoad, slowness: Callable[[str, float], float] | None = None
+) -> Callable[[Slot], tuple[float, float]]:
     """The load on the fleet's estimate (docs/reader.md, "The load estimate"): (the
     estimate of the others' requests + ours in flight + 1) / relative capacity, where
     ours started since the last exchange count ``1 + peers`` times (the others sent
-    about as many meanwhile, unseen yet); ties by KV usage."""
+    about as many meanwhile, unseen yet), x the endpoint's slowness (by default
+    ``local.slowness``) weighted by the peers' share of the gateways: ``1 + (slowness
+    - 1) x peers / (1 + peers)``, so 1 with one gateway, whose counts are exact; ties by
+    KV usage."""
     in_flight, since = local.in_flight, local.since
     extra, peers, since_s = fleet.extra, fleet.peers, fleet.since_s
+    slower = local.slowness if slowness is None else slowness
+    share = peers / (1 + peers)
+    now = local.now()
 
     def score(slot: Slot) -> tuple[float, float]:
         base = extra.get(slot.id)
@@ -55,7 +63,10 @@ def fleet_score(local: LocalLoad, fleet: FleetLoad) -> Callable[[Slot], tuple[fl
         mine = in_flight(slot.id)
         if peers and mine:
             mine += peers * since(slot.id, since_s)
-        return (base + mine + 1) / slot.weight, slot.kv or 0.0
+        load = (base + mine + 1) / slot.weight
+        if share:
+            load *= 1.0 + (slower(slot.id, now) - 1.0) * share
+        return load, slot.kv or 0.0
 
     return score
 

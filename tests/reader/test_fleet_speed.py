@@ -1,0 +1,95 @@
+"""The fleet's estimate and engine speed: an engine slower than its size takes fewer
+requests once peers share the counts; with one gateway (exact counts) speed changes
+nothing, and equal engines split by size. Seeded: the verdicts are exact."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from poller.reader import LocalLoad, Picker
+from poller.reader.share import FleetLoad
+from tests.reader.test_pick import Clock, timed, view_of
+
+
+def placed(
+    peers: int, times: dict[str, list[float]], n: int = 30
+) -> tuple[Counter[str], LocalLoad]:
+    """``n`` picks between two engines of equal size after this replica's requests to
+    them took ``times`` (s, one request to each at a time), with ``peers`` other replicas
+    sharing; every pick stays in flight."""
+    clock = Clock()
+    local = LocalLoad(clock=clock)
+    fleet = FleetLoad("g1")
+    fleet.attach(local)
+    for fast_s, slow_s in zip(times["fast"], times["slow"], strict=True):
+        begun = clock.t
+        ends = sorted([(fast_s, "fast"), (slow_s, "slow")])
+        a, b = local.started("fast"), local.started("slow")
+        for took, endpoint_id in ends:
+            clock.t = begun + took
+            local.finished(endpoint_id, a if endpoint_id == "fast" else b)
+    fields = [x for i in range(peers) for x in (f"g{i + 2}", '1 {"fast":[0,0,999500]}')]
+    fleet.absorb(fields, {"fast": (0, 999_500), "slow": (0, 999_500)}, 0.0)
+    assert fleet.peers == peers
+    view = view_of(timed("fast"), timed("slow"), offset_ms=0.0)
+    picker = Picker(rng=random.Random(3))
+    chosen: Counter[str] = Counter()
+    for _ in range(n):
+        target = picker.pick(view, local=local)
+        assert target is not None
+        local.started(target)
+        chosen[target] += 1
+    return chosen, local
+
+
+def test_a_slow_engine_gets_fewer_requests_than_its_size_says_when_peers_share() -> None:
+    times = {"fast": [1.0] * 10, "slow": [2.0] * 10}
+    chosen, local = placed(7, times)
+    assert local.slowness("slow") > 1.2 > 0.8 > local.slowness("fast")
+    # Equal size says 15 each; the slow engine's ~1.8x per request leaves it ~10.
+    assert chosen["slow"] <= 12 and chosen["fast"] >= 18, chosen
+    # With more peers the guessed share of the counts grows, and speed weighs more.
+    assert placed(15, times)[0]["slow"] <= chosen["slow"]
+
+
+def test_one_gateway_routes_on_its_exact_counts_whatever_the_times() -> None:
+    """One gateway: the counts are exact (a slow engine's requests stay in flight longer,
+    which the count shows by itself); the times' noise must not reorder engines."""
+    rng = random.Random(7)
+    noisy = {e: [rng.expovariate(1.0) for _ in range(10)] for e in ("fast", "slow")}
+    chosen, local = placed(0, noisy)
+    assert abs(local.slowness("slow") - local.slowness("fast")) > 0.2  # noise is there
+    assert chosen == Counter({"fast": 15, "slow": 15})
+    assert placed(0, {"fast": [1.0] * 10, "slow": [2.0] * 10})[0] == chosen
+
+
+def test_equal_engines_split_by_size_with_peers() -> None:
+    chosen, local = placed(7, {"fast": [1.0] * 10, "slow": [1.0] * 10})
+    assert local.slowness("fast") == local.slowness("slow")
+    assert chosen == Counter({"fast": 15, "slow": 15})
+
+
+def test_use_latency_off_leaves_speed_out() -> None:
+    clock = Clock()
+    local = LocalLoad(clock=clock)
+    fleet = FleetLoad("g1")
+    fleet.attach(local)
+    for _ in range(10):
+        a, b = local.started("fast"), local.started("slow")
+        clock.t += 1.0
+        local.finished("fast", a)
+        clock.t += 1.0
+        local.finished("slow", b)
+    fleet.absorb(
+        ["g2", '1 {"fast":[0,0,999500]}'], {"fast": (0, 999_500), "slow": (0, 999_500)}, 0.0
+    )
+    view = view_of(timed("fast"), timed("slow"), offset_ms=0.0)
+    picker = Picker(rng=random.Random(3), use_latency=False)
+    chosen: Counter[str | None] = Counter()
+    for _ in range(30):
+        target = picker.pick(view, local=local)
+        assert target is not None
+        local.started(target)
+        chosen[target] += 1
+    assert chosen == Counter({"fast": 15, "slow": 15})
