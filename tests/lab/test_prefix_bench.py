@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -31,7 +32,11 @@ from tests.support.procs import leftovers
 @pytest.mark.timeout(960)  # the subprocess's own 900 s bound fails first
 def test_quick_prefix_bench_end_to_end() -> None:
     marker = f"PREFIX_TEST_{uuid.uuid4().hex}"
+    # Three of the five policies (the blind one, the shared prefix picker, the oracle):
+    # the picker's load-only choice is tested by the routing bench's own run.
+    policies = ("round-robin", "prefix-shared", "oracle")
     args = [sys.executable, "-m", "poller", "bench", "--section", "prefix", "--quick", "--json"]
+    args += [a for p in policies for a in ("--policy", p)]
     result = subprocess.run(
         args,
         capture_output=True,
@@ -42,7 +47,7 @@ def test_quick_prefix_bench_end_to_end() -> None:
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    cfg = PrefixConfig.quick()
+    cfg = replace(PrefixConfig.quick(), policies=policies)
     assert [(r["policy"], r["gateways"], r["workload"], r["load"]) for r in report["rows"]] == [
         tuple(c) for c in cells(cfg)
     ]
@@ -56,7 +61,7 @@ def test_quick_prefix_bench_end_to_end() -> None:
         assert row["ttft_p50_s"] <= row["p50_s"]
         if row["workload"] == "no-prefix":
             assert row["hit_rate"] == 0.0, row  # nothing shared: the counters say so
-        sharing = row["policy"] in ("picker", "prefix-own", "prefix-shared")  # cached views
+        sharing = row["policy"] == "prefix-shared"  # the policy with a cached view
         commands = row["redis_commands_per_s_per_replica"]
         assert (commands is not None and 0 < commands <= 20) if sharing else commands is None
     heavy = [r for r in report["rows"] if r["workload"] == "prefix-heavy"]
