@@ -32,6 +32,7 @@ _FOREIGN = ("CHANGELOG.md", "SOURCES.md")
 TEXTS = (
     REPO / "Makefile",
     REPO / "pyproject.toml",
+    *sorted(p for p in (REPO / "deploy").rglob("*.y*ml") if _ours(p)),
     *sorted(p for p in REPO.glob("**/*.md") if _ours(p) and p.name not in _FOREIGN),
     *sorted(p for p in (REPO / "lab").rglob("*.py") if _ours(p)),
     *sorted(p for p in (REPO / "tests").rglob("*.py") if _ours(p)),

@@ -3,7 +3,8 @@ and in batches, a lost connection and a refused subscription as StoreError, and 
 fallback to redis-py's PubSub for clients whose connections it cannot copy.
 
 Cached readers over TLS, ACL users, Sentinel and Cluster are tested with the readers
-(test_tls.py, test_deploy.py, test_sentinel.py, test_cluster.py)."""
+(tests/store/test_tls.py, tests/deploy/test_redis_acl.py, tests/store/test_sentinel.py,
+tests/store/test_cluster.py)."""
 
 from __future__ import annotations
 
