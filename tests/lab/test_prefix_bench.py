@@ -172,6 +172,9 @@ def test_targets_say_met_missed_and_not_measured() -> None:
     assert "not measured  prefix-heavy, 8 gateways, load 0.7: own placements" in text
     assert "not measured  no-prefix, 1 gateways" in text
     assert lines[-1].startswith("  met") and "CPU p99" in lines[-1]
+    # A run of 8 gateways alone has no fewer gateways to hold its hit rate against.
+    alone = "\n".join(targets([r for r in rows if r["gateways"] == 8], (8,)))
+    assert "not measured  prefix-heavy, 8 gateways, load 0.7: shared hit rate vs 0.95x" in alone
 
 
 async def test_the_driver_sends_every_turn_in_order_through_the_hashed_gateway() -> None:
