@@ -9,7 +9,7 @@ import logging
 import random
 import re
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -309,6 +309,15 @@ async def test_every_end_counted_once_failure_stream_cancel(f: Fleet) -> None:
         strategy.uninstall()
 
 
+async def counted(task: asyncio.Task[Any], in_flight: Callable[[], bool], what: str) -> None:
+    """Until ``in_flight()`` says the request is counted, or its task ended first: then
+    its error is the test's."""
+    await until(lambda: task.done() or in_flight(), 30, what)
+    if task.done():
+        task.result()
+        raise AssertionError(f"{what} ended before it was counted")
+
+
 async def test_two_replicas_see_each_others_requests_in_flight_through_redis(f: Fleet) -> None:
     """Two gateway replicas, each a Router with its own ``LoadAwareStrategy`` and its own
     cached reader (as two proxy processes have): the requests one keeps in flight reach
@@ -369,16 +378,16 @@ async def test_two_replicas_see_each_others_requests_in_flight_through_redis(f: 
             seen: list[tuple[set[str], dict[str, float]]] = []
             choose = b.choose
 
-            def spy(cache: Any, model: str, healthy: list[Any], kwargs: Any) -> Any:
+            def spy(cache: Any, model: str, healthy: list[Any], *args: Any, **kw: Any) -> Any:
                 ids = {d["model_info"]["llmgw_endpoint"] for d in healthy}
                 seen.append((ids, dict(cache.fleet.extra)))
-                return choose(cache, model, healthy, kwargs)
+                return choose(cache, model, healthy, *args, **kw)
 
             b.choose = spy  # type: ignore[method-assign]
             for _ in range(5):
                 task = asyncio.create_task(router_b.acompletion(model="pair", **body))
                 held.append(task)
-                await until(lambda: sum(mine(b).values()) == 1, 30, "b's request")
+                await counted(task, lambda: sum(mine(b).values()) == 1, "b's request")
                 ids, extra = seen[-1]
                 busy = [e for e in OK if e != free]
                 if ids == set(OK) and extra.get(free) == 0 and all(extra[e] for e in busy):

@@ -179,9 +179,12 @@ async def test_write_without_any_lease_is_rejected(store: RedisStore) -> None:
 async def test_failure_keeps_since_and_counts(store: RedisStore) -> None:
     [a] = await store.acquire_leases("p1", ["e1"], 2000)
     token = a.token or 0
-    await store.write_stats("e1", "p1", token, FIELDS, lease_ttl_ms=2000, stats_ttl_ms=3000)
     kw = {"lease_ttl_ms": 2000, "failure_ttl_ms": 3000}
+    # Subscribed before both writes: on a Cluster a message published before the
+    # subscription may still reach it (the cluster bus carries it to the other nodes).
     async with store.subscribe() as pubsub:
+        await store.write_stats("e1", "p1", token, FIELDS, lease_ttl_ms=2000, stats_ttl_ms=3000)
+        assert await next_event(pubsub) == "stats e1 1"
         first = await store.write_failure("e1", "p1", token, reason="timeout", detail="t1", **kw)
         assert await next_event(pubsub) == "failure e1 timeout"
     f1 = await store.read_failure("e1")
