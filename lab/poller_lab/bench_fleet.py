@@ -8,7 +8,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,17 @@ from poller_lab.embedded import (
     wait_until,
 )
 
-__all__ = ["NS", "PAGES", "BenchConfig", "Fleet", "percentile", "sync_registry"]
+__all__ = [
+    "NS",
+    "PAGES",
+    "BenchConfig",
+    "Columns",
+    "Fleet",
+    "format_columns",
+    "header",
+    "percentile",
+    "sync_registry",
+]
 
 NS = "bench"
 
@@ -122,6 +132,25 @@ async def sync_registry(redis_url: str, namespace: str, path: Path) -> None:
         await store.replace_registry(endpoints_from_file(path))
     finally:
         await store.close()
+
+
+#: A report's columns: (title, width, the row's key).
+Columns = Sequence[tuple[str, int, str]]
+
+
+def header(columns: Columns) -> str:
+    """The titles of ``columns``, right-aligned to their widths."""
+    return "  ".join(f"{title:>{width}}" for title, width, _ in columns)
+
+
+def format_columns(row: Mapping[str, Any], columns: Columns) -> str:
+    """One row under ``header(columns)``: floats as ``%g``, absent values as ``-``."""
+    cells = []
+    for _, width, key in columns:
+        value = row.get(key)
+        text = "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+        cells.append(f"{text:>{width}}")
+    return "  ".join(cells)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

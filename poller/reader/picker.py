@@ -261,7 +261,7 @@ class Picker(Draws):
         candidates: Iterable[str] | None,
         score: Callable[[Slot], tuple[float, float]],
     ) -> str | None:
-        """The pick on the fleet's estimate (``_fleet_score``). A page's ``waiting`` no
+        """The pick on the fleet's estimate (``fleet_score``, scores.py). A page's ``waiting`` no
         longer saturates an endpoint (the estimate knows its queue better than a page a
         second old); its KV usage still does."""
         models = index.model(model)

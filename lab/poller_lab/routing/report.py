@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from poller_lab.bench_fleet import percentile
+from poller_lab.bench_fleet import format_columns, header, percentile
 
 __all__ = ["HEADER", "format_row", "summarise"]
 
@@ -83,13 +83,8 @@ _COLUMNS = (
     ("queue", 5, "largest_queue"),
     ("cpu us", 6, "cpu_per_pick_p50_us"),
 )
-HEADER = "  ".join(f"{title:>{width}}" for title, width, _ in _COLUMNS)
+HEADER = header(_COLUMNS)
 
 
 def format_row(row: Mapping[str, Any]) -> str:
-    cells = []
-    for _, width, key in _COLUMNS:
-        value = row.get(key)
-        text = "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
-        cells.append(f"{text:>{width}}")
-    return "  ".join(cells)
+    return format_columns(row, _COLUMNS)
