@@ -83,8 +83,10 @@ lint: install
 	$(BIN)/ruff check poller lab tests
 	$(BIN)/mypy
 
+# The tools installed above are required: a test that finds one missing fails instead
+# of skipping (LLMGW_TOOLS_REQUIRED, tests/support/deploy.py).
 test: install redis-server dnsmasq promtool chromium lint
-	$(BIN)/pytest -q
+	LLMGW_TOOLS_REQUIRED=1 $(BIN)/pytest -q
 
 # The edit loop: every test that starts no external server and is not slow (the markers
 # registered in pyproject.toml, see tests/support/markers.py), on every core (pytest-xdist);

@@ -7,6 +7,7 @@ using it is marked ``promtool``: tests/support/markers.py)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -196,6 +197,10 @@ def heading_anchors(markdown: str) -> set[str]:
 
 
 def promtool_binary() -> str | None:
-    """promtool from PATH (None when missing); only a test marked ``promtool`` may ask."""
+    """promtool from PATH (None when missing); only a test marked ``promtool`` may ask.
+    Under ``make test``, which installs it (``LLMGW_TOOLS_REQUIRED=1``), missing fails."""
     require("promtool", "promtool")
-    return shutil.which("promtool")
+    found = shutil.which("promtool")
+    if found is None and os.environ.get("LLMGW_TOOLS_REQUIRED") == "1":
+        pytest.fail("promtool not found although `make test` installs it (make promtool)")
+    return found
