@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
 from poller.util.logs import setup_logging
+
+_Cfg = TypeVar("_Cfg")
 
 
 def _redis_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -211,7 +214,6 @@ def _bench_routing(
     """The routing section: the family in virtual time (lab/poller_lab/routing/family.py),
     then the default fleet in real processes; rows as they come (to stderr under --json),
     then the report."""
-    import dataclasses
 
     from poller_lab.routing.family import iter_design, run_family
 
@@ -223,18 +225,31 @@ def _bench_routing(
         say=lambda line: print(line, file=out, flush=True),
     )
 
-    from poller.errors import ConfigError
     from poller_lab.routing import RoutingConfig
     from poller_lab.routing.run import run_routing
 
-    cfg = RoutingConfig.quick() if quick else RoutingConfig()
+    cfg = _tuned(RoutingConfig.quick() if quick else RoutingConfig(), duration_s, policies)
+    _run_section(lambda: {**run_routing(cfg, redis_url, out), "family": family}, as_json)
+
+
+def _tuned(cfg: _Cfg, duration_s: float | None, policies: tuple[str, ...]) -> _Cfg:
+    """A section's config with the --duration and --policy given (dataclass fields)."""
+    import dataclasses
+
     if duration_s is not None:
-        cfg = dataclasses.replace(cfg, duration_s=duration_s)
+        cfg = dataclasses.replace(cfg, duration_s=duration_s)  # type: ignore[type-var]
     if policies:
-        cfg = dataclasses.replace(cfg, policies=policies)
+        cfg = dataclasses.replace(cfg, policies=policies)  # type: ignore[type-var]
+    return cfg
+
+
+def _run_section(run: Callable[[], dict[str, Any]], as_json: bool) -> None:
+    """Run a bench section: its report as JSON or how long it took; a bad setting exits
+    2, a failed run 1, each with one ``Error:`` line."""
+    from poller.errors import ConfigError
+
     try:
-        result = run_routing(cfg, redis_url, out)
-        result["family"] = family
+        result = run()
     except ConfigError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)
@@ -256,30 +271,12 @@ def _bench_prefix(
 ) -> None:
     """The prefix section (lab/poller_lab/prefix/run.py): rows as they come (to stderr
     under --json), then the targets and the report."""
-    import dataclasses
-
-    from poller.errors import ConfigError
     from poller_lab.prefix.fleet import PrefixConfig
     from poller_lab.prefix.run import run_prefix
 
     out = sys.stderr if as_json else sys.stdout
-    cfg = PrefixConfig.quick() if quick else PrefixConfig()
-    if duration_s is not None:
-        cfg = dataclasses.replace(cfg, duration_s=duration_s)
-    if policies:
-        cfg = dataclasses.replace(cfg, policies=policies)
-    try:
-        result = run_prefix(cfg, redis_url, out)
-    except ConfigError as exc:
-        click.echo(f"Error: {exc}", err=True)
-        sys.exit(2)
-    except (RuntimeError, TimeoutError) as exc:
-        click.echo(f"Error: bench failed: {exc}", err=True)
-        sys.exit(1)
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-    else:
-        click.echo(f"  (took {result['elapsed_s']} s)")
+    cfg = _tuned(PrefixConfig.quick() if quick else PrefixConfig(), duration_s, policies)
+    _run_section(lambda: run_prefix(cfg, redis_url, out), as_json)
 
 
 @click.command()
