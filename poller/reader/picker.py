@@ -123,9 +123,8 @@ class Picker(Draws):
             ("prefix_load_factor", prefix_load_factor, 1.0),
             ("prefix_load_slack", prefix_load_slack, 0.0),
         ):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ConfigError(f"{name} must be a number >= {least:g}, got {value!r}")
-            if not (value >= least and math.isfinite(value)):
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not (number and value >= least and math.isfinite(value)):
                 raise ConfigError(f"{name} must be a number >= {least:g}, got {value!r}")
         self.max_waiting = max_waiting
         self.max_kv_cache_usage = max_kv_cache_usage
