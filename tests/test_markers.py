@@ -37,9 +37,10 @@ def test_make_test_fast_leaves_out_every_server_and_slow() -> None:
         makefile,
         re.M,
     )
-    # `make test` runs everything, after the lint and the installs.
+    # `make test` runs everything, after the lint and the installs, which it then requires.
     assert re.search(
-        r"^test: install redis-server dnsmasq promtool chromium lint\n\t\$\(BIN\)/pytest -q$",
+        r"^test: install redis-server dnsmasq promtool chromium lint\n"
+        r"\tLLMGW_TOOLS_REQUIRED=1 \$\(BIN\)/pytest -q$",
         makefile,
         re.M,
     )
