@@ -18,7 +18,8 @@ from poller.reader.load import LocalLoad
 from poller.reader.pick import pick
 from poller.reader.picker import Picker, WhenSaturated
 from poller.reader.prefix import prompt_of
-from poller.reader.reader import StatsReader, SyncStatsReader
+from poller.reader.reader import StatsReader
+from poller.reader.sync import SyncStatsReader
 from poller.reader.view import EndpointView, State, Timing, View
 from poller.redis.settings import RedisSettings
 from poller.schema.endpoint import Endpoint

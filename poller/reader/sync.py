@@ -1,0 +1,204 @@
+"""``SyncStatsReader``: the reader for threaded gateways (redis-py's blocking client), the
+twin of ``StatsReader`` (reader.py) with the same methods and arguments, not coroutines; its
+cache is followed by a daemon thread, and the exchange with the other replicas by a second."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any
+
+import redis
+import redis.cluster
+
+from poller.errors import SchemaMismatch
+from poller.reader.base import READ_MEMBERS, STOP_BOUND_S, ReaderBase, settings_of
+from poller.reader.cache import ViewCache
+from poller.reader.protocol import Action, Protocol
+from poller.reader.view import EndpointView, View
+from poller.redis.connection import close_client_sync, connect_sync, pubsub_client_sync
+from poller.redis.errors import redis_call_sync
+from poller.redis.settings import RedisSettings
+
+__all__ = ["SyncStatsReader"]
+
+log = logging.getLogger(__name__)
+
+
+class SyncStatsReader(ReaderBase):
+    """The same reader for threaded gateways (redis-py's blocking client): the same
+    methods with the same arguments, not coroutines; ``close()`` for ``aclose()``."""
+
+    client: redis.Redis | redis.cluster.RedisCluster
+
+    def __init__(
+        self,
+        client: redis.Redis | redis.cluster.RedisCluster,
+        namespace: str = "llmgw",
+        *,
+        stale_after_intervals: float = 2.0,
+        stale_after_ms: int | None = None,
+        resync_s: float = 5.0,
+    ) -> None:
+        super().__init__(
+            client,
+            namespace,
+            stale_after_intervals=stale_after_intervals,
+            stale_after_ms=stale_after_ms,
+            resync_s=resync_s,
+        )
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        namespace: str = "llmgw",
+        *,
+        stale_after_intervals: float = 2.0,
+        stale_after_ms: int | None = None,
+        resync_s: float = 5.0,
+    ) -> SyncStatsReader:
+        """A client of its own for ``url`` (any form ``RedisSettings`` takes); a bad URL
+        raises ``ConfigError``."""
+        return cls.from_settings(
+            settings_of(url, namespace),
+            stale_after_intervals=stale_after_intervals,
+            stale_after_ms=stale_after_ms,
+            resync_s=resync_s,
+        )
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: RedisSettings,
+        *,
+        stale_after_intervals: float = 2.0,
+        stale_after_ms: int | None = None,
+        resync_s: float = 5.0,
+    ) -> SyncStatsReader:
+        """The poller's own client set-up: timeouts, TLS options, Sentinel, Cluster."""
+        return cls(
+            connect_sync(settings),
+            settings.namespace,
+            stale_after_intervals=stale_after_intervals,
+            stale_after_ms=stale_after_ms,
+            resync_s=resync_s,
+        )
+
+    def __enter__(self) -> SyncStatsReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the client (and a Sentinel client's sentinel connections)."""
+        close_client_sync(self.client)
+
+    def _call(self, fn: Any, what: str, *args: Any, **kwargs: Any) -> Any:
+        return redis_call_sync(fn, what, *args, **kwargs)
+
+    def snapshot(self) -> View:
+        keys, args, held = self._snapshot_call()
+        return self._view(self._call(self._snapshot, "snapshot", keys=keys, args=args), held)
+
+    def get(self, endpoint_id: str) -> EndpointView | None:
+        """One endpoint as a snapshot would show it, or None if it is not registered."""
+        keys, args = self._records_call(endpoint_id)
+        reply = self._call(self._get_records, "read endpoint", keys=keys, args=args)
+        return self._one(endpoint_id, reply)
+
+    def live_pollers(self) -> list[str]:
+        """Live poller ids, sorted (the heartbeat script with no id only reads)."""
+        keys = self._members_keys()
+        return self._pollers(self._call(self._members, "members", keys=keys, args=READ_MEMBERS))
+
+    @contextmanager
+    def cached(
+        self,
+        *,
+        share: bool = True,
+        replica_id: str | None = None,
+        share_placements: bool = True,
+    ) -> Iterator[ViewCache]:
+        """A cache kept current by a daemon thread; stopped when the block ends.
+        ``share``, ``replica_id``, ``share_placements``: as ``StatsReader.cached`` (a
+        second daemon thread)."""
+        proto = self._protocol()
+        stop, first = threading.Event(), threading.Event()
+        thread = threading.Thread(
+            target=self._follow, args=(proto, stop, first), name="reader-cache", daemon=True
+        )
+        thread.start()
+        exchange = self._exchange(proto.cache, share, replica_id, share_placements)
+        sharing = None
+        if exchange is not None:
+            sharing = threading.Thread(
+                target=exchange.run_sync, args=(stop,), name="reader-share", daemon=True
+            )
+            sharing.start()
+        try:
+            first.wait(2.0)
+            if isinstance(proto.error, SchemaMismatch):
+                raise proto.error  # a reader of another schema version must not start
+            yield proto.cache
+        finally:
+            stop.set()
+            thread.join(STOP_BOUND_S)
+            if sharing is not None:
+                sharing.join(STOP_BOUND_S)
+
+    def _follow(self, proto: Protocol, stop: threading.Event, first: threading.Event) -> None:
+        channel = self.keys.updates
+        while not stop.is_set():
+            wait_s = 0.0
+            try:
+                # On Cluster: a client of the node that carries the channel (SSUBSCRIBE).
+                with pubsub_client_sync(self.client, (channel,)) as own:
+                    self._follow_on(own, proto, stop, first)
+            except Exception as exc:
+                wait_s = proto.lost(exc)
+                first.set()
+            stop.wait(wait_s)
+
+    def _follow_on(
+        self, own: Any, proto: Protocol, stop: threading.Event, first: threading.Event
+    ) -> None:
+        pubsub = own.pubsub(ignore_subscribe_messages=True)
+        try:
+            self._call(pubsub.ssubscribe, "SSUBSCRIBE", self.keys.updates)
+            proto.loaded(self.snapshot(), time.monotonic())
+            first.set()
+            while not stop.is_set():
+                timeout_s = proto.wait_s(time.monotonic())
+                message = self._call(pubsub.get_message, "updates", timeout=timeout_s)
+                if message is not None:
+                    self._perform(proto, proto.message(str(message["data"]), time.monotonic()))
+                self._perform(proto, proto.due(time.monotonic()))
+        finally:
+            try:
+                pubsub.close()
+            except Exception:
+                log.debug("pubsub close failed", exc_info=True)
+
+    def _perform(self, proto: Protocol, action: Action | None) -> None:
+        if action is not None and action.kind == "probe":
+            rev = self._call(self.client.get, "probe", name=self.keys.endpoints_rev)
+            action = proto.probed(int(rev or 0))
+        if action is None:
+            return
+        if action.kind == "read":
+            keys, args = self._records_call(action.endpoint_id)
+            reply = self._call(self._get_records, "read endpoint", keys=keys, args=args)
+            proto.cache.apply_records(action.endpoint_id, reply)
+        else:
+            proto.loaded(self.snapshot(), time.monotonic())
