@@ -88,7 +88,9 @@ class Picker(Draws):
       (default 5 s: a Sentinel failover) after that answer, then None.
 
     Pass the ``ViewCache`` itself for speed: the picker keeps its index current from the
-    cache's change log (a pick costs a few microseconds at any fleet size). A ``View``
+    cache's change log, as each change is applied (``ViewCache.follow``: the decode and
+    upkeep run in the reader's task, not in a pick; a pick costs a few microseconds at
+    any fleet size). A ``View``
     gets an index built on first pick (linear in its size) and kept while it is the one
     given. ``rng``: a ``random.Random`` of the caller's (seeded in tests).
 
@@ -323,11 +325,18 @@ class Picker(Draws):
             index = self._caches.get(cache)
             if index is not None:
                 self._last = (weakref.ref(cache), index)
-        if index is not None and index.version == version:
-            return index, judge_ms, cache.offset_ms
+        if index is None or index.version != version:
+            index = self._current(cache, index, version)
+        return index, judge_ms, cache.offset_ms
+
+    def _current(self, cache: ViewCache, index: Index | None, version: int) -> Index:
+        """The cache's index brought up to ``version`` (under the lock): the changes
+        since applied, or built anew (the first pick, a snapshot, a log outrun)."""
         changes = None if index is None else cache.changes_since(index.version, version)
         if index is None or changes is None:
             bases = (cache.base(endpoint_id) for endpoint_id in cache.ids())
+            if cache not in self._caches:
+                cache.follow(self._follow)
             index = self._index((b for b in bases if b is not None), timed)
             self._caches[cache] = index
         else:
@@ -335,7 +344,15 @@ class Picker(Draws):
                 index.update(endpoint_id, cache.base(endpoint_id))
         index.version = version
         self._last = (weakref.ref(cache), index)
-        return index, judge_ms, cache.offset_ms
+        return index
+
+    def _follow(self, cache: ViewCache) -> None:
+        """The cache applied a change (``ViewCache.follow``): its index is brought up to
+        date now, in the thread applying it, so a pick finds it current."""
+        with self._lock:
+            index = self._caches.get(cache)
+            if index is not None and index.version != cache.version:
+                self._current(cache, index, cache.version)
 
     def _index(
         self, views: Iterable[EndpointView], fresh_until: Callable[[EndpointView], float | None]
