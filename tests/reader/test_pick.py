@@ -16,6 +16,7 @@ from poller.cli.render import render
 from poller.errors import ConfigError
 from poller.reader import LocalLoad, Picker, ViewCache
 from poller.reader.pick import pick
+from poller.reader.picker import FOLLOW_IDLE_MS
 from poller.reader.view import EndpointView, Timing, View
 
 NOW_MS = 1_000_000
@@ -568,6 +569,15 @@ def test_a_cache_index_is_kept_current_as_changes_are_applied_not_at_the_pick() 
     cache.load(View(NOW_MS, 2, {"c": timed("c")}))  # a snapshot: the index is rebuilt
     assert set(picker._caches[cache].slots) == {"c"}
     assert picker._caches[cache].version == cache.version
+    # A picker that has not picked on the cache for FOLLOW_IDLE_MS stops following it:
+    # its next pick brings the index up to date.
+    index = picker._caches[cache]
+    index.picked_ms = cache.now_ms() - FOLLOW_IDLE_MS - 1
+    cache.set_stats("c", record)
+    assert index.version == cache.version - 1
+    assert picker.pick(cache) == "c" and index.version == cache.version
+    cache.set_stats("c", record)  # it picked: it follows again
+    assert index.version == cache.version
 
 
 def test_a_picker_dropped_stops_following_and_a_failing_follower_is_logged(
