@@ -9,8 +9,10 @@ read until the next change.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from poller.reader.placements import Placements
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ViewCache"]
 
+log = logging.getLogger(__name__)
+
 
 class ViewCache:
     """The view kept by a cached reader; ``get``/``view`` never touch Redis.
@@ -36,6 +40,9 @@ class ViewCache:
 
     ``version`` counts the changes; ``changes_since(version, upto)`` names the endpoints
     that changed in between, so a picker keeps its index current without rescanning.
+    ``follow(callback)``: the callback runs after each change is applied (a snapshot
+    loaded, an update, a read-back), in the thread that applies it: a picker brings its
+    index up to date there, off the pick path.
     """
 
     #: Changes remembered for ``changes_since``; an index further behind rebuilds.
@@ -84,6 +91,9 @@ class ViewCache:
         #: The share script's call that carries both (poller/reader/exchange.py; its
         #: ``calls``: the Redis commands this replica's sharing sent). None: no sharing.
         self.exchange: Exchange | None = None
+        # Called after every change (``follow``), held weakly: a picker dropped by its
+        # owner stops following.
+        self._followers: list[weakref.WeakMethod[Callable[[ViewCache], None]]] = []
 
     @property
     def load_shared(self) -> bool:
@@ -139,6 +149,25 @@ class ViewCache:
         at = self.confirmed_at
         return None if at is None else int(at * 1000 + self._offset_ms)
 
+    def follow(self, callback: Callable[[ViewCache], None]) -> None:
+        """Call ``callback(self)`` after each change is applied, in the applying thread;
+        ``callback`` is a bound method, held weakly (its object's end ends it). An
+        exception it raises is logged, never raised into the reader."""
+        self._followers = [
+            *(f for f in self._followers if f() is not None),
+            weakref.WeakMethod(callback),
+        ]
+
+    def _notify(self) -> None:
+        for ref in self._followers:
+            callback = ref()
+            if callback is None:
+                continue
+            try:
+                callback(self)
+            except Exception:
+                log.exception("a follower of the view cache failed on a change")
+
     def _changed(self, endpoint_id: str) -> None:
         start, log = self._changes
         if len(log) >= self.CHANGE_LOG_MAX:
@@ -177,6 +206,7 @@ class ViewCache:
         self.loaded = True
         self._changes = (self.version + 1, [])
         self.version += 1
+        self._notify()
 
     # --- changes the protocol applies (protocol.py) -------------------------------------
 
@@ -195,11 +225,13 @@ class ViewCache:
         self._failures.pop(endpoint_id, None)
         self._built.pop(endpoint_id, None)
         self._changed(endpoint_id)
+        self._notify()
 
     def set_failure(self, endpoint_id: str, record: str) -> None:
         self._failures[endpoint_id] = record
         self._built.pop(endpoint_id, None)
         self._changed(endpoint_id)
+        self._notify()
 
     def apply_records(self, endpoint_id: str, reply: Sequence[Any]) -> None:
         """GET_RECORDS' reply: the endpoint as a snapshot shows it, or gone."""
@@ -212,13 +244,14 @@ class ViewCache:
         if not reply[2]:
             for table in (self._entries, self._stats, self._failures):
                 table.pop(endpoint_id, None)
-            return
-        self._entries[endpoint_id] = str(reply[2])
-        for table, record in ((self._stats, reply[3]), (self._failures, reply[4])):
-            if record:
-                table[endpoint_id] = str(record)
-            else:
-                table.pop(endpoint_id, None)
+        else:
+            self._entries[endpoint_id] = str(reply[2])
+            for table, record in ((self._stats, reply[3]), (self._failures, reply[4])):
+                if record:
+                    table[endpoint_id] = str(record)
+                else:
+                    table.pop(endpoint_id, None)
+        self._notify()
 
     # --- reads ----------------------------------------------------------------------------
 

@@ -171,6 +171,7 @@ class Index:
         self._max_kv = max_kv_cache_usage
         self._max_models = max_models
         self.version = -1  # the cache version the index reflects (set by its owner)
+        self.picked_ms = -INF  # Redis ms of the last pick on it (set by its owner)
         self.slots: dict[str, Slot] = {}
         for view in views:
             slot = self._slot(view)

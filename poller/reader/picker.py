@@ -46,6 +46,9 @@ SCALE_MAX = 64.0
 #: while its load is at most this factor x the load-only choice's + the slack.
 PREFIX_LOAD_FACTOR = 1.5
 PREFIX_LOAD_SLACK = 2.0
+#: A picker keeps following a cache's changes while it picked on it within this long
+#: (ms); one idle longer brings its index up to date at its next pick instead.
+FOLLOW_IDLE_MS = 10_000
 
 
 class Picker(Draws):
@@ -88,7 +91,9 @@ class Picker(Draws):
       (default 5 s: a Sentinel failover) after that answer, then None.
 
     Pass the ``ViewCache`` itself for speed: the picker keeps its index current from the
-    cache's change log (a pick costs a few microseconds at any fleet size). A ``View``
+    cache's change log, as each change is applied while it picks on the cache
+    (``ViewCache.follow``: the decode and upkeep run in the reader's task, not in a
+    pick; a pick costs a few microseconds at any fleet size). A ``View``
     gets an index built on first pick (linear in its size) and kept while it is the one
     given. ``rng``: a ``random.Random`` of the caller's (seeded in tests).
 
@@ -323,11 +328,19 @@ class Picker(Draws):
             index = self._caches.get(cache)
             if index is not None:
                 self._last = (weakref.ref(cache), index)
-        if index is not None and index.version == version:
-            return index, judge_ms, cache.offset_ms
+        if index is None or index.version != version:
+            index = self._current(cache, index, version)
+        index.picked_ms = judge_ms
+        return index, judge_ms, cache.offset_ms
+
+    def _current(self, cache: ViewCache, index: Index | None, version: int) -> Index:
+        """The cache's index brought up to ``version`` (under the lock): the changes
+        since applied, or built anew (the first pick, a snapshot, a log outrun)."""
         changes = None if index is None else cache.changes_since(index.version, version)
         if index is None or changes is None:
             bases = (cache.base(endpoint_id) for endpoint_id in cache.ids())
+            if cache not in self._caches:
+                cache.follow(self._follow)
             index = self._index((b for b in bases if b is not None), timed)
             self._caches[cache] = index
         else:
@@ -335,7 +348,19 @@ class Picker(Draws):
                 index.update(endpoint_id, cache.base(endpoint_id))
         index.version = version
         self._last = (weakref.ref(cache), index)
-        return index, judge_ms, cache.offset_ms
+        return index
+
+    def _follow(self, cache: ViewCache) -> None:
+        """The cache applied a change (``ViewCache.follow``): its index is brought up to
+        date now, in the thread applying it, so a pick finds it current; not while this
+        picker has not picked on the cache for ``FOLLOW_IDLE_MS`` (a picker set aside
+        costs nothing: its next pick catches up)."""
+        with self._lock:
+            index = self._caches.get(cache)
+            if index is None or index.version == cache.version:
+                return
+            if cache.now_ms() - index.picked_ms <= FOLLOW_IDLE_MS:
+                self._current(cache, index, cache.version)
 
     def _index(
         self, views: Iterable[EndpointView], fresh_until: Callable[[EndpointView], float | None]

@@ -16,6 +16,7 @@ from poller.cli.render import render
 from poller.errors import ConfigError
 from poller.reader import LocalLoad, Picker, ViewCache
 from poller.reader.pick import pick
+from poller.reader.picker import FOLLOW_IDLE_MS
 from poller.reader.view import EndpointView, Timing, View
 
 NOW_MS = 1_000_000
@@ -543,3 +544,62 @@ def test_the_cache_index_kept_by_changes_equals_one_built_from_scratch() -> None
         anew = Picker()
         anew.pick(cache)
         assert filed(kept) == filed(anew._caches[cache])
+
+
+def test_a_cache_index_is_kept_current_as_changes_are_applied_not_at_the_pick() -> None:
+    # The picker follows the cache it picked on: each change is applied to its index
+    # when the cache applies it (the reader's task), so the next pick decodes nothing.
+    cache = cache_of(timed("a", running="3"), timed("b", running="3"))
+    picker = Picker(rng=random.Random(19))
+    assert set(picks(picker, cache)) == {"a", "b"}
+    index = picker._caches[cache]
+    scraped = cache.now_ms()
+    record = f"{scraped} 1000 {scraped + 3000} p 1|" + json.dumps(
+        raw_stats(scraped_at_ms=str(scraped), running="0")
+    )
+    cache.set_stats("a", record)
+    assert index.version == cache.version and index.slots["a"].requests == 0
+    cache.set_failure("b", f"{scraped} {scraped + 3000} p 1|{{}}")
+    assert index.version == cache.version and "b" not in index.slots
+    decoded: list[str] = []
+    base = cache.base
+    cache.base = lambda endpoint_id: decoded.append(endpoint_id) or base(endpoint_id)  # type: ignore[method-assign]
+    assert picks(picker, cache) == {"a": 200}
+    assert decoded == []  # nothing left for the picks to bring up to date
+    cache.load(View(NOW_MS, 2, {"c": timed("c")}))  # a snapshot: the index is rebuilt
+    assert set(picker._caches[cache].slots) == {"c"}
+    assert picker._caches[cache].version == cache.version
+    # A picker that has not picked on the cache for FOLLOW_IDLE_MS stops following it:
+    # its next pick brings the index up to date.
+    index = picker._caches[cache]
+    index.picked_ms = cache.now_ms() - FOLLOW_IDLE_MS - 1
+    cache.set_stats("c", record)
+    assert index.version == cache.version - 1
+    assert picker.pick(cache) == "c" and index.version == cache.version
+    cache.set_stats("c", record)  # it picked: it follows again
+    assert index.version == cache.version
+
+
+def test_a_picker_dropped_stops_following_and_a_failing_follower_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import gc
+
+    cache = cache_of(timed("a"), timed("b"))
+    picker = Picker(rng=random.Random(20))
+    assert picker.pick(cache) is not None
+    scraped = cache.now_ms()
+    record = f"{scraped} 1000 {scraped + 3000} p 1|" + json.dumps(raw_stats())
+    del picker
+    gc.collect()
+    cache.set_stats("a", record)  # nobody follows any more: no error
+
+    class Broken:
+        def follow(self, _cache: ViewCache) -> None:
+            raise RuntimeError("broken follower")
+
+    broken = Broken()
+    cache.follow(broken.follow)
+    cache.set_stats("a", record)  # the change is applied, the failure logged
+    assert cache.changes_since(cache.version - 1, cache.version) == ["a"]
+    assert "a follower of the view cache failed" in caplog.text

@@ -4,6 +4,7 @@ bounds and invalidation, and the pick rule (the prefix wins, bounded load overri
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -368,3 +369,43 @@ def test_bad_prefix_settings_are_config_errors(kw: dict[str, object], said: str)
 def test_a_prompt_that_is_not_text_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="prompt must be a str or None"):
         Picker().pick(fleet(a=0), "m", prompt=["hi"])  # type: ignore[arg-type]
+
+
+def test_prompts_that_match_nothing_choose_what_the_load_only_pick_chooses() -> None:
+    """The same seed, the same requests in flight, the same changes to the cache: a prefix
+    picker given prompts no placement holds chooses exactly the load-only picker's
+    endpoints (the prefix rule only ever moves a request to a holder)."""
+    from tests.reader.test_pick import Clock, cache_of, raw_stats
+
+    def run(prompted: bool) -> list[str | None]:
+        rng = random.Random(21)
+        cache = cache_of(*(timed(f"e{i}", models="m") for i in range(12)))
+
+        def update(endpoint_id: str, running: int) -> None:
+            scraped = cache.now_ms()
+            fields = raw_stats(scraped_at_ms=str(scraped), running=str(running), models="m")
+            record = f"{scraped} 60000 {scraped + 60_000} p 1|" + json.dumps(fields)
+            cache.set_stats(endpoint_id, record)
+
+        for i in range(12):
+            update(f"e{i}", i % 5)
+        clock = Clock(100.0)
+        local = LocalLoad(clock)
+        picker = Picker(rng=random.Random(22))
+        chosen: list[str | None] = []
+        for k in range(300):
+            if k % 7 == 0:  # a stats update between picks: the index follows it
+                update(f"e{rng.randrange(12)}", rng.randrange(6))
+            prompt = f"conversation {k:05d} " + PROMPT if prompted else None
+            endpoint_id = picker.pick(cache, "m", prompt=prompt, local=local)
+            chosen.append(endpoint_id)
+            clock.t += 0.01
+            if endpoint_id is not None and k % 2:
+                local.started(endpoint_id)
+        if prompted:
+            assert len(cache.placements) == 300 * (len(PROMPT) // BLOCK_BYTES)
+        return chosen
+
+    load_only = run(prompted=False)
+    assert None not in load_only and len(set(load_only)) > 3
+    assert run(prompted=True) == load_only
