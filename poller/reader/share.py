@@ -13,8 +13,10 @@ expire), everyone else's read back, expired fields pruned by the Redis clock. Th
 path never touches Redis:
 it reads ``FleetLoad.extra``, a dict replaced whole at every exchange.
 
-Redis commands: one per period per replica (10/s at the default 100 ms), whatever the
-request rate; a replica that dies leaves the others' view ``ttl_ms`` after its last
+Redis commands: one per period per replica (20/s at the default 50 ms, the cap the
+sharing may use), whatever the request rate; the period is the staleness of the others'
+counts, which is what double-books an engine between two exchanges, so it is as short
+as the cap allows; a replica that dies leaves the others' view ``ttl_ms`` after its last
 write (its field carries its expiry). Redis lost, or no right to the key: the counts of
 this replica only, ``cache.load_shared`` False.
 """
@@ -37,8 +39,9 @@ from poller.reader.load import LocalLoad
 
 __all__ = ["FleetLoad", "default_replica_id", "pages_of"]
 
-#: How often a replica exchanges its counts (seconds).
-PERIOD_S = 0.1
+#: How often a replica exchanges its counts (seconds): one command per period, so 20/s,
+#: the sharing's cap; nothing else may add a command per replica.
+PERIOD_S = 0.05
 #: How long a replica's field counts after its last write (ms): a replica that dies
 #: leaves the others' view within this (plus one period).
 TTL_MS = 800

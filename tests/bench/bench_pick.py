@@ -17,7 +17,7 @@ p50/p99/max in us:
 - the shared counts (poller/reader/share.py): ``Picker.pick(cache)`` with a ``LocalLoad``
   when the cache holds the fleet's counts of 7 other gateway replicas, without and with
   ``model=``, and one background exchange's CPU (``Exchange``: the pages a 1 s interval
-  brings in 100 ms applied before it, the record written and the replies absorbed,
+  brings in one period applied before it, the record written and the replies absorbed,
   Redis's round trip left out) with its CPU per second at the default period.
 
 Timings come from whatever machine runs it, often shared and noisy: compare runs on one
@@ -182,11 +182,12 @@ def shared(
     results["shared: pick(cache, model=)"] = timed(
         lambda k: picker.pick(cache, MODELS[k % len(MODELS)], local=local), count
     )
-    # Between two exchanges (100 ms) a 1 s poller interval brings a tenth of the pages.
+    # Between two exchanges (one period) a 1 s poller interval brings that share of the pages.
+    share_n = max(1, round(n * FleetLoad("x").period_s))
     now_ms = cache.now_ms()
     rounds = max(20, count // 100)
     batches = [
-        [(f"ep-{i}", record(now_ms, rng, i, seq=3)) for i in rng.sample(range(n), n // 10)]
+        [(f"ep-{i}", record(now_ms, rng, i, seq=3)) for i in rng.sample(range(n), share_n)]
         for _ in range(rounds)
     ]
 

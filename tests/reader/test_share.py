@@ -244,3 +244,50 @@ def test_an_exchange_that_works_on_what_changed_agrees_with_one_that_works_on_al
         part.absorb(fields, pages, 0.0, changed=changed if step else None)
         assert part.extra == whole.extra, step
         assert part.peers == whole.peers
+
+
+def test_the_exchange_makes_at_most_20_commands_a_second_on_every_path() -> None:
+    """One script call per period, and every path (answered, Redis away, refused) waits
+    at least a period before the next: at most ``1 / PERIOD_S`` <= 20 calls a second
+    per replica, whatever the request rate (a busy replica changes its counts every
+    period)."""
+    import threading
+
+    from poller.reader.cache import ViewCache
+    from poller.reader.exchange import Exchange
+    from poller.reader.share import PERIOD_S
+
+    assert 1 / PERIOD_S <= 20
+    outcomes = iter([None, ConnectionError("away"), None, Exception("NOPERM no rights"), None] * 4)
+    calls: list[int] = []
+
+    def script(keys: list[str], args: list[object]) -> list[object]:
+        calls.append(1)
+        for _ in range(3):
+            local.started("a")  # requests start between calls: no command more
+        failure = next(outcomes)
+        if failure is not None:
+            raise failure
+        return [0, 0]  # the TIME pair, no other replica
+
+    class Client:
+        def register_script(self, source: str) -> object:
+            return script
+
+    waits: list[float] = []
+
+    class Stop(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            assert timeout is not None
+            waits.append(timeout)
+            if len(waits) == 20:
+                self.set()
+            return self.is_set()
+
+    fleet = FleetLoad("g1")
+    local = LocalLoad(clock=Clock())
+    fleet.attach(local)
+    exchange = Exchange(Client(), "P:gateways:inflight", ViewCache(), fleet)
+    exchange.run_sync(Stop())
+    assert len(calls) == len(waits) == exchange.calls == 20
+    assert min(waits) >= PERIOD_S == fleet.period_s

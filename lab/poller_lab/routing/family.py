@@ -6,10 +6,10 @@ on a shared machine, and its figures never depend on the machine's speed: engine
 replicas (and a share arriving from outside the gateways, spread by capacity), a poller
 scraping every engine once per interval (staggered) whose page shows the engine as it was
 ``lag`` seconds before the scrape. Each gateway replica runs the real ``Picker``,
-``LocalLoad`` and ``FleetLoad`` (poller/reader/share.py) on the sim clock; every 100 ms
-(staggered) it makes the exchange the share script makes, on an in-memory hash with the
-same expiry rule. Every policy of a cell serves the same arrivals (times, sizes,
-gateways, outside choices).
+``LocalLoad`` and ``FleetLoad`` (poller/reader/share.py) on the sim clock; every
+``share.PERIOD_S`` (the product's default, staggered) it makes the exchange the share
+script makes, on an in-memory hash with the same expiry rule. Every policy of a cell serves the same
+arrivals (times, sizes, gateways, outside choices).
 
 Policies: ``oracle`` (the true queues at each request, least expected time to finish),
 ``picker`` (the defaults, sharing on), ``picker-noshare`` (sharing off: local counts on
@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from poller.reader import LocalLoad, Picker
+from poller.reader import LocalLoad, Picker, share
 from poller.reader.share import FleetLoad, pages_of
 from poller.reader.view import EndpointView, View
 from poller_lab.bench_fleet import percentile
@@ -50,7 +50,6 @@ MIXES: dict[str, tuple[tuple[int, float], ...]] = {
 MEAN_S = 0.4
 LOGNORMAL_SIGMA = 1.0
 POLICIES = ("oracle", "picker", "picker-noshare")
-EXCHANGE_S = 0.1
 TTL_MS = 800
 
 
@@ -207,9 +206,10 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
     n = len(engines)
     for j in range(n):
         heapq.heappush(events, (cell.interval_s * (j + 0.5) / n, next(seq), SCRAPE, j))
+    exchange_s = share.PERIOD_S
     if policy == "picker":
         for g in range(cell.gateways):
-            heapq.heappush(events, (EXCHANGE_S * (g + 0.5) / cell.gateways, next(seq), EXCHANGE, g))
+            heapq.heappush(events, (exchange_s * (g + 0.5) / cell.gateways, next(seq), EXCHANGE, g))
     pages: dict[str, EndpointView] = {}
     view: View | None = None
     latency: list[float] = []
@@ -304,8 +304,8 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
                 elif rid != gw.fleet.replica_id:
                     fields += [rid, f"{expires:.0f} {body}"]
             gw.fleet.absorb(fields, numbers, 0.0)
-            if t + EXCHANGE_S < duration_s + 30:
-                heapq.heappush(events, (t + EXCHANGE_S, next(seq), EXCHANGE, data))
+            if t + exchange_s < duration_s + 30:
+                heapq.heappush(events, (t + exchange_s, next(seq), EXCHANGE, data))
     return {
         "requests": len(latency),
         "p50_s": round(percentile(latency, 0.5), 3) if latency else None,
