@@ -117,6 +117,13 @@ def pollers(
     ]
     try:
         yield procs
+    except BaseException:
+        # Said in the test's captured output: whether each poller ran, and its last words.
+        for p in procs:
+            state = "running" if p.running() else f"exited {p.proc and p.proc.poll()}"
+            tail = "\n    ".join(p.log().splitlines()[-15:])
+            print(f"poller {p.id} ({state}), the end of {p.log_path.name}:\n    {tail}")
+        raise
     finally:
         for p in procs:
             p.cleanup()
