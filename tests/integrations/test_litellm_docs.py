@@ -120,14 +120,18 @@ async def test_the_doc_sdk_example_routes_only_to_eligible_endpoints(
 ) -> None:
     script = tmp_path / "example.py"
     script.write_text(doc_block("SDK example", "python"))
-    run = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, str(script)],
-        env={**os.environ, **env_for(f)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    try:
+        run = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, str(script)],
+            env={**os.environ, **env_for(f)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except subprocess.TimeoutExpired as exc:  # what it printed, and where engines stand
+        said = f"stdout {exc.stdout!r:.1500}\nstderr {exc.stderr!r:.3000}"
+        raise AssertionError(f"the example hung; {said}; queues {await f.queues()}") from None
     assert run.returncode == 0, run.stderr[-3000:]
     bases = run.stdout.split()
     assert len(bases) == 10, run.stdout
