@@ -7,7 +7,7 @@ import dataclasses
 import math
 import re
 import time
-from typing import Any
+from typing import Any, Self
 
 from pydantic import ValidationError
 
@@ -90,6 +90,48 @@ class ReaderBase:
         self._held: Held | None = None
         self._get_records = client.register_script(lua("get_records"))
         self._members = client.register_script(lua("heartbeat"))
+
+    @staticmethod
+    def _connect(settings: RedisSettings) -> Any:
+        """A client of the flavour's kind for ``settings`` (each reader's own)."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        namespace: str = "llmgw",
+        *,
+        stale_after_intervals: float = 2.0,
+        stale_after_ms: int | None = None,
+        resync_s: float = 5.0,
+    ) -> Self:
+        """A client of its own for ``url`` (any form ``RedisSettings`` takes); a bad URL
+        raises ``ConfigError``."""
+        return cls.from_settings(
+            settings_of(url, namespace),
+            stale_after_intervals=stale_after_intervals,
+            stale_after_ms=stale_after_ms,
+            resync_s=resync_s,
+        )
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: RedisSettings,
+        *,
+        stale_after_intervals: float = 2.0,
+        stale_after_ms: int | None = None,
+        resync_s: float = 5.0,
+    ) -> Self:
+        """The poller's own client set-up: timeouts, TLS options, Sentinel, Cluster."""
+        return cls(
+            cls._connect(settings),
+            settings.namespace,
+            stale_after_intervals=stale_after_intervals,
+            stale_after_ms=stale_after_ms,
+            resync_s=resync_s,
+        )
 
     def _snapshot_call(self) -> tuple[list[str], list[str], Held | None]:
         held = self._held

@@ -34,7 +34,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from poller.errors import SchemaMismatch
-from poller.reader.base import READ_MEMBERS, STOP_BOUND_S, ReaderBase, settings_of
+from poller.reader.base import READ_MEMBERS, STOP_BOUND_S, ReaderBase
 from poller.reader.cache import ViewCache
 from poller.reader.feed import open_feed
 from poller.reader.protocol import Action, Protocol
@@ -79,42 +79,9 @@ class StatsReader(ReaderBase):
             resync_s=resync_s,
         )
 
-    @classmethod
-    def from_url(
-        cls,
-        url: str,
-        namespace: str = "llmgw",
-        *,
-        stale_after_intervals: float = 2.0,
-        stale_after_ms: int | None = None,
-        resync_s: float = 5.0,
-    ) -> StatsReader:
-        """A client of its own for ``url`` (any form ``RedisSettings`` takes); a bad URL
-        raises ``ConfigError``."""
-        return cls.from_settings(
-            settings_of(url, namespace),
-            stale_after_intervals=stale_after_intervals,
-            stale_after_ms=stale_after_ms,
-            resync_s=resync_s,
-        )
-
-    @classmethod
-    def from_settings(
-        cls,
-        settings: RedisSettings,
-        *,
-        stale_after_intervals: float = 2.0,
-        stale_after_ms: int | None = None,
-        resync_s: float = 5.0,
-    ) -> StatsReader:
-        """The poller's own client set-up: timeouts, TLS options, Sentinel, Cluster."""
-        return cls(
-            connect(settings),
-            settings.namespace,
-            stale_after_intervals=stale_after_intervals,
-            stale_after_ms=stale_after_ms,
-            resync_s=resync_s,
-        )
+    @staticmethod
+    def _connect(settings: RedisSettings) -> aioredis.Redis | RedisCluster:
+        return connect(settings)
 
     async def __aenter__(self) -> StatsReader:
         return self

@@ -16,7 +16,7 @@ import redis
 import redis.cluster
 
 from poller.errors import SchemaMismatch
-from poller.reader.base import READ_MEMBERS, STOP_BOUND_S, ReaderBase, settings_of
+from poller.reader.base import READ_MEMBERS, STOP_BOUND_S, ReaderBase
 from poller.reader.cache import ViewCache
 from poller.reader.protocol import Action, Protocol
 from poller.reader.view import EndpointView, View
@@ -52,42 +52,9 @@ class SyncStatsReader(ReaderBase):
             resync_s=resync_s,
         )
 
-    @classmethod
-    def from_url(
-        cls,
-        url: str,
-        namespace: str = "llmgw",
-        *,
-        stale_after_intervals: float = 2.0,
-        stale_after_ms: int | None = None,
-        resync_s: float = 5.0,
-    ) -> SyncStatsReader:
-        """A client of its own for ``url`` (any form ``RedisSettings`` takes); a bad URL
-        raises ``ConfigError``."""
-        return cls.from_settings(
-            settings_of(url, namespace),
-            stale_after_intervals=stale_after_intervals,
-            stale_after_ms=stale_after_ms,
-            resync_s=resync_s,
-        )
-
-    @classmethod
-    def from_settings(
-        cls,
-        settings: RedisSettings,
-        *,
-        stale_after_intervals: float = 2.0,
-        stale_after_ms: int | None = None,
-        resync_s: float = 5.0,
-    ) -> SyncStatsReader:
-        """The poller's own client set-up: timeouts, TLS options, Sentinel, Cluster."""
-        return cls(
-            connect_sync(settings),
-            settings.namespace,
-            stale_after_intervals=stale_after_intervals,
-            stale_after_ms=stale_after_ms,
-            resync_s=resync_s,
-        )
+    @staticmethod
+    def _connect(settings: RedisSettings) -> redis.Redis | redis.cluster.RedisCluster:
+        return connect_sync(settings)
 
     def __enter__(self) -> SyncStatsReader:
         return self
