@@ -84,9 +84,14 @@ lint: install
 	$(BIN)/mypy
 
 # The tools installed above are required: a test that finds one missing fails instead
-# of skipping (LLMGW_TOOLS_REQUIRED, tests/support/deploy.py).
+# of skipping (LLMGW_TOOLS_REQUIRED, tests/support/deploy.py). Two pytest-xdist workers:
+# most of the suite waits on processes it started (pollers, Redis, engines), so two run
+# in about 60 % of the time of one; every test starts its own servers on free ports and
+# waits for events, not for a clock, so it passes beside another (checked with both cores
+# busy with other work).
+TEST_WORKERS ?= 2
 test: install redis-server dnsmasq promtool chromium lint
-	LLMGW_TOOLS_REQUIRED=1 $(BIN)/pytest -q
+	LLMGW_TOOLS_REQUIRED=1 $(BIN)/pytest -q -n $(TEST_WORKERS)
 
 # The edit loop: every test that starts no external server and is not slow (the markers
 # registered in pyproject.toml, see tests/support/markers.py), on every core (pytest-xdist);
