@@ -276,6 +276,8 @@ class Picker(Draws):
                 return None
             for tier in range(TIERS):
                 open_bag, saturated_bag = models.bags[tier]
+                if not (open_bag.items or saturated_bag.items):
+                    continue  # no endpoint in this tier (a base model's 0 and 1)
                 if full:
                     bags: Bags = ((saturated_bag, is_full),)
                 else:  # saturated by its waiting only: open on the fleet's estimate
@@ -422,10 +424,15 @@ class Picker(Draws):
         return self._two_choices(groups[saturated, tier], judge_ms, None, score)
 
 
+#: What ``pick`` takes as its view (a tuple made once: ``A | B`` would build a union at
+#: every call).
+_VIEW_TYPES = (ViewCache, View, Mapping)
+
+
 def check_arguments(view: object, model: object, candidates: object, local: object) -> None:
     """``TypeError`` for an argument ``pick`` cannot mean: the call is wrong, and a None
     would read as "no endpoint may take it"."""
-    if not isinstance(view, ViewCache | View | Mapping):
+    if not isinstance(view, _VIEW_TYPES):
         raise TypeError(
             f"pick() needs a ViewCache, a View or a mapping of EndpointViews, "
             f"got {type(view).__name__}"
