@@ -64,14 +64,14 @@ class Draws:
         rand = self.rng.random
         for _ in range(_DRAWS):
             k = int(rand() * total)
-            for pair in bags:
-                if k < len(pair[0].items):
+            for bag, keep in bags:
+                items = bag.items
+                if k < len(items):
                     break
-                k -= len(pair[0].items)
+                k -= len(items)
             else:
                 return None  # every bag empty
-            bag, keep = pair
-            slot = bag.items[k]
+            slot = items[k]
             if slot.fresh_until_ms < judge_ms:
                 if models is not None:
                     models.drop(slot.id)  # its next stats write brings it back
