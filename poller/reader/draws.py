@@ -64,13 +64,14 @@ class Draws:
         rand = self.rng.random
         for _ in range(_DRAWS):
             k = int(rand() * total)
-            for bag, keep in bags:
-                items = bag.items
+            for pair in bags:
+                items = pair[0].items
                 if k < len(items):
                     break
                 k -= len(items)
             else:
                 return None  # every bag empty
+            bag, keep = pair
             slot = items[k]
             if slot.fresh_until_ms < judge_ms:
                 if models is not None:
