@@ -65,14 +65,13 @@ class Draws:
         for _ in range(_DRAWS):
             k = int(rand() * total)
             for pair in bags:
-                items = pair[0].items
-                if k < len(items):
+                if k < len(pair[0].items):
                     break
-                k -= len(items)
+                k -= len(pair[0].items)
             else:
                 return None  # every bag empty
             bag, keep = pair
-            slot = items[k]
+            slot = bag.items[k]
             if slot.fresh_until_ms < judge_ms:
                 if models is not None:
                     models.drop(slot.id)  # its next stats write brings it back
