@@ -22,7 +22,7 @@ from poller.reader.affinity import prefer
 from poller.reader.cache import ViewCache
 from poller.reader.draws import SCAN_MAX, Bags, Draws
 from poller.reader.index import INF, TIERS, Bag, Index, ModelIndex, Slot
-from poller.reader.load import LocalLoad
+from poller.reader.load import LocalLoad, clamp
 from poller.reader.placements import Placements
 from poller.reader.prefix import block_ids
 from poller.reader.scores import (
@@ -381,7 +381,7 @@ class Picker(Draws):
         if self.scale_local:
             # This replica's share of the fleet's requests, from the view's total and
             # ours in flight: with R equal replicas ours are ~1/R of what was sent.
-            scale = min(SCALE_MAX, max(1.0, (index.requests + 1) / (local.total() + 1)))
+            scale = clamp((index.requests + 1) / (local.total() + 1), 1.0, SCALE_MAX)
         since, offset_s = local.since, offset_ms / 1000
         slowness = local.slowness if self.use_latency else neutral
         now = local.now()
