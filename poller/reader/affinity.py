@@ -44,13 +44,16 @@ def prefer(
     chosen = index.slots.get(chosen_id)
     if chosen is None or not ids:
         return chosen_id
+    holders = table.matches(ids, found=found)
+    if not holders:  # a new prompt: nothing to weigh against the load-only choice
+        return chosen_id
     bound = score(chosen)[0] * factor + slack
     model, adapter = models.model, models.adapter
     tier = chosen.tier(model, adapter)
     limit = 4 if tier is None else tier
     saturated = chosen.full if by_kv else chosen.saturated
     best, best_n, best_load = chosen_id, 0, bound
-    for endpoint_id, n in table.matches(ids, found=found):
+    for endpoint_id, n in holders:
         if n < best_n:
             break  # a shorter prefix than one already within the bound
         slot = chosen if endpoint_id == chosen_id else index.slots.get(endpoint_id)

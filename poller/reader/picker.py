@@ -22,7 +22,7 @@ from poller.reader.affinity import prefer
 from poller.reader.cache import ViewCache
 from poller.reader.draws import SCAN_MAX, Bags, Draws
 from poller.reader.index import INF, TIERS, Bag, Index, ModelIndex, Slot
-from poller.reader.load import LocalLoad
+from poller.reader.load import LocalLoad, clamp
 from poller.reader.placements import Placements
 from poller.reader.prefix import block_ids
 from poller.reader.scores import (
@@ -276,6 +276,8 @@ class Picker(Draws):
                 return None
             for tier in range(TIERS):
                 open_bag, saturated_bag = models.bags[tier]
+                if not (open_bag.items or saturated_bag.items):
+                    continue  # no endpoint in this tier (a base model's 0 and 1)
                 if full:
                     bags: Bags = ((saturated_bag, is_full),)
                 else:  # saturated by its waiting only: open on the fleet's estimate
@@ -379,7 +381,7 @@ class Picker(Draws):
         if self.scale_local:
             # This replica's share of the fleet's requests, from the view's total and
             # ours in flight: with R equal replicas ours are ~1/R of what was sent.
-            scale = min(SCALE_MAX, max(1.0, (index.requests + 1) / (local.total() + 1)))
+            scale = clamp((index.requests + 1) / (local.total() + 1), 1.0, SCALE_MAX)
         since, offset_s = local.since, offset_ms / 1000
         slowness = local.slowness if self.use_latency else neutral
         now = local.now()
@@ -422,10 +424,15 @@ class Picker(Draws):
         return self._two_choices(groups[saturated, tier], judge_ms, None, score)
 
 
+#: What ``pick`` takes as its view (a tuple made once: ``A | B`` would build a union at
+#: every call).
+_VIEW_TYPES = (ViewCache, View, Mapping)
+
+
 def check_arguments(view: object, model: object, candidates: object, local: object) -> None:
     """``TypeError`` for an argument ``pick`` cannot mean: the call is wrong, and a None
     would read as "no endpoint may take it"."""
-    if not isinstance(view, ViewCache | View | Mapping):
+    if not isinstance(view, _VIEW_TYPES):
         raise TypeError(
             f"pick() needs a ViewCache, a View or a mapping of EndpointViews, "
             f"got {type(view).__name__}"

@@ -5,6 +5,7 @@ sleep mode. Every random choice is seeded: the verdicts are exact."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from collections import Counter
@@ -15,6 +16,7 @@ from rich.console import Console
 from poller.cli.render import render
 from poller.errors import ConfigError
 from poller.reader import LocalLoad, Picker, ViewCache
+from poller.reader.load import clamp
 from poller.reader.pick import pick
 from poller.reader.picker import FOLLOW_IDLE_MS
 from poller.reader.view import EndpointView, Timing, View
@@ -463,6 +465,16 @@ def test_slowness_from_this_replicas_request_times() -> None:
     clock.t += 60.0  # a minute without news: back to neutral
     assert local.slowness("a") == pytest.approx(1.0, abs=0.01)
     assert picks(Picker(rng=random.Random(15)), v, local=local) == {"a": 200}
+
+
+def test_clamp_is_min_of_max_exactly() -> None:
+    """The picker's clamp gives what ``min(high, max(low, value))`` gives, for ties, the
+    infinities and NaN too: a pick's choice must not move with it."""
+    values = [-math.inf, -1.0, 0.0, 0.25, 0.5, 1.0, 3.0, 8.0, 64.0, 100.0, math.inf, math.nan]
+    for low, high in ((0.25, 8.0), (1.0, 64.0), (1.0, 1.0)):
+        for value in values:
+            want, got = min(high, max(low, value)), clamp(value, low, high)
+            assert got == want or (math.isnan(got) and math.isnan(want)), (value, low, high)
 
 
 def test_a_failed_request_makes_its_endpoint_look_slow() -> None:
