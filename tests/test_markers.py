@@ -37,10 +37,11 @@ def test_make_test_fast_leaves_out_every_server_and_slow() -> None:
         makefile,
         re.M,
     )
-    # `make test` runs everything, after the lint and the installs, which it then requires.
+    # `make test` runs everything (no marker left out), after the lint and the installs,
+    # which it then requires, on TEST_WORKERS pytest-xdist workers.
     assert re.search(
         r"^test: install redis-server dnsmasq promtool chromium lint\n"
-        r"\tLLMGW_TOOLS_REQUIRED=1 \$\(BIN\)/pytest -q$",
+        r"\tLLMGW_TOOLS_REQUIRED=1 \$\(BIN\)/pytest -q -n \$\(TEST_WORKERS\)$",
         makefile,
         re.M,
     )
