@@ -47,8 +47,10 @@ PERIOD_S = 0.05
 TTL_MS = 800
 #: An unchanged field is rewritten when this much of its TTL is left (ms).
 REFRESH_BEFORE_MS = 500
-#: Pages per endpoint the outside-traffic estimate looks back over (their minimum).
-PAGES = 4
+#: Pages per endpoint the outside-traffic estimate looks back over (their minimum): a
+#: load from outside the gateways is counted once every one of them shows it, so what
+#: comes and goes between pages is not (docs/reader.md, "The load estimate").
+PAGES = 8
 #: How long the exchange may go unanswered before the counts are local only (ms).
 LOST_AFTER_MS = 1000
 #: How often a refused exchange (no right to the key) is tried again (seconds).

@@ -13,7 +13,7 @@ import time
 import redis
 
 from poller.reader import LocalLoad, Picker
-from poller.reader.share import TTL_MS, FleetLoad, default_replica_id
+from poller.reader.share import PAGES, TTL_MS, FleetLoad, default_replica_id
 from poller.schema.keys import Keys
 from poller.schema.lua import lua
 from tests.support.redisproc import RedisProcess
@@ -56,6 +56,24 @@ def test_peers_add_their_counts_and_the_page_only_what_they_did_not_send() -> No
     # 7 on the page, of which 4 were g2's and 1 ours: 2 from outside; g2 has 5 now.
     assert fleet.extra == {"a": 2 + 5} and fleet.peers == 1
     assert fleet.record({"a": (7, 100_000)}, 0.0) == '{"a":[1,1,100000]}'
+
+
+def test_outside_load_counts_once_every_one_of_the_last_pages_shows_it() -> None:
+    """No gateway request: each page's count is outside load. A steady client's 3 are
+    counted once all of the last ``PAGES`` pages show them, and at once no longer when a
+    page shows fewer; one page's passing burst is not counted at all."""
+    fleet = FleetLoad("g1")
+    fleet.attach(LocalLoad(clock=Clock()))
+
+    def page(k: int, steady: int, burst: int = 0) -> float:
+        fleet.absorb([], {"a": (steady + burst, 100_000 + 1000 * k)}, 0.0)
+        return fleet.extra["a"]
+
+    assert page(0, 0) == 0
+    assert [page(k, 3) for k in range(1, PAGES)] == [0] * (PAGES - 1)
+    assert page(PAGES, 3) == 3  # every one of the last PAGES pages shows the 3
+    assert page(PAGES + 1, 3, burst=5) == 3  # a burst between pages: its floor, 3
+    assert page(PAGES + 2, 1) == 1  # the client slowed down: counted at once
 
 
 def test_the_picker_routes_on_the_fleet_as_the_oracle_would() -> None:
