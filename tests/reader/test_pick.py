@@ -16,9 +16,9 @@ from rich.console import Console
 from poller.cli.render import render
 from poller.errors import ConfigError
 from poller.reader import LocalLoad, Picker, ViewCache
+from poller.reader.indexes import FOLLOW_IDLE_MS
 from poller.reader.load import clamp
 from poller.reader.pick import pick
-from poller.reader.picker import FOLLOW_IDLE_MS
 from poller.reader.view import EndpointView, Timing, View
 
 NOW_MS = 1_000_000
