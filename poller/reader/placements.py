@@ -21,7 +21,8 @@ blocks in two generations (the newer is filled; when it holds half, it becomes t
 older and the older is dropped), so memory is bounded and recently used blocks stay.
 
 Sharing (``sharing`` True, set by the cached reader's exchange): the blocks this replica
-placed that the table did not hold there already are queued and written to
+placed that the table did not hold there already, and those it held there that were last
+placed or written ``REWRITE_AFTER`` of the engine's capacity ago, are queued and written to
 ``P:gateways:placements`` on the exchange's one call per period; the other replicas'
 are read back on the same call (``absorb``). Redis lost: the table goes on with this
 replica's own placements, ``shared`` False.
@@ -61,6 +62,13 @@ DEFAULT_CAPACITY_TOKENS = 131072
 TOKENS_PER_BLOCK = BLOCK_BYTES // BYTES_PER_TOKEN
 #: Endpoints one block is remembered on at most.
 MAX_HOLDERS = 4
+#: A block used again where it is held is moved up (an LRU's move to the front) and
+#: written again, for the other replicas, whose tables see only what is written, once
+#: this share of the endpoint's capacity in blocks was placed there since it was last
+#: placed or written; until then it keeps its position, the one the others know. Without
+#: the rewrite the others would take a block in use for evicted; the price is a block
+#: taken for evicted up to this share of the capacity early.
+REWRITE_AFTER = 0.25
 #: Block ids waiting to be written, at most (more are dropped, counted in ``dropped``).
 OUT_MAX = 8192
 #: Block ids one exchange writes at most (one stream entry).
@@ -215,7 +223,9 @@ class Placements:
         ``capacity_tokens`` KV tokens; None: as last known, else the default);
         ``found``: ``lookup(ids)`` made for the pick."""
         with self._lock:
-            fresh = self._place(endpoint_id, ids, capacity_tokens, found)
+            fresh, again = self._place(endpoint_id, ids, capacity_tokens, found)
+            if again and self.sharing:
+                fresh = [*fresh, *again]
             if fresh and self.sharing:
                 room = OUT_MAX - self._out_n
                 if room < len(fresh):
@@ -231,8 +241,9 @@ class Placements:
         ids: Sequence[int],
         capacity_tokens: float | None,
         found: Found | None = None,
-    ) -> list[int]:
-        """Place ``ids`` (under the lock); returns those that were new there."""
+    ) -> tuple[list[int], list[int]]:
+        """Place ``ids`` (under the lock); returns (those that were new there, those held
+        there that are due to be written again: ``REWRITE_AFTER``)."""
         now = self._clock()
         if now >= self._next_expire:
             self._expire(now)
@@ -242,24 +253,26 @@ class Placements:
         if len(self._new) + len(ids) > self.max_blocks // 2:
             self._old, self._new = self._new, {}  # the older generation is dropped
             found = None  # found in generations that moved
-        used, fresh = self._blocks(ids, code, found or self.lookup(ids))
+        used, fresh, again = self._blocks(ids, code, found or self.lookup(ids))
         self._used[code] = used
         marks = self._marks[code]
         if not marks or now - marks[-1][0] >= MARK_S:
             marks.append((now, used))
         self.placed += len(fresh)
-        return fresh
+        return fresh, again
 
-    def _blocks(self, ids: Sequence[int], code: int, found: Found) -> tuple[int, list[int]]:
-        """Place ``ids`` on ``code``: (its count of blocks after, the ids new there).
-        Every block of the prompt gets the count after it (one int shared by all): a
-        prompt's blocks are as recent as its last use, its head never older than its
-        tail."""
-        values, aged = found
+    def _sort(
+        self, ids: Sequence[int], values: list[Value | None], code: int
+    ) -> tuple[list[int], list[int], set[int]]:
+        """Of ``ids`` on ``code``: (those new there, those held there and due to be
+        written again, the indexes of those held there that keep their position)."""
         used, cap, floor = self._used[code], self._cap[code], self._low[code]
+        due = used - int(cap * REWRITE_AFTER)
         fresh: list[int] = []
+        again: list[int] = []
+        stay: set[int] = set()
         last: Value | None = None
-        held = False
+        held = rewrite = False
         for i, value in enumerate(values):
             if value is not None and value != last:  # blocks placed together: as the last
                 last = value
@@ -270,16 +283,36 @@ class Placements:
                 else:
                     pos = -1
                 held = pos >= floor and used - pos < cap
-            if value is not None and held:
-                continue  # held here: used again, not new
+                rewrite = pos <= due
+            if value is not None and held:  # held here: used again, not new
+                if rewrite:
+                    again.append(ids[i])
+                else:
+                    stay.add(i)
+                continue
             fresh.append(ids[i])
-        used += len(fresh)
+        return fresh, again, stay
+
+    def _blocks(
+        self, ids: Sequence[int], code: int, found: Found
+    ) -> tuple[int, list[int], list[int]]:
+        """Place ``ids`` on ``code``: (its count of blocks after, the ids new there, the
+        ids held there due to be written again). Every block of the prompt placed anew
+        gets the count after it (one int shared by all): a prompt's blocks are as recent
+        as its last use, its head never older than its tail."""
+        values, aged = found
+        fresh, again, stay = self._sort(ids, values, code)
+        used = self._used[code] + len(fresh)
         mark = used << CODE_BITS | code
         new = self._new
         lows, useds, caps = self._low, self._used, self._cap
         last = None
         result: Value = mark
         for i, value in enumerate(values):
+            if i in stay:  # its position is the one written last: the others know it so
+                if aged and i in aged:
+                    new[ids[i]] = value  # type: ignore[assignment]
+                continue
             if value is None or type(value) is int and value & _MASK == code:
                 if value != mark or (aged and i in aged):
                     new[ids[i]] = mark
@@ -298,7 +331,7 @@ class Placements:
             kept.append(mark)
             result = kept[0] if len(kept) == 1 else tuple(kept[-MAX_HOLDERS:])
             new[ids[i]] = result
-        return used, fresh
+        return used, fresh, again
 
     def _expire(self, now: float) -> None:
         """Placements not used within ``age_s`` stop counting (under the lock)."""

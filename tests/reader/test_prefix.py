@@ -245,6 +245,34 @@ def test_what_one_table_sends_another_absorbs() -> None:
     assert a.outgoing() == body
 
 
+def test_a_block_in_use_is_written_again_before_the_others_take_it_for_evicted() -> None:
+    """Replica A keeps using a prompt on an engine of 40 blocks while other prompts are
+    placed there. B sees only what A writes: without a rewrite, B would count the
+    prompt evicted after 40 new blocks, where the engine's LRU keeps it. A writes it
+    again once a quarter of the capacity (10 blocks) was placed since it last wrote it,
+    not at every use."""
+    a, b = Placements(), Placements()
+    a.sharing = True
+    capacity = 40 * TOKENS_PER_BLOCK
+    hot = block_ids(text(BLOCK_BYTES * 2, seed=99))
+
+    def send() -> None:
+        body = a.outgoing()
+        if body:
+            b.absorb(["1-0", "1-0", body])
+
+    b.record("e", [], capacity)  # B knows the engine's size from its own picks
+    a.record("e", hot, capacity)
+    send()
+    written = a.ids_written
+    for seed in range(16):  # 3 new blocks each: 48 in all, past B's 40
+        a.record("e", block_ids(text(BLOCK_BYTES * 3, seed=seed)), capacity)
+        a.record("e", hot, capacity)  # used again
+        send()
+        assert b.matches(hot) == [("e", 2)], seed
+    assert a.ids_written - written == 16 * 3 + 4 * 2  # rewritten after 12, 24, 36, 48
+
+
 def test_the_queue_to_send_is_bounded_and_one_entry_carries_at_most_entry_max() -> None:
     table = Placements()
     table.sharing = True
