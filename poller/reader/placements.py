@@ -224,16 +224,15 @@ class Placements:
         ``found``: ``lookup(ids)`` made for the pick."""
         with self._lock:
             fresh, again = self._place(endpoint_id, ids, capacity_tokens, found)
-            if again and self.sharing:
-                fresh = [*fresh, *again]
-            if fresh and self.sharing:
+            out = fresh + again if self.sharing else []
+            if out:
                 room = OUT_MAX - self._out_n
-                if room < len(fresh):
-                    self.dropped += len(fresh) - max(0, room)
-                    fresh = fresh[: max(0, room)]
-                if fresh:
-                    self._out.setdefault(endpoint_id, []).extend(fresh)
-                    self._out_n += len(fresh)
+                if room < len(out):
+                    self.dropped += len(out) - max(0, room)
+                    out = out[: max(0, room)]
+                if out:
+                    self._out.setdefault(endpoint_id, []).extend(out)
+                    self._out_n += len(out)
 
     def _place(
         self,
