@@ -35,13 +35,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import groupby
 from typing import Any
 
 from poller.reader.prefix import BLOCK_BYTES, BYTES_PER_TOKEN
 
 __all__ = ["Found", "Placements"]
 
-#: A placement's value: position << CODE_BITS | endpoint code, or several of them.
+#: A placement's value: position << CODE_BITS | endpoint code, or several of them; never 0
+#: (a position is at least 1), so a list of values is all None exactly when not any().
 Value = int | tuple[int, ...]
 #: ``Placements.lookup``'s answer: the values of the ids, the indexes found older.
 Found = tuple[list[Value | None], set[int]]
@@ -169,6 +171,8 @@ class Placements:
         """The endpoints holding a prefix of ``ids``, longest first, at most ``limit``
         (``found``: ``lookup(ids)`` already made)."""
         values = (found or self.lookup(ids))[0]
+        if not any(values):  # a new prompt: nothing holds it (a value is never 0)
+            return []
         low, used, cap = self._low, self._used, self._cap
         best: dict[int, int] = {}
         last: Value | None = None
@@ -260,38 +264,6 @@ class Placements:
         self.placed += len(fresh)
         return fresh, again
 
-    def _sort(
-        self, ids: Sequence[int], values: list[Value | None], code: int
-    ) -> tuple[list[int], list[int], set[int]]:
-        """Of ``ids`` on ``code``: (those new there, those held there and due to be
-        written again, the indexes of those held there that keep their position)."""
-        used, cap, floor = self._used[code], self._cap[code], self._low[code]
-        due = used - int(cap * REWRITE_AFTER)
-        fresh: list[int] = []
-        again: list[int] = []
-        stay: set[int] = set()
-        last: Value | None = None
-        held = rewrite = False
-        for i, value in enumerate(values):
-            if value is not None and value != last:  # blocks placed together: as the last
-                last = value
-                for v in (value,) if type(value) is int else value:  # type: ignore[union-attr]
-                    if v & _MASK == code:
-                        pos = v >> CODE_BITS
-                        break
-                else:
-                    pos = -1
-                held = pos >= floor and used - pos < cap
-                rewrite = pos <= due
-            if value is not None and held:  # held here: used again, not new
-                if rewrite:
-                    again.append(ids[i])
-                else:
-                    stay.add(i)
-                continue
-            fresh.append(ids[i])
-        return fresh, again, stay
-
     def _blocks(
         self, ids: Sequence[int], code: int, found: Found
     ) -> tuple[int, list[int], list[int]]:
@@ -300,37 +272,74 @@ class Placements:
         gets the count after it (one int shared by all): a prompt's blocks are as recent
         as its last use, its head never older than its tail."""
         values, aged = found
-        fresh, again, stay = self._sort(ids, values, code)
+        if not any(values):  # new everywhere, the most common prompt (a value is never 0)
+            used = self._used[code] + len(ids)
+            self._new.update(dict.fromkeys(ids, used << CODE_BITS | code))
+            return used, list(ids), []
+        runs, fresh, again = self._judge(ids, values, code)
         used = self._used[code] + len(fresh)
         mark = used << CODE_BITS | code
         new = self._new
-        lows, useds, caps = self._low, self._used, self._cap
-        last = None
-        result: Value = mark
-        for i, value in enumerate(values):
-            if i in stay:  # its position is the one written last: the others know it so
-                if aged and i in aged:
-                    new[ids[i]] = value  # type: ignore[assignment]
-                continue
-            if value is None or type(value) is int and value & _MASK == code:
-                if value != mark or (aged and i in aged):
-                    new[ids[i]] = mark
-                continue
-            if value == last:  # blocks placed together: the same holders again
-                new[ids[i]] = result
-                continue
-            last = value
-            kept = [
-                v
-                for v in ((value,) if type(value) is int else value)  # type: ignore[union-attr]
-                if (c := v & _MASK) != code
-                and (v >> CODE_BITS) >= lows[c]
-                and useds[c] - (v >> CODE_BITS) < caps[c]
-            ]
-            kept.append(mark)
-            result = kept[0] if len(kept) == 1 else tuple(kept[-MAX_HOLDERS:])
-            new[ids[i]] = result
+        for start, end, value, stays in runs:
+            result: Value
+            if stays:  # its position is the one written last: the others know it so
+                result = value  # type: ignore[assignment]
+            elif value is None or type(value) is int and value & _MASK == code:
+                result = mark
+            else:
+                result = self._joined(value, code, mark)
+            if value != result:
+                new.update(dict.fromkeys(ids[start:end], result))
+            elif aged:  # found in the older generation: moved to the newer as it is
+                for i in range(start, end):
+                    if i in aged:
+                        new[ids[i]] = result
         return used, fresh, again
+
+    def _judge(
+        self, ids: Sequence[int], values: list[Value | None], code: int
+    ) -> tuple[list[tuple[int, int, Value | None, bool]], list[int], list[int]]:
+        """Of ``ids`` on ``code``, judged once per run of one value (blocks placed
+        together hold the same): (the runs as (start, end, value, stays), the ids new
+        there, the ids held there due to be written again); a run that stays is held
+        there and keeps its position."""
+        used, cap, floor = self._used[code], self._cap[code], self._low[code]
+        due = used - int(cap * REWRITE_AFTER)
+        runs: list[tuple[int, int, Value | None, bool]] = []
+        fresh: list[int] = []
+        again: list[int] = []
+        start = 0
+        for value, run in groupby(values):
+            end = start + len(list(run))
+            held = stays = False
+            if value is not None:
+                for v in (value,) if type(value) is int else value:  # type: ignore[union-attr]
+                    if v & _MASK == code:
+                        pos = v >> CODE_BITS
+                        held = pos >= floor and used - pos < cap
+                        stays = held and pos > due
+                        break
+            if not held:
+                fresh += ids[start:end]
+            elif not stays:
+                again += ids[start:end]
+            runs.append((start, end, value, stays))
+            start = end
+        return runs, fresh, again
+
+    def _joined(self, value: Value, code: int, mark: int) -> Value:
+        """The holders of ``value`` that still hold it, other than ``code``, and ``mark``
+        (``code`` now) last; at most ``MAX_HOLDERS``."""
+        lows, useds, caps = self._low, self._used, self._cap
+        kept = [
+            v
+            for v in ((value,) if type(value) is int else value)  # type: ignore[union-attr]
+            if (c := v & _MASK) != code
+            and (v >> CODE_BITS) >= lows[c]
+            and useds[c] - (v >> CODE_BITS) < caps[c]
+        ]
+        kept.append(mark)
+        return kept[0] if len(kept) == 1 else tuple(kept[-MAX_HOLDERS:])
 
     def _expire(self, now: float) -> None:
         """Placements not used within ``age_s`` stop counting (under the lock)."""
