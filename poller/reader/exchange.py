@@ -16,7 +16,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from poller.reader.placements import READ_COUNT, STREAM_MAXLEN, Placements
+from poller.reader.outbox import READ_COUNT, STREAM_MAXLEN
+from poller.reader.placements import Placements
 from poller.reader.share import REFUSED_RETRY_S, FleetLoad, pages_of
 
 __all__ = ["Exchange"]

@@ -22,15 +22,15 @@ older and the older is dropped), so memory is bounded and recently used blocks s
 
 Sharing (``sharing`` True, set by the cached reader's exchange): the blocks this replica
 placed that the table did not hold there already, and those it held there that were last
-placed or written ``REWRITE_AFTER`` of the engine's capacity ago, are queued and written to
-``P:gateways:placements`` on the exchange's one call per period; the other replicas'
-are read back on the same call (``absorb``). Redis lost: the table goes on with this
+placed or written ``REWRITE_AFTER`` of the engine's capacity ago, are queued
+(``outbox``, poller/reader/outbox.py) and written to ``P:gateways:placements`` on the
+exchange's one call per period; the other replicas' are read back on the same call
+(``absorb``). Redis lost: the table goes on with this
 replica's own placements, ``shared`` False.
 """
 
 from __future__ import annotations
 
-import base64
 import threading
 import time
 from collections import deque
@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from itertools import groupby
 from typing import Any
 
+from poller.reader.outbox import Outbox, entries
 from poller.reader.prefix import BLOCK_BYTES, BYTES_PER_TOKEN
 
 __all__ = ["Found", "Placements"]
@@ -71,17 +72,6 @@ MAX_HOLDERS = 4
 #: the rewrite the others would take a block in use for evicted; the price is a block
 #: taken for evicted up to this share of the capacity early.
 REWRITE_AFTER = 0.25
-#: Block ids waiting to be written, at most (more are dropped, counted in ``dropped``).
-OUT_MAX = 8192
-#: Block ids one exchange writes at most (one stream entry).
-ENTRY_MAX = 1024
-#: Stream entries Redis keeps at most (approximate trim: up to a stream node, 100
-#: entries, more); with ``ENTRY_MAX`` ids of ~12.5 bytes each in Redis, the key stays
-#: under ~14 MB however many replicas write.
-STREAM_MAXLEN = 1024
-#: Entries one exchange reads at most (8 replicas write ~8 per 50 ms; a backlog is
-#: caught up at 64 a call, so one call never absorbs more than ~64,000 ids).
-READ_COUNT = 64
 #: The exchange answered within this long: the other replicas' placements are current.
 LOST_AFTER_MS = 1000
 
@@ -123,18 +113,14 @@ class Placements:
         self._next_expire = 0.0
         #: Written to Redis by the exchange (set by a cached reader that shares them).
         self.sharing = False
-        self._out: dict[str, list[int]] = {}
-        self._out_n = 0
+        self.outbox = Outbox()  # this replica's placements yet to write
         #: Monotonic seconds of the last exchange that carried placements; None: never.
         self.exchanged_at: float | None = None
         self.last_id = ""  # the stream entry read last
         # Counters (the benchmark prints them).
         self.placed = 0  # blocks this replica placed that were new where they went
         self.invalidated = 0  # endpoints whose placements a counter reset voided
-        self.dropped = 0  # block ids never written (the queue was full)
-        self.ids_written = 0
         self.ids_read = 0
-        self.bytes_written = 0
         self.bytes_read = 0
 
     def __len__(self) -> int:
@@ -228,15 +214,8 @@ class Placements:
         ``found``: ``lookup(ids)`` made for the pick."""
         with self._lock:
             fresh, again = self._place(endpoint_id, ids, capacity_tokens, found)
-            out = fresh + again if self.sharing else []
-            if out:
-                room = OUT_MAX - self._out_n
-                if room < len(out):
-                    self.dropped += len(out) - max(0, room)
-                    out = out[: max(0, room)]
-                if out:
-                    self._out.setdefault(endpoint_id, []).extend(out)
-                    self._out_n += len(out)
+            if self.sharing and (fresh or again):
+                self.outbox.add(endpoint_id, fresh + again)
 
     def _place(
         self,
@@ -378,43 +357,27 @@ class Placements:
         """The placements to write on this exchange (taken from the queue, at most
         ``ENTRY_MAX`` ids): ``<endpoint id> <base64 ids> ...``, "" when none."""
         with self._lock:
-            if not self._out:
-                return ""
-            parts: list[str] = []
-            room = ENTRY_MAX
-            for endpoint_id in list(self._out):
-                ids = self._out[endpoint_id]
-                taken, rest = ids[:room], ids[room:]
-                if rest:
-                    self._out[endpoint_id] = rest
-                else:
-                    del self._out[endpoint_id]
-                parts += (endpoint_id, _pack(taken))
-                room -= len(taken)
-                self._out_n -= len(taken)
-                self.ids_written += len(taken)
-                if room <= 0:
-                    break
-        body = " ".join(parts)
-        self.bytes_written += len(body)
-        return body
+            return self.outbox.take()
 
     def unsent(self, body: str) -> None:
         """The exchange carrying ``body`` failed: its ids go back to the queue (as room
         allows), for the next call."""
-        self.bytes_written -= len(body)
-        words = body.split(" ") if body else []
         with self._lock:
-            for j in range(1, len(words), 2):
-                ids = _unpack(words[j]) or []
-                self.ids_written -= len(ids)
-                room = max(0, OUT_MAX - self._out_n)
-                if room < len(ids):
-                    self.dropped += len(ids) - room
-                    ids = ids[:room]
-                if ids:
-                    self._out.setdefault(words[j - 1], []).extend(ids)
-                    self._out_n += len(ids)
+            self.outbox.put_back(body)
+
+    # Counters of what was written (the benchmark prints them).
+    @property
+    def dropped(self) -> int:
+        """Block ids never written (the queue was full)."""
+        return self.outbox.dropped
+
+    @property
+    def ids_written(self) -> int:
+        return self.outbox.ids_written
+
+    @property
+    def bytes_written(self) -> int:
+        return self.outbox.bytes_written
 
     def absorb(self, reply: Sequence[Any]) -> None:
         """The exchange's placement reply: ``[last entry id, entry id, body, ...]``, the
@@ -425,30 +388,11 @@ class Placements:
         for i in range(2, len(reply), 2):
             body = str(reply[i])
             self.bytes_read += len(body)
-            words = body.split(" ")
-            for j in range(1, len(words), 2):
-                ids = _unpack(words[j])
-                if ids is None:
-                    continue
+            for endpoint_id, ids in entries(body):
                 self.ids_read += len(ids)
                 with self._lock:
-                    self._place(words[j - 1], ids, None)
+                    self._place(endpoint_id, ids, None)
         self.exchanged_at = time.monotonic()
 
     def __repr__(self) -> str:
         return f"Placements({len(self)} blocks, {len(self._ids)} endpoints, shared={self.shared})"
-
-
-def _pack(ids: Sequence[int]) -> str:
-    """Ids as base64 of their 8 big-endian bytes each."""
-    return base64.b64encode(b"".join(i.to_bytes(8, "big") for i in ids)).decode("ascii")
-
-
-def _unpack(text: str) -> list[int] | None:
-    try:
-        raw = base64.b64decode(text, validate=True)
-    except ValueError:
-        return None
-    if len(raw) % 8:
-        return None
-    return [int.from_bytes(raw[i : i + 8], "big") for i in range(0, len(raw), 8)]

@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:  # a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))
 
 from poller.reader import LocalLoad, Picker, ViewCache  # noqa: E402
-from poller.reader.placements import _pack  # noqa: E402
+from poller.reader.outbox import pack  # noqa: E402
 from poller.reader.prefix import block_ids  # noqa: E402
 from poller.reader.share import FleetLoad, pages_of  # noqa: E402
 from tests.bench.bench_pick import MODELS, fleet, peer_fields, timed  # noqa: E402
@@ -131,7 +131,7 @@ def main() -> None:
     bodies: list[str] = []  # 7 peers' entries: 200 new ids each, on some endpoint
     for i in range(7):
         ids = [rng.getrandbits(64) for _ in range(200)]
-        bodies += [f"1-{i}", f"ep-{rng.randrange(n)} {_pack(ids)}"]
+        bodies += [f"1-{i}", f"ep-{rng.randrange(n)} {pack(ids)}"]
 
     def exchange(k: int) -> object:
         table.absorb([f"{k}-9", *bodies])

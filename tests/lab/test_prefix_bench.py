@@ -147,7 +147,7 @@ def test_sharing_counters_are_the_exchange_calls_and_the_placements_bytes() -> N
     cache = ViewCache()
     assert sharing_counters(cache) == {}  # no sharing: nothing to count
     cache.exchange = SimpleNamespace(calls=7)  # type: ignore[assignment]
-    cache.placements.bytes_written, cache.placements.bytes_read = 40, 12
+    cache.placements.outbox.bytes_written, cache.placements.bytes_read = 40, 12
     counters = sharing_counters(cache)
     assert counters["commands"] == 7
     assert (counters["bytes_written"], counters["bytes_read"]) == (40, 12)

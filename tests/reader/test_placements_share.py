@@ -12,7 +12,8 @@ import redis.asyncio as aioredis
 
 from poller.reader import Picker, StatsReader, SyncStatsReader, ViewCache, prompt_of
 from poller.reader.exchange import Exchange
-from poller.reader.placements import ENTRY_MAX, Placements
+from poller.reader.outbox import ENTRY_MAX
+from poller.reader.placements import Placements
 from poller.reader.prefix import block_ids
 from poller.reader.share import FleetLoad
 from poller.schema.keys import Keys

@@ -16,14 +16,8 @@ import pytest
 from poller import prompt_of
 from poller.errors import ConfigError
 from poller.reader import LocalLoad, Picker
-from poller.reader.placements import (
-    ENTRY_MAX,
-    MAX_HOLDERS,
-    OUT_MAX,
-    TOKENS_PER_BLOCK,
-    Placements,
-    _unpack,
-)
+from poller.reader.outbox import ENTRY_MAX, OUT_MAX, unpack
+from poller.reader.placements import MAX_HOLDERS, TOKENS_PER_BLOCK, Placements
 from poller.reader.prefix import BLOCK_BYTES, MAX_BLOCKS, block_ids
 from tests.reader.test_pick import picks, timed, view_of
 
@@ -282,7 +276,7 @@ def test_the_queue_to_send_is_bounded_and_one_entry_carries_at_most_entry_max() 
     sent = 0
     while body := table.outgoing():
         words = body.split(" ")
-        n = sum(len(_unpack(w) or []) for w in words[1::2])
+        n = sum(len(unpack(w) or []) for w in words[1::2])
         assert n <= ENTRY_MAX
         sent += n
     assert sent == OUT_MAX

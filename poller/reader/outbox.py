@@ -1,0 +1,106 @@
+"""Placements on their way through the shared stream ``P:gateways:placements``
+(docs/schema.md): an entry's format, and the queue of block ids this replica has yet to
+write.
+
+An entry's body is ``<endpoint id> <ids> <endpoint id> <ids> ...``: the ids of blocks
+placed on that endpoint, as base64 of their 8 big-endian bytes each. The queue holds at
+most ``OUT_MAX`` ids (more are dropped, and counted); one exchange takes at most
+``ENTRY_MAX`` of them, the endpoint queued first first.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator, Sequence
+
+__all__ = ["ENTRY_MAX", "OUT_MAX", "READ_COUNT", "STREAM_MAXLEN", "Outbox", "entries", "pack"]
+
+#: Block ids waiting to be written, at most (more are dropped, counted in ``dropped``).
+OUT_MAX = 8192
+#: Block ids one exchange writes at most (one stream entry).
+ENTRY_MAX = 1024
+#: Stream entries Redis keeps at most (approximate trim: up to a stream node, 100
+#: entries, more); with ``ENTRY_MAX`` ids of ~12.5 bytes each in Redis, the key stays
+#: under ~14 MB however many replicas write.
+STREAM_MAXLEN = 1024
+#: Entries one exchange reads at most (8 replicas write ~8 per 50 ms; a backlog is
+#: caught up at 64 a call, so one call never absorbs more than ~64,000 ids).
+READ_COUNT = 64
+
+
+class Outbox:
+    """Block ids waiting to be written, per endpoint. Not locked: the placements table
+    calls it under its own lock."""
+
+    def __init__(self) -> None:
+        self._out: dict[str, list[int]] = {}
+        self._n = 0
+        self.dropped = 0  # block ids never written (the queue was full)
+        self.ids_written = 0
+        self.bytes_written = 0
+
+    def add(self, endpoint_id: str, ids: list[int]) -> None:
+        """Queue ``ids`` placed on ``endpoint_id``, as room allows."""
+        room = max(0, OUT_MAX - self._n)
+        if room < len(ids):
+            self.dropped += len(ids) - room
+            ids = ids[:room]
+        if ids:
+            self._out.setdefault(endpoint_id, []).extend(ids)
+            self._n += len(ids)
+
+    def take(self) -> str:
+        """The body of this exchange's entry (at most ``ENTRY_MAX`` ids, taken from the
+        queue), "" when nothing waits."""
+        parts: list[str] = []
+        room = ENTRY_MAX
+        for endpoint_id in list(self._out):
+            if room <= 0:
+                break
+            ids = self._out[endpoint_id]
+            taken, rest = ids[:room], ids[room:]
+            if rest:
+                self._out[endpoint_id] = rest
+            else:
+                del self._out[endpoint_id]
+            parts += (endpoint_id, pack(taken))
+            room -= len(taken)
+            self._n -= len(taken)
+            self.ids_written += len(taken)
+        body = " ".join(parts)
+        self.bytes_written += len(body)
+        return body
+
+    def put_back(self, body: str) -> None:
+        """The exchange carrying ``body`` failed: its ids go back to the queue (as room
+        allows), for the next call."""
+        self.bytes_written -= len(body)
+        for endpoint_id, ids in entries(body):
+            self.ids_written -= len(ids)
+            self.add(endpoint_id, ids)
+
+
+def entries(body: str) -> Iterator[tuple[str, list[int]]]:
+    """An entry's ``(endpoint id, block ids)`` pairs; a part that is not base64 of whole
+    8-byte ids is skipped."""
+    words = body.split(" ") if body else []
+    for j in range(1, len(words), 2):
+        ids = unpack(words[j])
+        if ids is not None:
+            yield words[j - 1], ids
+
+
+def pack(ids: Sequence[int]) -> str:
+    """Ids as base64 of their 8 big-endian bytes each."""
+    return base64.b64encode(b"".join(i.to_bytes(8, "big") for i in ids)).decode("ascii")
+
+
+def unpack(text: str) -> list[int] | None:
+    """``pack``'s ids back; None when ``text`` is not base64 of whole 8-byte ids."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError:
+        return None
+    if len(raw) % 8:
+        return None
+    return [int.from_bytes(raw[i : i + 8], "big") for i in range(0, len(raw), 8)]
