@@ -14,7 +14,9 @@ garbage collector off) and prints p50/p99/max in us:
 - with a conversation's next turn (its previous turn placed: the prefix matches);
 - ``block_ids`` alone on such a prompt;
 - one exchange's placement work: 7 peers' entries (200 ids each) absorbed and ours
-  taken to write.
+  taken to write;
+- constant work calibrated to the new prompt's CPU p50, timed the same way: its p99 is
+  the machine's own tail at that duration, the floor under the pick's p99.
 
 Timings come from whatever machine runs it, often shared and noisy: compare runs on one
 machine, not single numbers.
@@ -37,7 +39,7 @@ from poller.reader import LocalLoad, Picker, ViewCache  # noqa: E402
 from poller.reader.outbox import pack  # noqa: E402
 from poller.reader.prefix import block_ids  # noqa: E402
 from poller.reader.share import FleetLoad, pages_of  # noqa: E402
-from tests.bench.bench_pick import MODELS, fleet, peer_fields, timed  # noqa: E402
+from tests.bench.bench_pick import MODELS, fleet, peer_fields, steady, timed  # noqa: E402
 
 CONVERSATIONS = 2000
 FILL_BLOCKS = 500_000
@@ -108,7 +110,8 @@ def main() -> None:
         if k % 100 == 0:  # what the exchange takes meanwhile
             table.outgoing()
 
-    results[f"pick, new {chars}-char prompt"] = timed(
+    new = f"pick, new {chars}-char prompt"
+    results[new] = timed(
         lambda k: picker.pick(cache, MODELS[k % len(MODELS)], prompt=current[0], local=local),
         count,
         before=new_prompt,
@@ -138,6 +141,7 @@ def main() -> None:
         return table.outgoing()
 
     results["placements: one exchange"] = timed(exchange, max(20, count // 100))
+    results["constant work, same cpu p50"] = steady(results[new]["cpu_p50_us"], count)
     if args.json:
         print(json.dumps({"endpoints": n, "chars": chars, "results": results}))
         return
