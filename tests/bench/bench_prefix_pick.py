@@ -29,6 +29,7 @@ import json
 import random
 import sys
 import time
+from itertools import starmap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +50,9 @@ def text(rng: random.Random, n: int) -> str:
     return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz      ,.") for _ in range(n))
 
 
-def gateway(n: int, rng: random.Random) -> tuple[ViewCache, LocalLoad, Picker]:
+def gateway(
+    n: int, rng: random.Random, fill: int = FILL_BLOCKS
+) -> tuple[ViewCache, LocalLoad, Picker]:
     """The cache of ``n`` endpoints with 7 peers' shared counts, a ``LocalLoad`` with
     requests in flight, a picker, and the placement table filled as a busy fleet's."""
     cache = fleet(n, int(time.time() * 1000))
@@ -64,7 +67,7 @@ def gateway(n: int, rng: random.Random) -> tuple[ViewCache, LocalLoad, Picker]:
     assert fleet_load.peers == 7
     table = cache.placements
     table.sharing = True
-    for i in range(FILL_BLOCKS // 100):  # blocks of other prompts on every endpoint
+    for i in range(fill // 100):  # blocks of other prompts on every endpoint
         table.record(f"ep-{i % n}", [rng.getrandbits(64) for _ in range(100)])
     while table.outgoing():
         pass
@@ -81,16 +84,52 @@ def report(results: dict[str, dict[str, float]], title: str) -> None:
         )
 
 
+def picks_only(
+    row: str,
+    count: int,
+    cache: ViewCache,
+    local: LocalLoad,
+    picker: Picker,
+    new: list[str],
+    turns: list[str],
+) -> None:
+    """``count`` picks of one row (``none``, ``new`` or ``turn``), after 200 more to warm,
+    in one ``itertools.starmap`` (``valgrind --tool=callgrind --collect-atstart=no
+    --toggle-collect=starmap_next`` counts exactly them)."""
+    total = count + 200
+    if row == "none":
+        calls = [(MODELS[k % len(MODELS)], None) for k in range(total)]
+    elif row == "new":
+        calls = [(MODELS[k % len(MODELS)], new[k]) for k in range(total)]
+    else:
+        c = len(turns)
+        calls = [(MODELS[k % c % len(MODELS)], turns[k % c]) for k in range(total)]
+
+    def one(model: str, prompt: str | None) -> object:
+        return picker.pick(cache, model, prompt=prompt, local=local)
+
+    for model, prompt in calls[:200]:
+        one(model, prompt)
+    list(starmap(one, calls[200:]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--endpoints", type=int, default=1000)
     parser.add_argument("--picks", type=int, default=20000)
     parser.add_argument("--chars", type=int, default=4000)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--fill", type=int, default=FILL_BLOCKS, help="blocks placed first")
+    parser.add_argument(
+        "--only",
+        choices=("none", "new", "turn"),
+        help="make only this row's picks (no prompt, new prompts, next turns), untimed, in "
+        "one itertools.starmap: for an instruction count (docs/performance.md)",
+    )
     args = parser.parse_args()
     n, count, chars = args.endpoints, args.picks, args.chars
     rng = random.Random(1)
-    cache, local, picker = gateway(n, rng)
+    cache, local, picker = gateway(n, rng, args.fill)
     table = cache.placements
     base = text(rng, chars)
     turns = [f"{c:06d}" + base[6 : chars - 200] for c in range(CONVERSATIONS)]
@@ -99,6 +138,10 @@ def main() -> None:
     while table.outgoing():
         pass
     tail = text(rng, 200)
+    if args.only:
+        picks_only(args.only, count, cache, local, picker, [f"new {k:08d} " + base[13:]
+                   for k in range(count + 200)], [t + tail for t in turns])  # fmt: skip
+        return
     results: dict[str, dict[str, float]] = {}
     results["pick(cache, model=)"] = timed(
         lambda k: picker.pick(cache, MODELS[k % len(MODELS)], local=local), count
