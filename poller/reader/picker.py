@@ -197,6 +197,15 @@ class Picker(Draws, Indexes):
             chosen = self._load_only(index, judge_ms, model, candidates, score)
         if ids is None or chosen is None:
             return chosen
+        if self.use_latency and local is not None:
+            # The bound compares counts per capacity, without the speed factor: under
+            # affinity this replica's request times mostly tell queues the counts show
+            # already, and the least loaded reference's are the lowest of several.
+            score = (
+                fleet_score(local, fleet, neutral)
+                if fleet is not None
+                else self._scorer(index, local, offset_ms, latency=False)
+            )
         table = self._placements_of(view)
         held = table.lookup(ids)
         models = index.model(model)
@@ -283,9 +292,15 @@ class Picker(Draws, Indexes):
     # --- choosing -----------------------------------------------------------------------
 
     def _scorer(
-        self, index: Index, local: LocalLoad | None, offset_ms: float | None
+        self,
+        index: Index,
+        local: LocalLoad | None,
+        offset_ms: float | None,
+        *,
+        latency: bool = True,
     ) -> Callable[[Slot], tuple[float, float]]:
-        """The load of an endpoint for this pick: (requests per unit of capacity, KV)."""
+        """The load of an endpoint for this pick: (requests per unit of capacity, KV);
+        ``latency`` False: without the slowness."""
         if local is None or offset_ms is None:
             return view_load
         scale = 1.0
@@ -294,7 +309,7 @@ class Picker(Draws, Indexes):
             # ours in flight: with R equal replicas ours are ~1/R of what was sent.
             scale = clamp((index.requests + 1) / (local.total() + 1), 1.0, SCALE_MAX)
         since, offset_s = local.since, offset_ms / 1000
-        slowness = local.slowness if self.use_latency else neutral
+        slowness = local.slowness if self.use_latency and latency else neutral
         now = local.now()
 
         def load(slot: Slot) -> tuple[float, float]:

@@ -8,6 +8,7 @@ import random
 from collections import Counter
 
 from poller.reader import LocalLoad, Picker
+from poller.reader.prefix import block_ids
 from poller.reader.share import FleetLoad
 from tests.reader.test_pick import Clock, timed, view_of
 
@@ -93,3 +94,36 @@ def test_use_latency_off_leaves_speed_out() -> None:
         local.started(target)
         chosen[target] += 1
     assert chosen == Counter({"fast": 15, "slow": 15})
+
+
+def test_the_prefix_bound_compares_counts_without_the_speed_factor() -> None:
+    """The holder of the prompt's prefix has 2 requests in flight (a peer's) where the
+    least loaded has none, and this replica's requests took twice as long there: on the
+    counts (2 + 1) / 1 is within 1.5 x 1 + 2 and the holder takes the request; the speed
+    factor (~1.3 against ~0.7 with 7 peers) would put it past the bound. The load-only
+    pick still weighs speed."""
+    clock = Clock()
+    local = LocalLoad(clock=clock)
+    for _ in range(10):
+        a, b = local.started("fast"), local.started("slow")
+        clock.t += 1.0
+        local.finished("fast", a)
+        clock.t += 1.0
+        local.finished("slow", b)
+    assert local.slowness("slow") > 1.2 > 0.8 > local.slowness("fast")
+    fleet = FleetLoad("g1")
+    fleet.attach(local)
+    fields = ["g2", '1 {"slow":[2,2,999500]}']
+    fields += [x for i in range(6) for x in (f"g{i + 3}", '1 {"fast":[0,0,999500]}')]
+    fleet.absorb(fields, {"fast": (0, 999_500), "slow": (0, 999_500)}, 0.0)
+    assert fleet.peers == 7
+    view = view_of(timed("fast"), timed("slow"), offset_ms=0.0)
+    prompt = "".join(random.Random(5).choice("abcdefgh ") for _ in range(4000))
+    picker = Picker(rng=random.Random(3))
+    picker.placements.record("slow", block_ids(prompt))
+    assert picker.pick(view, local=local) == "fast"
+    assert picker.pick(view, prompt=prompt, local=local) == "slow"
+    # Past the bound on the counts too (3 in flight: 4 > 3.5), the reference takes it.
+    fields[1] = '1 {"slow":[3,3,999500]}'
+    fleet.absorb(fields, {"fast": (0, 999_500), "slow": (0, 999_500)}, 0.0)
+    assert picker.pick(view, prompt=prompt, local=local) == "fast"

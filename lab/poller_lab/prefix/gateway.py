@@ -26,6 +26,8 @@ import aiohttp
 from aiohttp import web
 
 from poller_lab.prefix.policies import Chooser, make_chooser
+from poller_lab.prefix.trace import Trace
+from poller_lab.prefix.trace import folder as trace_folder
 
 __all__ = ["main", "sharing_counters"]
 
@@ -58,6 +60,10 @@ class _Gateway:
         self.urls: dict[str, str] = cfg["urls"]
         self.chooser: Chooser | None = None
         self.cache: Any = None
+        self.trace: Any = None
+        out = trace_folder()
+        if out is not None and cfg["policy"] in ("prefix-own", "prefix-shared"):
+            self.trace = Trace(out, Path(cfg["ready"]).parent.name)
         self._reset()
 
     def _reset(self) -> None:
@@ -75,7 +81,14 @@ class _Gateway:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         assert self.chooser is not None
         body = await request.json()
+        trace = self.trace
+        if trace is not None:
+            trace.truth = await self.oracle(
+                {"messages": body["messages"], "model": self.cfg["model"]}
+            )
         chosen, cpu_ns = await self.chooser.choose(body)
+        if trace is not None:
+            trace.write(chosen)
         self.requests += 1
         self.cpu_ns.append(cpu_ns)
         if chosen is None or chosen not in self.urls:

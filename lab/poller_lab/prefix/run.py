@@ -35,6 +35,7 @@ from poller_lab.prefix import fleet
 from poller_lab.prefix.driver import drive
 from poller_lab.prefix.fleet import MODEL, POLICIES, PrefixConfig
 from poller_lab.prefix.report import HEADER, format_row, summarise, targets
+from poller_lab.prefix.trace import folder as trace_folder
 from poller_lab.prefix.workload import KINDS, capacity_per_s, conversations, start_times
 
 __all__ = ["run_prefix"]
@@ -154,6 +155,14 @@ class _Bench:
             await self._gateway_stats(http, gateways)
             t0 = time.monotonic()
             marks: dict[str, Any] = {}
+            traced = trace_folder()
+            if traced is not None:
+                traced.mkdir(parents=True, exist_ok=True)
+                with (traced / "cells.jsonl").open("a", encoding="utf-8") as f:
+                    label = f"seed {cfg.seed}, {len(gateways)} gateways, {workload}, {load:g}"
+                    mark = {"group": f"gateways-{self.group}", "t0": t0,
+                            "warmup_s": cfg.warmup_s, "label": label}  # fmt: skip
+                    f.write(json.dumps(mark) + "\n")
 
             async def at_warmup() -> None:
                 await asyncio.sleep(max(0.0, t0 + cfg.warmup_s - time.monotonic()))

@@ -1,0 +1,247 @@
+"""A diagnostic trace of prefix picks (lab only, off unless ``LAB_PREFIX_TRACE``
+names a folder): per request, what the engines held of its prompt in truth (the
+simulator's ``POST /admin/prefix`` just before the pick), what the picker's placements
+said (``matches``, and the placements on every engine valid or not) and what ``prefer``
+did with each holder (chosen, over the load bound, stale, saturated, ...). One JSON line
+per request, in ``<folder>/gw-<pid>.jsonl``; ``python -m poller_lab.prefix.trace
+<folder>`` sums them up per cell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ENV", "Trace", "folder"]
+
+ENV = "LAB_PREFIX_TRACE"
+
+
+def folder() -> Path | None:
+    value = os.environ.get(ENV)
+    return Path(value) if value else None
+
+
+class Trace:
+    """Installed in one gateway process: wraps ``poller.reader.picker.prefer``."""
+
+    def __init__(self, out: Path, group: str) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.file = (out / f"gw-{os.getpid()}.jsonl").open("a", encoding="utf-8")
+        self.group = group
+        self.truth: Mapping[str, Any] | None = None
+        self.pending: dict[str, Any] | None = None
+        import poller.reader.picker as picker_module
+
+        real = picker_module.prefer
+
+        def traced(table: Any, ids: Any, found: Any, index: Any, models: Any,
+                   chosen_id: str, score: Any, judge_ms: float, **kw: Any) -> str:  # fmt: skip
+            best = real(table, ids, found, index, models, chosen_id, score, judge_ms, **kw)
+            try:
+                self.pending = _explain(
+                    table, ids, found, index, models, chosen_id, score, judge_ms, best, kw
+                )
+            except Exception as exc:  # a diagnostic never breaks the pick
+                self.pending = {"error": repr(exc)}
+            return best
+
+        picker_module.prefer = traced  # type: ignore[assignment]
+
+    def write(self, chosen: str | None) -> None:
+        record = {
+            "t": time.monotonic(),
+            "group": self.group,
+            "chosen": chosen,
+            "pick": self.pending,
+            "truth": None
+            if self.truth is None
+            else {
+                i: [e["cached_tokens"], e["running"] + e["waiting"]]
+                for i, e in self.truth["endpoints"].items()
+            },
+            "tokens": None if self.truth is None else self.truth["prompt_tokens"],
+        }
+        self.pending = self.truth = None
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+
+def _explain(  # noqa: C901 (a diagnostic: prefer's loop, annotated)
+    table: Any, ids: Any, found: Any, index: Any, models: Any, chosen_id: str,
+    score: Any, judge_ms: float, best: str, kw: Mapping[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    from poller.reader.placements import _MASK, CODE_BITS
+
+    chosen = index.slots.get(chosen_id)
+    out: dict[str, Any] = {"ref": chosen_id, "best": best, "blocks": len(ids)}
+    if chosen is None or not ids:
+        return out
+    holders = table.matches(ids, found=found)
+    by_kv = kw["by_kv"]
+    bound = score(chosen)[0] * kw["factor"] + kw["slack"]
+    out["ref_load"] = score(chosen)[0]
+    out["bound"] = bound
+    tier = chosen.tier(models.model, models.adapter)
+    limit = 4 if tier is None else tier
+    saturated = chosen.full if by_kv else chosen.saturated
+    rows = []
+    best_n, best_load = 0, bound
+    for endpoint_id, n in holders:
+        slot = chosen if endpoint_id == chosen_id else index.slots.get(endpoint_id)
+        reason = "ok"
+        load = None if slot is None else score(slot)[0]
+        if n < best_n:
+            reason = "shorter"
+        elif slot is None or slot.fresh_until_ms < judge_ms:
+            reason = "stale"
+        else:
+            held = slot.tier(models.model, models.adapter)
+            if held is None or held > limit:
+                reason = "tier"
+            elif (slot.full if by_kv else slot.saturated) and not saturated:
+                reason = "saturated"
+            elif load is not None and load <= best_load and (n > best_n or load < best_load):
+                best_n, best_load = n, load
+            elif load is not None and load > bound:
+                reason = "over-bound"
+            else:
+                reason = "beaten"
+        rows.append([endpoint_id, n, reason, load])
+    for row in rows:
+        if row[2] == "ok":
+            row[2] = "chosen" if row[0] == best else "beaten"
+    out["holders"] = rows
+    # Every engine's placements of the prompt, valid or not: the longest prefix with a
+    # placement there at all, and the longest still counted.
+    values = found[0]
+    codes = table._codes
+    low, used, cap = table._low, table._used, table._cap
+    placed: dict[str, list[int]] = {}
+    for name, code in codes.items():
+        anyk = validk = 0
+        for k, value in enumerate(values):
+            if value is None:
+                break
+            vs = (value,) if type(value) is int else value
+            mine = [v for v in vs if v & _MASK == code]
+            if not mine:
+                break
+            pos = mine[0] >> CODE_BITS
+            anyk = k + 1
+            if pos >= low[code] and used[code] - pos < cap[code]:
+                validk = k + 1
+        placed[name] = [anyk, validk, used[code], cap[code]]
+    out["placed"] = placed
+    out["loads"] = {i: score(s)[0] for i, s in index.slots.items()}
+    out["parts"] = _parts(score, index)
+    return out
+
+
+def _parts(score: Any, index: Any) -> dict[str, list[float]] | None:
+    """Per endpoint, the fleet estimate's parts (scores.fleet_score's closure): [the
+    others' and outside requests, ours in flight, ours since the last exchange, peers,
+    weight, slowness]; None for another score."""
+    names = score.__code__.co_freevars
+    if "extra" not in names or score.__closure__ is None:
+        return None
+    env = dict(zip(names, (c.cell_contents for c in score.__closure__), strict=True))
+    out = {}
+    for i, slot in index.slots.items():
+        base = env["extra"].get(i)
+        out[i] = [
+            slot.requests if base is None else base,
+            env["in_flight"](i),
+            env["since"](i, env["since_s"]),
+            env["peers"],
+            slot.weight,
+            env["slower"](i, env["now"]),
+        ]
+    return out
+
+
+# --- the summary ----------------------------------------------------------------------
+
+TOKENS_PER_BLOCK = 128
+
+
+def classify(r: Mapping[str, Any]) -> tuple[str, int]:
+    """(category, tokens lost against the true longest holder) of one request."""
+    truth = r["truth"]
+    pick = r["pick"] or {}
+    chosen = r["chosen"]
+    if truth is None or chosen not in truth:
+        return "untraced", 0
+    top = max(t[0] for t in truth.values())
+    got = truth[chosen][0]
+    if top == 0:
+        return "nothing cached anywhere", 0
+    tops = {i for i, t in truth.items() if t[0] >= top - TOKENS_PER_BLOCK}
+    holders = pick.get("holders") or []
+    if chosen in tops:
+        moved = chosen != pick.get("ref", chosen)
+        return ("chosen = true holder (affinity moved it)" if moved
+                else "chosen = true holder (load-only choice)"), 0  # fmt: skip
+    lost = top - got
+    claim = {h[0]: h for h in holders}
+    if chosen in claim and claim[chosen][1] * TOKENS_PER_BLOCK > got + TOKENS_PER_BLOCK:
+        return "table's holder evicted in truth", lost
+    if not holders:
+        placed = pick.get("placed") or {}
+        if any(placed.get(i, [0, 0])[0] > 0 for i in tops):
+            return "no holder known: true holder taken for evicted", lost
+        return "no holder known: never placed/learned", lost
+    known = [claim[i] for i in tops if i in claim]
+    if known:
+        reasons = {h[2] for h in known}
+        for reason in ("over-bound", "saturated", "stale", "tier", "beaten", "shorter", "chosen"):
+            if reason in reasons:
+                return f"true holder known: {reason}", lost
+    placed = pick.get("placed") or {}
+    if any(placed.get(i, [0, 0])[0] > 0 for i in tops):
+        if any(placed.get(i, [0, 0])[1] > 0 for i in tops):
+            return "true holder valid but not in matches (limit)", lost
+        return "true holder taken for evicted (others known)", lost
+    return "true holder never placed/learned (others known)", lost
+
+
+def summarise(path: Path) -> str:
+    cells: dict[str, dict[str, Any]] = {}
+    for line in (path / "cells.jsonl").read_text().splitlines():
+        c = json.loads(line)
+        cells[c["group"]] = c
+    per: dict[str, dict[str, list[int]]] = {}
+    totals: dict[str, list[float]] = {}
+    for f in sorted(path.glob("gw-*.jsonl")):
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            cell = cells.get(r["group"])
+            if cell is None or r["t"] < cell["t0"] + cell["warmup_s"]:
+                continue
+            key = f"{cell['label']}"
+            cat, lost = classify(r)
+            row = per.setdefault(key, {}).setdefault(cat, [0, 0])
+            row[0] += 1
+            row[1] += lost
+            tot = totals.setdefault(key, [0, 0, 0])
+            tot[0] += 1
+            if r["truth"] and r["chosen"] in r["truth"]:
+                tot[1] += max(t[0] for t in r["truth"].values())
+                tot[2] += r["truth"][r["chosen"]][0]
+    lines = []
+    for key in sorted(per):
+        n, top, got = totals[key]
+        lines.append(f"== {key}: {n} requests, true best cached tokens {top}, "
+                     f"chosen's cached {got} ({got / max(1, top):.3f})")  # fmt: skip
+        for cat, (count, lost) in sorted(per[key].items(), key=lambda kv: -kv[1][1]):
+            lines.append(f"  {cat:52s} {count:5d}  lost {lost:8d}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(summarise(Path(sys.argv[1])) + "\n")
