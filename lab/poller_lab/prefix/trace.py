@@ -38,7 +38,7 @@ class Trace:
         self.pending: dict[str, Any] | None = None
         import poller.reader.picker as picker_module
 
-        real = picker_module.prefer
+        real = picker_module.prefer  # type: ignore[attr-defined]
 
         def traced(table: Any, ids: Any, found: Any, index: Any, models: Any,
                    chosen_id: str, score: Any, judge_ms: float, **kw: Any) -> str:  # fmt: skip
@@ -51,7 +51,7 @@ class Trace:
                 self.pending = {"error": repr(exc)}
             return best
 
-        picker_module.prefer = traced  # type: ignore[assignment]
+        picker_module.prefer = traced  # type: ignore[attr-defined]
 
     def write(self, chosen: str | None) -> None:
         record = {
