@@ -33,6 +33,7 @@ from poller.reader.scores import (
     not_full,
     view_load,
 )
+from poller.reader.share import FleetLoad
 from poller.reader.view import EndpointView, View
 
 __all__ = ["SCAN_MAX", "Picker", "WhenSaturated", "check_arguments"]
@@ -197,32 +198,52 @@ class Picker(Draws, Indexes):
             chosen = self._load_only(index, judge_ms, model, candidates, score)
         if ids is None or chosen is None:
             return chosen
-        if self.use_latency and local is not None:
-            # The bound compares counts per capacity, without the speed factor: under
-            # affinity this replica's request times mostly tell queues the counts show
-            # already, and the least loaded reference's are the lowest of several.
-            score = (
-                fleet_score(local, fleet, neutral)
-                if fleet is not None
-                else self._scorer(index, local, offset_ms, latency=False)
-            )
+        return self._with_prefix(
+            view, index, model, candidates, local, fleet, offset_ms, score, judge_ms, ids, chosen
+        )
+
+    def _with_prefix(
+        self,
+        view: View | ViewCache | Mapping[str, EndpointView],
+        index: Index,
+        model: str | None,
+        candidates: Iterable[str] | None,
+        local: LocalLoad | None,
+        fleet: FleetLoad | None,
+        offset_ms: float | None,
+        score: Callable[[Slot], tuple[float, float]],
+        judge_ms: float,
+        ids: list[int],
+        chosen: str,
+    ) -> str:
+        """The prefix step (affinity.py) after the load-only pick ``chosen``, for the
+        prompt of block ids ``ids``; the choice is recorded in the placements."""
         table = self._placements_of(view)
         held = table.lookup(ids)
-        models = index.model(model)
-        chosen = prefer(
-            table,
-            ids,
-            held,
-            index,
-            models,
-            chosen,
-            score,
-            judge_ms,
-            by_kv=fleet is not None,
-            factor=self.prefix_load_factor,
-            slack=self.prefix_load_slack,
-            allowed=None if candidates is None else set(candidates),
-        )
+        if any(held[0]):  # something holds a block of it (a placement's value is never 0)
+            if self.use_latency and local is not None:
+                # The bound compares counts per capacity, without the speed factor: under
+                # affinity this replica's request times mostly tell queues the counts show
+                # already, and the least loaded reference's are the lowest of several.
+                score = (
+                    fleet_score(local, fleet, neutral)
+                    if fleet is not None
+                    else self._scorer(index, local, offset_ms, latency=False)
+                )
+            chosen = prefer(
+                table,
+                ids,
+                held,
+                index,
+                index.model(model),
+                chosen,
+                score,
+                judge_ms,
+                by_kv=fleet is not None,
+                factor=self.prefix_load_factor,
+                slack=self.prefix_load_slack,
+                allowed=None if candidates is None else set(candidates),
+            )
         slot = index.slots.get(chosen)
         if slot is not None:
             table.observe(chosen, slot.prefix_queries, slot.prefix_hits)
