@@ -71,17 +71,22 @@ def test_equal_engines_split_by_size_with_peers() -> None:
     assert chosen == Counter({"fast": 15, "slow": 15})
 
 
-def test_use_latency_off_leaves_speed_out() -> None:
-    clock = Clock()
-    local = LocalLoad(clock=clock)
-    fleet = FleetLoad("g1")
-    fleet.attach(local)
+def slow_twice(local: LocalLoad, clock: Clock) -> None:
+    """Ten requests each on "fast" and "slow": 1 s on the one, 2 s on the other."""
     for _ in range(10):
         a, b = local.started("fast"), local.started("slow")
         clock.t += 1.0
         local.finished("fast", a)
         clock.t += 1.0
         local.finished("slow", b)
+
+
+def test_use_latency_off_leaves_speed_out() -> None:
+    clock = Clock()
+    local = LocalLoad(clock=clock)
+    fleet = FleetLoad("g1")
+    fleet.attach(local)
+    slow_twice(local, clock)
     fleet.absorb(
         ["g2", '1 {"fast":[0,0,999500]}'], {"fast": (0, 999_500), "slow": (0, 999_500)}, 0.0
     )
@@ -104,12 +109,7 @@ def test_the_prefix_bound_compares_counts_without_the_speed_factor() -> None:
     pick still weighs speed."""
     clock = Clock()
     local = LocalLoad(clock=clock)
-    for _ in range(10):
-        a, b = local.started("fast"), local.started("slow")
-        clock.t += 1.0
-        local.finished("fast", a)
-        clock.t += 1.0
-        local.finished("slow", b)
+    slow_twice(local, clock)
     assert local.slowness("slow") > 1.2 > 0.8 > local.slowness("fast")
     fleet = FleetLoad("g1")
     fleet.attach(local)
