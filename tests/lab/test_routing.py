@@ -140,3 +140,17 @@ def test_one_gateway_on_exact_counts_picks_as_the_oracle() -> None:
     assert picker["requests"] == oracle["requests"] > 0
     assert picker["p99_s"] <= oracle["p99_s"] * 1.1
     assert picker["commands_per_s_per_replica"] <= 20
+
+
+def test_the_gateways_best_knowledge_is_the_oracle_without_outside_load() -> None:
+    """``known`` counts every gateway's requests exactly; with no outside load that is
+    each engine's true load, so it makes the oracle's every choice (its random tie-breaks
+    too); with outside load it only sees what the pages showed, and differs."""
+    from poller_lab.routing.family import Cell, run_cell
+
+    cell = Cell("one-slot", "exp", 0.0, 1.0, 8, 0.9, 1.0)
+    assert run_cell(cell, "known", 20.0, 3) == run_cell(cell, "oracle", 20.0, 3)
+    outside = Cell("one-slot", "exp", 0.3, 1.0, 8, 0.9, 1.0)
+    known, oracle = (run_cell(outside, p, 20.0, 3) for p in ("known", "oracle"))
+    assert known["requests"] == oracle["requests"] > 0
+    assert known["p50_s"] != oracle["p50_s"]

@@ -13,13 +13,19 @@ arrivals (times, sizes, gateways, outside choices).
 
 Policies: ``oracle`` (the true queues at each request, least expected time to finish),
 ``picker`` (the defaults, sharing on), ``picker-noshare`` (sharing off: local counts on
-stale pages, as with Redis lost). Factors (the issue's list): mix, service times, outside
-share, metrics lag, gateways, load, poller interval. ``design()`` is the documented
-fractional design; ``full_design()`` the factorial.
+stale pages, as with Redis lost), ``known`` (the oracle's rule on what the gateways
+could know at best: every replica's requests in flight now, as if they shared at no
+delay, and the outside requests the last page showed at the time it shows, each
+expected to remain with ``exp(-age / mean service time)``, the engine's mean outside
+load filling in for those that left: the reference for what sharing alone can reach
+where part of the load comes from outside). Factors (the issue's list): mix, service
+times, outside share, metrics lag, gateways, load, poller interval. ``design()`` is the
+documented fractional design; ``full_design()`` the factorial.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -49,7 +55,7 @@ MIXES: dict[str, tuple[tuple[int, float], ...]] = {
 }
 MEAN_S = 0.4
 LOGNORMAL_SIGMA = 1.0
-POLICIES = ("oracle", "picker", "picker-noshare")
+POLICIES = ("oracle", "picker", "picker-noshare", "known")
 TTL_MS = 800
 
 
@@ -138,15 +144,12 @@ class _Engine:
 
     def at(self, t: float) -> int:
         """Requests on the engine at ``t`` (what a page of then shows)."""
-        h = self.history
-        lo, hi = 0, len(h)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if h[mid][0] <= t:
-                lo = mid + 1
-            else:
-                hi = mid
-        return h[lo - 1][1] if lo else 0
+        return _at(self.history, t)
+
+
+def _at(history: list[tuple[float, int]], t: float) -> int:
+    """The count a ``(time, count)`` history (from time 0) held at ``t``."""
+    return history[bisect.bisect_right(history, (t, math.inf)) - 1][1]
 
 
 def _sizes(rng: random.Random, service: str) -> float:
@@ -212,6 +215,14 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
             heapq.heappush(events, (exchange_s * (g + 0.5) / cell.gateways, next(seq), EXCHANGE, g))
     pages: dict[str, EndpointView] = {}
     view: View | None = None
+    # The gateways' requests on each engine, now and as a (time, count) history.
+    ours = [0] * n
+    ours_history: list[list[tuple[float, int]]] = [[(0.0, 0)] for _ in range(n)]
+    # "known": the outside requests the last page showed, at the time it shows.
+    seen_outside: list[tuple[float, int]] = [(0.0, 0)] * n
+    # ... and the outside requests an engine holds on average (its share of the outside
+    # rate times the mean service time).
+    outside_mean = [cell.outside * cell.load * e.slots * e.speed for e in engines]
     latency: list[float] = []
     placed: dict[int, tuple[int, int]] = {}  # request -> (engine, gateway)
     end_at = duration_s + 120.0
@@ -258,6 +269,22 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
                         rng.random(),
                     ),
                 )  # fmt: skip
+            elif policy == "known":
+
+                def guess(j: int, t: float = t) -> float:
+                    # each outside request seen stays with exp(-age / mean); the
+                    # engine's mean fills in for those that left
+                    shown_s, seen = seen_outside[j]
+                    stay = math.exp(-(t - shown_s) / MEAN_S)
+                    return ours[j] + seen * stay + outside_mean[j] * (1 - stay)
+
+                best = min(
+                    range(n),
+                    key=lambda j: (
+                        max(1.0, (guess(j) + 1) / engines[j].slots) / engines[j].speed,
+                        rng.random(),
+                    ),
+                )  # fmt: skip
             elif view is None:
                 best = rng.randrange(n)
             else:
@@ -265,6 +292,8 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
                 best = rng.randrange(n) if chosen is None else int(chosen[1:])
             gw.starts[data] = gw.local.started(engines[best].id)
             placed[data] = (best, g)
+            ours[best] += 1
+            ours_history[best].append((t, ours[best]))
             start(best, work, data)
         elif kind == DONE:
             j, req = data
@@ -277,12 +306,17 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
             e.history.append((t, e.load))
             arrived = arrivals[req]
             if arrived[2] >= 0:
+                ours[j] -= 1
+                ours_history[j].append((t, ours[j]))
                 gw = gateways[arrived[2]]
                 gw.local.finished(e.id, gw.starts.pop(req))
                 if arrived[0] >= 0.1 * duration_s:
                     latency.append(t - arrived[0])
         elif kind == SCRAPE:
             pages[engines[data].id] = page(data, t)
+            shown_s = max(0.0, t - cell.lag_s)
+            outside = engines[data].at(shown_s) - _at(ours_history[data], shown_s)
+            seen_outside[data] = (shown_s, outside)
             view = View(int(t * 1000), 1, dict(pages), offset_ms=0.0)
             if t + cell.interval_s < duration_s:
                 heapq.heappush(events, (t + cell.interval_s, next(seq), SCRAPE, data))
@@ -330,7 +364,7 @@ def run_family(
     say(FAMILY_HEADER)
     for k, cell in enumerate(cells):
         result = {p: run_cell(cell, p, duration_s, seed + k) for p in POLICIES}
-        oracle, picker, noshare = (result[p] for p in POLICIES)
+        oracle, picker, noshare, known = (result[p] for p in POLICIES)
         row = {
             **vars(cell),
             "cell": cell.name(),
@@ -338,6 +372,8 @@ def run_family(
             "p50_x": _ratio(picker["p50_s"], oracle["p50_s"]),
             "p99_x": _ratio(picker["p99_s"], oracle["p99_s"]),
             "noshare_p99_x": _ratio(noshare["p99_s"], oracle["p99_s"]),
+            "known_p50_x": _ratio(known["p50_s"], oracle["p50_s"]),
+            "known_p99_x": _ratio(known["p99_s"], oracle["p99_s"]),
             "requests": oracle["requests"],
             "commands_per_s_per_replica": picker["commands_per_s_per_replica"],
         }
@@ -356,7 +392,7 @@ def run_family(
 
 FAMILY_HEADER = (
     f"{'cell':<52} {'reqs':>6} {'oracle p50/p99':>15} {'picker p50/p99':>15} "
-    f"{'p50 x':>6} {'p99 x':>6} {'noshare p99 x':>13} {'cmd/s':>5}"
+    f"{'p50 x':>6} {'p99 x':>6} {'noshare p99 x':>13} {'known p50/p99 x':>15} {'cmd/s':>5}"
 )
 
 
@@ -367,8 +403,13 @@ def format_family_row(row: dict[str, Any]) -> str:
     return (
         f"{row['cell']:<52} {row['requests']:>6} {pair('oracle'):>15} {pair('picker'):>15} "
         f"{row['p50_x']:>6} {row['p99_x']:>6} {row['noshare_p99_x']:>13} "
+        f"{_pair_x(row['known_p50_x'], row['known_p99_x']):>15} "
         f"{row['commands_per_s_per_replica']:>5}"
     )
+
+
+def _pair_x(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None else f"{a:.2f}/{b:.2f}"
 
 
 def iter_design(name: str) -> Iterator[Cell]:
