@@ -215,7 +215,8 @@ def _bench_routing(
     then the default fleet in real processes; rows as they come (to stderr under --json),
     then the report."""
 
-    from poller_lab.routing.family import iter_design, run_family
+    from poller_lab.routing.cells import iter_design
+    from poller_lab.routing.family import run_family
 
     out = sys.stderr if as_json else sys.stdout
     family = run_family(

@@ -121,7 +121,7 @@ def test_summary_counts_requests_after_the_view_showed_an_event() -> None:
 
 
 def test_the_family_design_covers_every_level_and_the_target_cells() -> None:
-    from poller_lab.routing.family import LEVELS, MIXES, design, full_design
+    from poller_lab.routing.cells import LEVELS, MIXES, design, full_design
 
     cells = design()
     for factor, levels in LEVELS.items():
@@ -133,7 +133,8 @@ def test_the_family_design_covers_every_level_and_the_target_cells() -> None:
 
 def test_one_gateway_on_exact_counts_picks_as_the_oracle() -> None:
     """Virtual time: the same arrivals, a machine-independent verdict."""
-    from poller_lab.routing.family import Cell, run_cell
+    from poller_lab.routing.cells import Cell
+    from poller_lab.routing.family import run_cell
 
     cell = Cell("six", "exp", 0.0, 0.0, 1, 0.9, 1.0)
     oracle, picker = (run_cell(cell, p, 20.0, 3) for p in ("oracle", "picker"))
@@ -146,7 +147,8 @@ def test_the_gateways_best_knowledge_is_the_oracle_without_outside_load() -> Non
     """``known`` counts every gateway's requests exactly; with no outside load that is
     each engine's true load, so it makes the oracle's every choice (its random tie-breaks
     too); with outside load it only sees what the pages showed, and differs."""
-    from poller_lab.routing.family import Cell, run_cell
+    from poller_lab.routing.cells import Cell
+    from poller_lab.routing.family import run_cell
 
     cell = Cell("one-slot", "exp", 0.0, 1.0, 8, 0.9, 1.0)
     assert run_cell(cell, "known", 20.0, 3) == run_cell(cell, "oracle", 20.0, 3)

@@ -3,8 +3,10 @@
 ``fleet`` (the engines and ``RoutingConfig``), ``policies`` (the name -> factory
 registry: round-robin, random, the deterministic pick, the picker with and without local
 correction, the oracle), ``litellm_policies`` (LiteLLM's, opt-in), ``replica`` (one
-gateway replica process), ``report`` (figures and the table) and ``run``
-(``run_routing``, what ``poller bench --section routing`` calls).
+gateway replica process), ``report`` (figures and the table), ``run``
+(``run_routing``, what ``poller bench --section routing`` calls), and the family in
+virtual time: ``cells`` (the engine mixes and designs) and ``family`` (``run_cell``,
+``run_family``).
 """
 
 from __future__ import annotations
