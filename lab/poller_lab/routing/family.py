@@ -31,7 +31,7 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from poller.reader import LocalLoad, Picker, share
@@ -149,6 +149,17 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
     placed: dict[int, tuple[int, int]] = {}  # request -> (engine, gateway)
     end_at = duration_s + 120.0
 
+    def least(load: Callable[[int], float]) -> int:
+        """The oracle's rule on ``load``: the least expected time to finish, ties at
+        random."""
+        return min(
+            range(n),
+            key=lambda j: (
+                max(1.0, (load(j) + 1) / engines[j].slots) / engines[j].speed,
+                rng.random(),
+            ),
+        )
+
     def start(j: int, work: float, req: int) -> None:
         e = engines[j]
         t = clock[0]
@@ -184,13 +195,7 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
                 continue
             gw = gateways[g]
             if policy == "oracle":
-                best = min(
-                    range(n),
-                    key=lambda j: (
-                        max(1.0, (engines[j].load + 1) / engines[j].slots) / engines[j].speed,
-                        rng.random(),
-                    ),
-                )  # fmt: skip
+                best = least(lambda j: engines[j].load)
             elif policy == "known":
 
                 def guess(j: int, t: float = t) -> float:
@@ -200,13 +205,7 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
                     stay = math.exp(-(t - shown_s) / MEAN_S)
                     return ours[j] + seen * stay + outside_mean[j] * (1 - stay)
 
-                best = min(
-                    range(n),
-                    key=lambda j: (
-                        max(1.0, (guess(j) + 1) / engines[j].slots) / engines[j].speed,
-                        rng.random(),
-                    ),
-                )  # fmt: skip
+                best = least(guess)
             elif view is None:
                 best = rng.randrange(n)
             else:
