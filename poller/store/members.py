@@ -30,6 +30,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from poller.errors import IdentityConflict
 from poller.redis.clock import server_ms
 from poller.redis.errors import redis_call
 from poller.schema.keys import Keys
@@ -37,11 +38,13 @@ from poller.schema.lua import lua
 
 __all__ = [
     "DUPLICATE_MEMORY_MS",
+    "Heartbeat",
     "Instance",
     "Member",
     "cancel_drain",
     "duplicate_line",
     "duplicate_of",
+    "heartbeat_of",
     "lease_holders",
     "leases_of",
     "read_members",
@@ -55,6 +58,54 @@ _BY = re.compile(r"[A-Za-z0-9._@-]{1,64}")
 
 #: How long a duplicate record flags its id (unless the member goes first).
 DUPLICATE_MEMORY_MS = 600_000
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """What a heartbeat learned: Redis's clock, the live members, the data epoch."""
+
+    now_ms: int
+    #: Live member ids, sorted.
+    members: list[str]
+    #: Changes only when Redis lost everything (an empty restart).
+    epoch: str
+    #: Live members a drain is requested for (``P:members:drain``), sorted: rendezvous
+    #: gives them nothing.
+    draining: tuple[str, ...] = ()
+
+
+def heartbeat_of(poller_id: str, reply: list[Any]) -> Heartbeat:
+    """The heartbeat script's reply read (``[now ms, schema, epoch, member, ...]``; with
+    a ``poller_id``, the members, "", then the draining ones, or "", the holder's expiry
+    and info when the id is held: ``IdentityConflict``)."""
+    rest = [str(m) for m in reply[3:]]
+    if poller_id and rest[0] == "":  # the id is held: "", its expiry, its info
+        raise _conflict(poller_id, int(reply[0]), float(rest[1]), rest[2])
+    draining: list[str] = []
+    if poller_id:  # members, "", then the draining ones (ids are never empty)
+        split = rest.index("")
+        rest, draining = rest[:split], rest[split + 1 :]
+    return Heartbeat(int(reply[0]), sorted(rest), str(reply[2]), tuple(sorted(draining)))
+
+
+def _conflict(poller_id: str, now_ms: int, expires_ms: float, info_text: str) -> IdentityConflict:
+    """The refusal the heartbeat script's "held" reply means."""
+    try:
+        info = json.loads(info_text) if info_text else {}
+    except ValueError:
+        info = {}
+    if not isinstance(info, dict):
+        info = {}
+    host, pid, ttl = info.get("host"), info.get("pid"), info.get("member_ttl_ms")
+    left_ms = max(0.0, expires_ms - now_ms)
+    age_ms = max(0.0, ttl - left_ms) if isinstance(ttl, int) and ttl > 0 else None
+    return IdentityConflict(
+        poller_id,
+        host=host if isinstance(host, str) and host else None,
+        pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+        age_ms=age_ms,
+        wait_ms=left_ms,
+    )
 
 
 @dataclass(frozen=True, slots=True)

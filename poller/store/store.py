@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from poller._version import __version__
-from poller.errors import IdentityConflict, SchemaMismatch
+from poller.errors import SchemaMismatch
 from poller.redis.connection import close_client, connect, subscribe
 from poller.redis.errors import redis_call
 from poller.redis.settings import RedisSettings
@@ -33,7 +33,13 @@ from poller.schema.endpoint import Endpoint
 from poller.schema.keys import SCHEMA_VERSION, Keys
 from poller.schema.lua import lua
 from poller.store.batch import WriteBatcher
-from poller.store.members import DUPLICATE_MEMORY_MS, Instance, this_process
+from poller.store.members import (
+    DUPLICATE_MEMORY_MS,
+    Heartbeat,
+    Instance,
+    heartbeat_of,
+    this_process,
+)
 from poller.store.registry import Registry, RegistryStore
 
 __all__ = ["Acquired", "Heartbeat", "RedisStore", "WriteResult"]
@@ -58,20 +64,6 @@ class Acquired:
 
 
 @dataclass(frozen=True, slots=True)
-class Heartbeat:
-    """What a heartbeat learned: Redis's clock, the live members, the data epoch."""
-
-    now_ms: int
-    #: Live member ids, sorted.
-    members: list[str]
-    #: Changes only when Redis lost everything (an empty restart).
-    epoch: str
-    #: Live members a drain is requested for (``P:members:drain``), sorted: rendezvous
-    #: gives them nothing.
-    draining: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
 class WriteResult:
     accepted: bool
     #: seq of the stats hash, or count of the failure, when accepted.
@@ -82,26 +74,6 @@ class WriteResult:
 
 def _json(value: Mapping[str, Any]) -> str:
     return json.dumps(value, separators=(",", ":"))
-
-
-def _conflict(poller_id: str, now_ms: int, expires_ms: float, info_text: str) -> IdentityConflict:
-    """The refusal the heartbeat script's "held" reply means."""
-    try:
-        info = json.loads(info_text) if info_text else {}
-    except ValueError:
-        info = {}
-    if not isinstance(info, dict):
-        info = {}
-    host, pid, ttl = info.get("host"), info.get("pid"), info.get("member_ttl_ms")
-    left_ms = max(0.0, expires_ms - now_ms)
-    age_ms = max(0.0, ttl - left_ms) if isinstance(ttl, int) and ttl > 0 else None
-    return IdentityConflict(
-        poller_id,
-        host=host if isinstance(host, str) and host else None,
-        pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
-        age_ms=age_ms,
-        wait_ms=left_ms,
-    )
 
 
 def _fenced_value(poller_id: str, token: int) -> str:
@@ -225,16 +197,10 @@ class RedisStore:
             info = {"version": __version__, "member_ttl_ms": member_ttl_ms, **me.record()}
             args += [_json(info), me.token, DUPLICATE_MEMORY_MS, _json(me.record())]
         reply = await self._call(self._heartbeat(keys=keys, args=args), "heartbeat")
-        rest = [str(m) for m in reply[3:]]
-        if poller_id and rest[0] == "":  # the id is held: "", its expiry, its info
-            raise _conflict(poller_id, int(reply[0]), float(rest[1]), rest[2])
+        beat = heartbeat_of(poller_id, reply)  # raises IdentityConflict: the id is held
         if poller_id and reply[1] != SCHEMA_VERSION:
             raise self._mismatch(reply[1])
-        draining: list[str] = []
-        if poller_id:  # members, "", then the draining ones (ids are never empty)
-            split = rest.index("")
-            rest, draining = rest[:split], rest[split + 1 :]
-        return Heartbeat(int(reply[0]), sorted(rest), str(reply[2]), tuple(sorted(draining)))
+        return beat
 
     def _mismatch(self, found: str | None) -> SchemaMismatch:
         return SchemaMismatch(
