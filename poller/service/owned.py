@@ -10,15 +10,19 @@ the hit-rate window and the scrapes in flight: nothing else holds a copy to forg
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from poller.config import ScrapeSettings, effective_timeout_s
+from poller.errors import ConfigError
 from poller.schema.endpoint import Endpoint
-from poller.scrape.engines import EngineMapping
+from poller.scrape.engines import EngineMapping, mapping_for_endpoint
 from poller.service.reporting import FailureLog
 
-__all__ = ["Holdings", "JobSpec", "Owned", "Window"]
+__all__ = ["Holdings", "JobSpec", "Owned", "Window", "first_run", "job_spec"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +40,45 @@ class JobSpec:
     @property
     def engine(self) -> str:
         return self.mapping.engine if self.mapping is not None else "unknown"
+
+
+def job_spec(
+    endpoint_id: str,
+    token: int,
+    endpoint: Endpoint | None,
+    error: str | None,
+    scrape: ScrapeSettings,
+) -> JobSpec:
+    """The job of a lease on ``endpoint_id`` under ``token``: its registry ``endpoint``
+    (None: invalid, ``error`` says why) with its engine mapping, interval and timeout."""
+    if endpoint is None:
+        return JobSpec(endpoint_id, token, None, None, error, scrape.interval_s, scrape.timeout_s)
+    mapping = None
+    try:
+        mapping = mapping_for_endpoint(endpoint, scrape)
+    except (ConfigError, KeyError) as exc:
+        error = str(exc)
+    interval_s = endpoint.interval_s or scrape.interval_s
+    # The Go poller's rule: a timeout at or above the interval is lowered to half of it.
+    timeout_s, _ = effective_timeout_s(endpoint.timeout_s, endpoint.interval_s, scrape)
+    return JobSpec(endpoint_id, token, endpoint, mapping, error, interval_s, timeout_s)
+
+
+def first_run(spec: JobSpec, stats: Mapping[str, str] | None, clock_offset_ms: float) -> datetime:
+    """When a new job first scrapes: at the previous owner's rhythm (its ``stats``'
+    ``scraped_at_ms``, Redis clock, ``clock_offset_ms`` ahead of ours), at once and a
+    little spread when overdue (a takeover), anywhere in one interval when new."""
+    now = datetime.now(UTC)
+    interval = spec.interval_s
+    scraped_at = (stats or {}).get("scraped_at_ms", "")
+    if scraped_at.isdigit():
+        local_ms = int(scraped_at) - clock_offset_ms
+        due = datetime.fromtimestamp(local_ms / 1000 + interval, UTC)
+        if due > now:
+            return due
+        # Overdue (a takeover): scrape now, spread a little so a big handover is smooth.
+        return now + timedelta(seconds=random.uniform(0, min(0.1, interval / 10)))
+    return now + timedelta(seconds=random.uniform(0, interval))
 
 
 class Window:

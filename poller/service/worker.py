@@ -14,14 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import random
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
 
-from poller.config import Settings, effective_timeout_s
+from poller.config import Settings
 from poller.errors import (
-    ConfigError,
     IdentityConflict,
     PollerError,
     SchemaMismatch,
@@ -29,7 +26,6 @@ from poller.errors import (
     StoreError,
 )
 from poller.redis.errors import redis_call
-from poller.scrape.engines import mapping_for_endpoint
 from poller.scrape.http.client import KeyPolicy, Scraper, TransportFactory
 from poller.service.coordinator import Coordinator
 from poller.service.drain import Drain
@@ -37,7 +33,7 @@ from poller.service.follow import RegistryFollower
 from poller.service.jobs import JobRunner
 from poller.service.metrics import PollerMetrics, Surprises
 from poller.service.notices import Notices
-from poller.service.owned import Holdings, JobSpec, Owned
+from poller.service.owned import Holdings, JobSpec, Owned, first_run, job_spec
 from poller.store.store import RedisStore
 from poller.util.backoff import backoff_s, member_ttl_cap_s
 from poller.util.logs import count, few
@@ -210,8 +206,11 @@ class Worker:
         """Make the jobs match the leases Redis confirmed in this pass."""
         self.jobs.sweep("lease released or lost")
         fresh: list[tuple[Owned, JobSpec]] = []
+        entries, invalid = self.follower.entries, self.follower.invalid
         for record in self.holdings.records():
-            spec = self._spec(record.endpoint_id, record.token)
+            endpoint_id = record.endpoint_id
+            endpoint, error = entries.get(endpoint_id), invalid.get(endpoint_id)
+            spec = job_spec(endpoint_id, record.token, endpoint, error, self.settings.scrape)
             if record.spec is None:
                 fresh.append((record, spec))
             elif record.spec != spec:
@@ -224,7 +223,8 @@ class Worker:
                 if self.holdings.get(record.endpoint_id) is not record:
                     continue  # discarded while the stats were read
                 stats = previous.get(record.endpoint_id)
-                self.jobs.add(record, spec, self._first_run(spec, stats), stats)
+                start = first_run(spec, stats, self.clock_offset_ms)
+                self.jobs.add(record, spec, start, stats)
             log.info("acquired %s", count(len(ids), "endpoint"), extra={"endpoints": few(ids)})
         self.metrics.leases_held.set(len(self.jobs.specs))
 
@@ -237,36 +237,6 @@ class Worker:
             self.metrics.redis_errors.labels("read_stats").inc()
             log.debug("previous stats unavailable: %s", exc)
             return {}
-
-    def _spec(self, endpoint_id: str, token: int) -> JobSpec:
-        s = self.settings.scrape
-        endpoint = self.follower.entries.get(endpoint_id)
-        error = self.follower.invalid.get(endpoint_id)
-        if endpoint is None:
-            return JobSpec(endpoint_id, token, None, None, error, s.interval_s, s.timeout_s)
-        mapping = None
-        try:
-            mapping = mapping_for_endpoint(endpoint, s)
-        except (ConfigError, KeyError) as exc:
-            error = str(exc)
-        interval_s = endpoint.interval_s or s.interval_s
-        # The Go poller's rule: a timeout at or above the interval is lowered to half of it.
-        timeout_s, _ = effective_timeout_s(endpoint.timeout_s, endpoint.interval_s, s)
-        return JobSpec(endpoint_id, token, endpoint, mapping, error, interval_s, timeout_s)
-
-    def _first_run(self, spec: JobSpec, stats: Mapping[str, str] | None) -> datetime:
-        """Keep the previous owner's rhythm; spread fresh endpoints over one interval."""
-        now = datetime.now(UTC)
-        interval = spec.interval_s
-        scraped_at = (stats or {}).get("scraped_at_ms", "")
-        if scraped_at.isdigit():
-            local_ms = int(scraped_at) - self.clock_offset_ms
-            due = datetime.fromtimestamp(local_ms / 1000 + interval, UTC)
-            if due > now:
-                return due
-            # Overdue (a takeover): scrape now, spread a little so a big handover is smooth.
-            return now + timedelta(seconds=random.uniform(0, min(0.1, interval / 10)))
-        return now + timedelta(seconds=random.uniform(0, interval))
 
     def _expire_unconfirmed(self) -> None:
         for endpoint_id in self.coordinator.expire(time.monotonic()):

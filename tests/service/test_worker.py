@@ -13,6 +13,7 @@ from poller.config import ScrapeSettings, Settings
 from poller.schema.endpoint import Endpoint
 from poller.scrape.http.client import KeyPolicy
 from poller.service.follow import RegistryFollower
+from poller.service.owned import first_run
 from poller.service.trigger import GridJitterTrigger
 from poller.service.worker import Worker
 from poller.store.store import RedisStore
@@ -270,11 +271,12 @@ async def test_first_run_keeps_the_previous_owners_rhythm(worker: Worker) -> Non
     owned = worker.owned["e1"]
     now = datetime.now(UTC)
     now_ms = now.timestamp() * 1000
-    soon = worker._first_run(owned, {"scraped_at_ms": str(int(now_ms - 300))})
+    offset = worker.clock_offset_ms
+    soon = first_run(owned, {"scraped_at_ms": str(int(now_ms - 300))}, offset)
     assert timedelta(milliseconds=600) < soon - now < timedelta(milliseconds=800)
-    overdue = worker._first_run(owned, {"scraped_at_ms": str(int(now_ms - 5000))})
+    overdue = first_run(owned, {"scraped_at_ms": str(int(now_ms - 5000))}, offset)
     assert overdue - now < timedelta(milliseconds=150)
-    fresh = [worker._first_run(owned, None) - now for _ in range(200)]
+    fresh = [first_run(owned, None, offset) - now for _ in range(200)]
     assert min(fresh) >= timedelta(0) and max(fresh) <= timedelta(seconds=1.01)
     assert max(fresh) - min(fresh) > timedelta(milliseconds=500)  # spread, not lockstep
 
