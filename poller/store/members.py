@@ -75,9 +75,10 @@ class Heartbeat:
 
 
 def heartbeat_of(poller_id: str, reply: list[Any]) -> Heartbeat:
-    """The heartbeat script's reply read (``[now ms, schema, epoch, member, ...]``; with
-    a ``poller_id``, the members, "", then the draining ones, or "", the holder's expiry
-    and info when the id is held: ``IdentityConflict``)."""
+    """The heartbeat script's reply (``[now ms, schema, epoch, ...]``, then the members;
+    with a ``poller_id``, the members, "" and the draining ones) as a ``Heartbeat``.
+    Raises ``IdentityConflict`` when it says another live instance holds the id ("",
+    then the holder's expiry and info)."""
     rest = [str(m) for m in reply[3:]]
     if poller_id and rest[0] == "":  # the id is held: "", its expiry, its info
         raise _conflict(poller_id, int(reply[0]), float(rest[1]), rest[2])
