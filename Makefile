@@ -84,7 +84,9 @@ lint: install
 	$(BIN)/mypy
 
 # The tools installed above are required: a test that finds one missing fails instead
-# of skipping (LLMGW_TOOLS_REQUIRED, tests/support/deploy.py). Two pytest-xdist workers:
+# of skipping (LLMGW_TOOLS_REQUIRED, tests/support/deploy.py). So is kubectl or kustomize
+# (tests/deploy/test_kubernetes.py renders the overlays), which no registry here ships
+# with components support: it must be on the machine. Two pytest-xdist workers:
 # most of the suite waits on processes it started (pollers, Redis, engines), so two run
 # in about 60 % of the time of one; every test starts its own servers on free ports and
 # waits for events, not for a clock, so it passes beside another (checked with both cores
