@@ -146,7 +146,6 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
     # rate times the mean service time).
     outside_mean = [cell.outside * cell.load * e.slots * e.speed for e in engines]
     latency: list[float] = []
-    placed: dict[int, tuple[int, int]] = {}  # request -> (engine, gateway)
     end_at = duration_s + 120.0
 
     def least(load: Callable[[int], float]) -> int:
@@ -212,7 +211,6 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
                 chosen = gw.picker.pick(view, local=gw.local)
                 best = rng.randrange(n) if chosen is None else int(chosen[1:])
             gw.starts[data] = gw.local.started(engines[best].id)
-            placed[data] = (best, g)
             ours[best] += 1
             ours_history[best].append((t, ours[best]))
             start(best, work, data)
