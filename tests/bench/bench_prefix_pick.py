@@ -50,6 +50,11 @@ def text(rng: random.Random, n: int) -> str:
     return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz      ,.") for _ in range(n))
 
 
+def new_prompt_text(base: str, k: int) -> str:
+    """The ``k``-th new prompt: ``base`` under a head of its own, so no block matches."""
+    return f"new {k:08d} " + base[13:]
+
+
 def gateway(
     n: int, rng: random.Random, fill: int = FILL_BLOCKS
 ) -> tuple[ViewCache, LocalLoad, Picker]:
@@ -139,8 +144,8 @@ def main() -> None:
         pass
     tail = text(rng, 200)
     if args.only:
-        picks_only(args.only, count, cache, local, picker, [f"new {k:08d} " + base[13:]
-                   for k in range(count + 200)], [t + tail for t in turns])  # fmt: skip
+        new_prompts = [new_prompt_text(base, k) for k in range(count + 200)]
+        picks_only(args.only, count, cache, local, picker, new_prompts, [t + tail for t in turns])
         return
     results: dict[str, dict[str, float]] = {}
     results["pick(cache, model=)"] = timed(
@@ -149,7 +154,7 @@ def main() -> None:
     current = [""]
 
     def new_prompt(k: int) -> None:
-        current[0] = f"new {k:08d} " + base[13:]
+        current[0] = new_prompt_text(base, k)
         if k % 100 == 0:  # what the exchange takes meanwhile
             table.outgoing()
 
