@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from poller.reader.placements import TOKENS_PER_BLOCK
+
 __all__ = ["ENV", "Trace", "folder"]
 
 ENV = "LAB_PREFIX_TRACE"
@@ -166,8 +168,6 @@ def _parts(score: Any, index: Any) -> dict[str, list[float]] | None:
 
 
 # --- the summary ----------------------------------------------------------------------
-
-TOKENS_PER_BLOCK = 128
 
 
 def classify(r: Mapping[str, Any]) -> tuple[str, int]:
