@@ -16,7 +16,7 @@ import pytest
 from poller import prompt_of
 from poller.errors import ConfigError
 from poller.reader import LocalLoad, Picker
-from poller.reader.outbox import ENTRY_MAX, OUT_MAX, unpack
+from poller.reader.outbox import ENTRY_MAX, OUT_MAX, entries
 from poller.reader.placements import MAX_HOLDERS, TOKENS_PER_BLOCK, Placements
 from poller.reader.prefix import BLOCK_BYTES, MAX_BLOCKS, block_ids
 from tests.reader.test_pick import picks, timed, view_of
@@ -275,8 +275,7 @@ def test_the_queue_to_send_is_bounded_and_one_entry_carries_at_most_entry_max() 
     assert table.dropped == (OUT_MAX // 100 + 5) * 100 - OUT_MAX
     sent = 0
     while body := table.outgoing():
-        words = body.split(" ")
-        n = sum(len(unpack(w) or []) for w in words[1::2])
+        n = sum(len(ids) for _, ids in entries(body))
         assert n <= ENTRY_MAX
         sent += n
     assert sent == OUT_MAX
