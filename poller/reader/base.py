@@ -7,6 +7,7 @@ import dataclasses
 import math
 import re
 import time
+from collections.abc import Callable
 from typing import Any, Self
 
 from pydantic import ValidationError
@@ -176,7 +177,7 @@ class ReaderBase:
         self, cache: ViewCache, share: bool, replica_id: str | None, share_placements: bool
     ) -> Exchange | None:
         """The gateway sharing of ``cached(share=..., share_placements=...)``
-        (poller/reader/share.py, placements.py): one call per period carries both."""
+        (poller/reader/share.py, placements.py): the same calls carry both."""
         if not share and not share_placements:
             return None
         fleet = FleetLoad(replica_id)
@@ -185,6 +186,20 @@ class ReaderBase:
         keys = self.keys
         placements = cache.placements if share_placements else None
         cache.exchange = Exchange(
-            self.client, keys.gateways_inflight, cache, fleet, placements, keys.gateways_placements
+            self.client,
+            keys.gateways_inflight,
+            cache,
+            fleet,
+            placements,
+            keys.gateways_placements,
+            keys.gateways_updates,
         )
         return cache.exchange
+
+    @staticmethod
+    def _heard(exchange: Exchange | None) -> dict[str, Callable[[str], None]]:
+        """The channels the follower subscribes to beside ``P:updates``: the gateways'
+        shared counts, when this cache shares them."""
+        if exchange is None or exchange.cache.fleet is not exchange.fleet:
+            return {}
+        return {exchange.channel: exchange.heard}

@@ -1,39 +1,63 @@
-"""The exchange: one script call per period that carries what the replicas share.
+"""The exchange: what the gateway replicas share, pushed as it changes.
 
-Both reader flavours run it every ``period_s`` (a task beside the asyncio follower, a
-thread beside the threaded one): this replica's requests in flight (``FleetLoad``,
-poller/reader/share.py) and, with ``cached(share_placements=True)``, its prefix
-placements (``Placements``, poller/reader/placements.py) go out and the others' come
-back on the same call of poller/schema/scripts/share.lua: the placements cost no
-command more.
+Both reader flavours run it (a task beside the asyncio follower, a thread beside the
+threaded one). A change of this replica's requests in flight (``FleetLoad``,
+poller/reader/share.py) goes out at once, while the pacer's tokens last, in one call of
+poller/schema/scripts/share.lua that writes it and publishes it on
+``P:gateways:updates``; the follower's subscription hears the other replicas' writes as
+they happen (``heard``) and this loop takes them in between its calls. With
+``cached(share_placements=True)`` the prefix placements (``Placements``,
+poller/reader/placements.py) go out and come back on the same calls: no command more. A
+call is made at least every ``FLOOR_S`` even when nothing changed: the field renewed
+before it expires, the placements and the other replicas' fields read (which mends what
+the subscription lost). The pick path never waits for any of it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import math
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from poller.reader.outbox import READ_COUNT, STREAM_MAXLEN
+from poller.reader.pacer import Pacer
 from poller.reader.placements import Placements
 from poller.reader.share import REFUSED_RETRY_S, FleetLoad, pages_of
 
-__all__ = ["Exchange"]
+__all__ = ["LISTEN_S", "Exchange"]
 
 log = logging.getLogger(__name__)
+
+#: The loop takes in the pages that changed (no command) and looks at its stop flag at
+#: least this often (s).
+LISTEN_S = 0.05
+
+
+#: What Redis says when the user lacks a right: NOPERM for a command, the others for
+#: one inside a script (a command, a key, a channel).
+_REFUSALS = ("NOPERM", "no permissions", "can't run this command", "can't access", "can't publish")
 
 
 def _refused(exc: Exception) -> bool:
     """Redis said no to the share script's writes: the user lacks the right (NOPERM
     for a command, "can't run this command" for one inside a script)."""
     text = str(exc)
-    return "NOPERM" in text or "no permissions" in text or "can't run this command" in text
+    return any(mark in text for mark in _REFUSALS)
+
+
+def _nothing() -> None:
+    return None
 
 
 class Exchange:
-    """The share script's call for one ``FleetLoad`` (and ``Placements``) on one cache."""
+    """The share script's calls for one ``FleetLoad`` (and ``Placements``) on one cache,
+    and the other replicas' writes the follower heard."""
 
     def __init__(
         self,
@@ -43,10 +67,18 @@ class Exchange:
         fleet: FleetLoad,
         placements: Placements | None = None,
         placements_key: str = "",
+        channel: str = "",
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         from poller.schema.lua import lua
 
+        #: Monotonic seconds (a test passes its own): the pacer's, the calls', the waits'.
+        self.clock = clock
+
         self.key = gateways_key
+        #: The shard channel the script publishes our writes on (``P:gateways:updates``).
+        self.channel = channel or gateways_key.rsplit(":", 1)[0] + ":updates"
         self.cache = cache
         self.fleet = fleet
         #: Carried on the same call (``cached(share_placements=True)``): no command more.
@@ -60,11 +92,68 @@ class Exchange:
         self._placements_retry_at = 0.0
         self.script = client.register_script(lua("share"))
         self.calls = 0  # commands sent, for the benchmark's commands/s
+        self.pacer = Pacer()
         self._refused = False
         self._pages_now: dict[str, tuple[int, int]] | None = None
         self._version = -1  # the cache's version ``_pages_now`` is of
         #: Pages changed since the last ``absorb`` (None: any may have).
         self._changed: set[str] | None = None
+        # The other replicas' writes the follower heard, not taken in yet.
+        self._inbox: deque[str] = deque()
+        #: The follower's subscription carries ``channel`` (False: the others' writes
+        #: are read on each call instead, at the pacer's rate).
+        self.listening = False
+        self._resync = False  # subscribed again: read the fields at once
+        self._others: int | None = None  # other receivers of our last publish
+        self._asked_at = math.inf  # when the call in flight was sent (monotonic)
+        #: Publish our writes on ``channel`` (False once Redis refused the channel).
+        self.publish = True
+        self._publish_suspect = False  # refused while publishing: the channel's rights?
+        self._channel_refused = False
+        self._wake: Callable[[], None] = _nothing
+
+    # --- what the follower calls --------------------------------------------------------
+
+    def heard(self, message: str) -> None:
+        """A message of ``channel`` (any thread): taken in by the loop at once."""
+        self._inbox.append(message)
+        self._wake()
+
+    def refused_channel(self, exc: Exception) -> bool:
+        """The follower's subscription with ``channel`` failed with ``exc``: True when
+        Redis refused this user the channel (an ACL of before the pushed counts), said
+        once; the follower then subscribes without it, and the others' writes are read
+        on each call at the pacer's rate."""
+        if getattr(exc, "kind", None) != "permission" or "channel" not in str(exc):
+            return False
+        self._no_channel()
+        self.subscribed(False)
+        return True
+
+    def _no_channel(self) -> None:
+        """This user may not use ``channel``: the others' writes read on each call, ours
+        not published; said once."""
+        self.publish = False
+        if self._channel_refused:
+            return
+        self._channel_refused = True
+        log.warning(
+            "Redis refused the gateway's user the channel %s: the other replicas' counts "
+            "are read on each call instead of heard as they change (up to 20 calls/s). "
+            "Grant it: add &%s to the user's channels and (&%s +spublish) beside the "
+            "selector of %s (deploy/redis/users.acl), then restart the gateway",
+            self.channel,
+            self.channel,
+            self.channel,
+            self.key,
+        )
+
+    def subscribed(self, up: bool) -> None:
+        """The follower's subscription to ``channel`` is in place (True) or lost."""
+        self.listening = self.fleet.pushed = up
+        if up:
+            self._resync = True  # what was published meanwhile is lost: read it back
+        self._wake()
 
     def _pages(self) -> dict[str, tuple[int, int]]:
         """Every endpoint's page, kept from the cache's change log (all read again after
@@ -96,6 +185,42 @@ class Exchange:
         self._version = version
         return pages
 
+    def listen(self) -> None:
+        """Take in what the follower heard, the pages that changed and the other
+        replicas' fields that expired (no command)."""
+        inbox = self._inbox
+        messages = [inbox.popleft() for _ in range(len(inbox))]
+        pages = self._pages()
+        changed, self._changed = self._changed, set()
+        cache = self.cache
+        now_ms = cache.now_ms()
+        self.fleet.hear(
+            messages, pages, cache.offset_ms, now_ms, changed=changed, heard_at=self.clock()
+        )
+
+    def call_in(self, now: float) -> float:
+        """Seconds until the next call may go (0: now)."""
+        return max(0.0, self.pacer.next_call(now, self._urgent()) - now)
+
+    def _urgent(self) -> bool:
+        """A call now if the pacer allows: our counts changed and someone listens, the
+        subscription is new (what it missed read back), or there is none (the others'
+        writes are read at the pacer's rate instead)."""
+        if self.cache.fleet is not self.fleet:
+            return False  # placements only: they go at the floor's pace
+        if self._resync or not self.listening:
+            return True
+        if not self.fleet.has_changed():
+            return False
+        others = self._others
+        return others is None or others > 0 or self.fleet.peers > 0
+
+    def wait_s(self, now: float, call_in: float) -> float:
+        """How long the loop may sleep: until the next call, the first of the other
+        replicas' fields to expire, or ``LISTEN_S``."""
+        expiry_s = (self.fleet.next_expiry_ms() - float(self.cache.now_ms())) / 1000
+        return max(0.001, min(call_in, expiry_s, LISTEN_S))
+
     def prepare(self) -> tuple[list[str], list[Any], dict[str, tuple[int, int]]]:
         pages = self._pages()
         fleet = self.fleet
@@ -105,10 +230,14 @@ class Exchange:
         record = fleet.record(pages, self.cache.offset_ms, self._changed)
         outgoing = fleet.outgoing(record, self.cache.now_ms())
         self.calls += 1
-        keys: list[str] = [self.key]
-        args: list[Any] = [fleet.replica_id, fleet.ttl_ms, outgoing]
+        now = self.clock()
+        self.pacer.called(now)
+        self._asked_at = now
+        self._resync = False
+        keys: list[str] = [self.key, self.channel]
+        args: list[Any] = [fleet.replica_id, fleet.ttl_ms, outgoing, int(self.publish)]
         placements, self._carried = self.placements, None
-        if placements is not None and time.monotonic() >= self._placements_retry_at:
+        if placements is not None and now >= self._placements_retry_at:
             self._carried = placements.outgoing()
             keys.append(self.placements_key)
             age_ms = int(placements.age_s * 1000)
@@ -117,17 +246,25 @@ class Exchange:
 
     def answered(self, reply: Sequence[Any], pages: Mapping[str, tuple[int, int]]) -> None:
         self._refused = False
-        fields = reply[2:]
+        receivers = int(reply[2])
+        if receivers >= 0:  # we published: every other replica listening received it
+            self._others = receivers - 1 if self.listening else receivers
+        fields = reply[3:]
         placements = self.placements
         if self._carried is not None and placements is not None:
             self._placements_refused = False
-            placements.absorb(reply[2])
-            fields = reply[3:]
+            placements.absorb(reply[3])
+            fields = reply[4:]
         elif self._placements_suspect and placements is not None:
             self._placements_suspect = False
             self._placements_refused_now(placements)
+        if self._publish_suspect:  # answered without publishing: the channel's rights
+            self._publish_suspect = False
+            self._no_channel()
         changed, self._changed = self._changed, set()
-        self.fleet.absorb(list(fields), pages, self.cache.offset_ms, changed=changed)
+        self.fleet.absorb(
+            list(fields), pages, self.cache.offset_ms, changed=changed, asked_at=self._asked_at
+        )
 
     def _placements_refused_now(self, placements: Placements) -> None:
         """The call with the stream was refused, the one without it answered: the
@@ -147,8 +284,11 @@ class Exchange:
             )
         self._placements_refused = True
 
-    def failed(self, exc: Exception, pages: Mapping[str, tuple[int, int]]) -> float:
-        """Local counts only; returns how long to wait before the next try (s)."""
+    def failed(self, exc: Exception, pages: Mapping[str, tuple[int, int]]) -> None:
+        """Local counts only; the next try waits a period (a refusal: ``REFUSED_RETRY_S``)."""
+        self.pacer.hold(self.clock() + self._failed(exc, pages))
+
+    def _failed(self, exc: Exception, pages: Mapping[str, tuple[int, int]]) -> float:
         self.fleet.forget_written()
         changed, self._changed = self._changed, set()
         self.fleet.absorb([], pages, self.cache.offset_ms, shared=False, changed=changed)
@@ -159,58 +299,96 @@ class Exchange:
                 # The stream's rights, or the hash's: the next call, without the
                 # stream, tells which (``answered`` or below).
                 self._placements_suspect = True
-                self._placements_retry_at = time.monotonic() + REFUSED_RETRY_S
+                self._placements_retry_at = self.clock() + REFUSED_RETRY_S
                 return self.fleet.period_s
-        self._placements_suspect = False  # refused without the stream: the hash's rights
+        self._placements_suspect = False  # refused without the stream
+        if _refused(exc) and self.publish and not self._publish_suspect:
+            # The channel's right, or the hash's: the next call, not publishing, tells.
+            self._publish_suspect, self.publish = True, False
+            return self.fleet.period_s
+        if self._publish_suspect:  # refused without publishing too: the hash's rights
+            self._publish_suspect, self.publish = False, not self._channel_refused
         if _refused(exc):
             self.fleet.exchanged_at = None  # not shared from now: the health says so
             if not self._refused:
                 log.warning(
                     "gateway load sharing refused by Redis (%s): this replica routes on its "
                     "own requests in flight and the pages. The gateway's ACL user needs "
-                    "HSET, HDEL and PEXPIRE on %s: add (~%s +hset +hdel +pexpire) to its "
-                    "line (deploy/redis/users.acl), or open the cache with "
-                    "cached(share=False)",
+                    "HSET, HDEL and PEXPIRE on %s and SPUBLISH on %s: add (~%s &%s +hset "
+                    "+hdel +pexpire +spublish) to its line (deploy/redis/users.acl), or "
+                    "open the cache with cached(share=False)",
                     exc,
                     self.key,
+                    self.channel,
                     self.key,
+                    self.channel,
                 )
             self._refused = True
             return REFUSED_RETRY_S
         log.debug("gateway load sharing failed: %s", exc)
         return self.fleet.period_s
 
-    async def run(self, stop: Any) -> None:
-        """Until ``stop`` (an ``asyncio.Event``) is set."""
-        import asyncio
+    def _install(self, wake: Callable[[], None] | None) -> None:
+        self._wake = wake or _nothing
+        self.fleet.waker = wake
 
-        while not stop.is_set():
-            keys, args, pages = self.prepare()
-            wait_s = self.fleet.period_s
-            try:
-                async with asyncio.timeout(1.0):
-                    reply = await self.script(keys=keys, args=args)
-                self.answered(reply, pages)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # Redis away, NOPERM: routing goes on, locally
-                wait_s = self.failed(exc, pages)
-            try:
-                async with asyncio.timeout(wait_s):
-                    await stop.wait()
-            except TimeoutError:
-                pass
+    async def run(self, stop: asyncio.Event) -> None:
+        """Until ``stop`` is set: take in what was heard, call when the pacer says."""
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        owner = threading.get_ident()
 
-    def run_sync(self, stop: threading.Event) -> None:
-        """Until ``stop`` is set (the threaded reader's thread)."""
-        while not stop.is_set():
-            keys, args, pages = self.prepare()
-            wait_s = self.fleet.period_s
-            try:
-                self.answered(self.script(keys=keys, args=args), pages)
-            except Exception as exc:
-                wait_s = self.failed(exc, pages)
-            stop.wait(wait_s)
+        def waker() -> None:  # from the loop's own thread, or a gateway's thread
+            if threading.get_ident() == owner:
+                wake.set()
+            else:
+                loop.call_soon_threadsafe(wake.set)
+
+        self._install(waker)
+        try:
+            while not stop.is_set():
+                wake.clear()
+                self.listen()
+                now = self.clock()
+                call_in = self.call_in(now)
+                if call_in <= 0.0:
+                    keys, args, pages = self.prepare()
+                    try:
+                        async with asyncio.timeout(1.0):
+                            reply = await self.script(keys=keys, args=args)
+                        self.answered(reply, pages)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:  # Redis away, NOPERM: routing goes on, locally
+                        self.failed(exc, pages)
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.wait_s(now, call_in)):
+                        await wake.wait()
+        finally:
+            self._install(None)
+
+    def run_sync(self, stop: threading.Event, wake: threading.Event | None = None) -> None:
+        """Until ``stop`` is set (the threaded reader's thread); ``wake``: the event the
+        loop sleeps on, set by a change or a message (a test passes its own)."""
+        wake = wake or threading.Event()
+        self._install(wake.set)
+        try:
+            while not stop.is_set():
+                wake.clear()
+                self.listen()
+                now = self.clock()
+                call_in = self.call_in(now)
+                if call_in <= 0.0:
+                    keys, args, pages = self.prepare()
+                    try:
+                        self.answered(self.script(keys=keys, args=args), pages)
+                    except Exception as exc:
+                        self.failed(exc, pages)
+                    continue
+                wake.wait(self.wait_s(now, call_in))
+        finally:
+            self._install(None)
 
 
 def _observe(placements: Placements, endpoint_id: str, view: Any) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import hiredis
@@ -30,10 +31,16 @@ __all__ = ["UpdateFeed", "open_feed"]
 
 
 class UpdateFeed(asyncio.Protocol):
-    """``SSUBSCRIBE`` to one shard channel; ``next()`` returns the messages that arrived."""
+    """``SSUBSCRIBE`` to one shard channel; ``next()`` returns the messages that arrived.
+    ``also``: more shard channels of the same slot, each with the callable that takes
+    its messages as they arrive (the gateways' shared counts, poller/reader/exchange.py)."""
 
-    def __init__(self, channel: str) -> None:
+    def __init__(
+        self, channel: str, also: Mapping[str, Callable[[str], None]] | None = None
+    ) -> None:
         self.channel = channel
+        self.also = dict(also or {})
+        self._unconfirmed = 1 + len(self.also)
         self.transport: asyncio.Transport | None = None
         self._reader = hiredis.Reader(encoding="utf-8", errors="replace")
         self._pending: list[str] = []
@@ -87,10 +94,15 @@ class UpdateFeed(asyncio.Protocol):
         if isinstance(reply, hiredis.ReplyError):
             self._fail(reply_error(str(reply), "the update subscription"))
         elif isinstance(reply, list) and len(reply) == 3 and reply[0] == "smessage":
-            self._pending.append(str(reply[2]))
-            self._arrived.set()
+            take = self.also.get(reply[1]) if self.also else None
+            if take is not None:
+                take(str(reply[2]))
+            else:
+                self._pending.append(str(reply[2]))
+                self._arrived.set()
         elif isinstance(reply, list) and reply and reply[0] == "ssubscribe":
-            if not self._subscribed.done():
+            self._unconfirmed -= 1
+            if self._unconfirmed <= 0 and not self._subscribed.done():
                 self._subscribed.set_result(None)
         elif isinstance(reply, list) and reply and reply[0] == "sunsubscribe":
             # Cluster moved the slot away (resharding): follow it from the new owner.
@@ -107,10 +119,16 @@ class UpdateFeed(asyncio.Protocol):
             self.transport.abort()
 
 
-async def open_feed(client: Any, channel: str, timeout_s: float) -> UpdateFeed | None:
-    """A feed on ``channel`` over a connection made as ``client`` makes its own, or
-    None when its connections cannot be copied (the caller then uses redis-py's PubSub).
-    Raises ``StoreError`` when Redis cannot be reached or refuses the subscription."""
+async def open_feed(
+    client: Any,
+    channel: str,
+    timeout_s: float,
+    also: Mapping[str, Callable[[str], None]] | None = None,
+) -> UpdateFeed | None:
+    """A feed on ``channel`` (and the channels of ``also``) over a connection made as
+    ``client`` makes its own, or None when its connections cannot be copied (the caller
+    then uses redis-py's PubSub). Raises ``StoreError`` when Redis cannot be reached or
+    refuses the subscription."""
     pool = client.connection_pool
     conn = pool.make_connection()  # a connection object as the pool makes them, unused
     arguments = getattr(conn, "_connection_arguments", None)
@@ -127,9 +145,9 @@ async def open_feed(client: Any, channel: str, timeout_s: float) -> UpdateFeed |
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(timeout_s):
-            _, feed = await loop.create_connection(lambda: UpdateFeed(channel), **target)
+            _, feed = await loop.create_connection(lambda: UpdateFeed(channel, also), **target)
             command = [] if auth is None else [_pack("AUTH", *auth)]
-            command.append(_pack("SSUBSCRIBE", channel))
+            command.append(_pack("SSUBSCRIBE", channel, *feed.also))
             assert feed.transport is not None
             feed.transport.write(b"".join(command))
             try:

@@ -35,8 +35,12 @@ LATENCY_ALPHA = 0.1
 LATENCY_FADE_S = 10.0
 #: Bounds of ``slowness``: one endpoint's times must not decide everything.
 SLOWNESS_MIN, SLOWNESS_MAX = 0.25, 8.0
-#: A failed request counts as this many times the usual request time.
+#: A failed request counts as this many times the usual request time; an endpoint whose
+#: requests all failed lately counts as this many times as loaded (``failing``).
 FAILED_TIMES = 4.0
+#: Weight of one request's outcome in the moving share of failures: three failures in a
+#: row make an endpoint more than half failing.
+FAILED_ALPHA = 0.25
 #: Finished requests are remembered this long (s), so the load at a page's scrape time
 #: can be told (``in_flight_at``); at most ``DONE_MAX`` per endpoint.
 DONE_S, DONE_MAX = 10.0, 4096
@@ -73,6 +77,7 @@ class LocalLoad:
         "_changed",
         "_clock",
         "_done",
+        "_failed",
         "_lock",
         "_starts",
         "_took",
@@ -90,6 +95,9 @@ class LocalLoad:
         # endpoint id -> (moving average of its requests' time, s; when last updated)
         self._took: dict[str, tuple[float, float]] = {}
         self._all_s = 0.0  # the same over every endpoint (0: no request ended yet)
+        # endpoint id -> (moving share of its requests that failed, when last updated);
+        # only endpoints that failed at least once
+        self._failed: dict[str, tuple[float, float]] = {}
         # endpoint id -> (start, end) of requests finished lately, in the order they ended
         self._done: dict[str, deque[tuple[float, float]]] = {}
         # Endpoints with a request started or ended since ``take_changed`` last ran.
@@ -112,7 +120,10 @@ class LocalLoad:
             else:  # a clock that went back (a test's): keep the list sorted
                 starts.insert(bisect_right(starts, now), now)
             self._total += 1
+            first = not self._changed
             self._changed.add(endpoint_id)
+        if first and self.fleet is not None:
+            self.fleet.wake()  # the exchange publishes the change (at most once per call)
         return now
 
     def finished(
@@ -136,6 +147,7 @@ class LocalLoad:
                 at = bisect_right(starts, started_at) - 1
                 began = starts.pop(at if at >= 0 and starts[at] == started_at else 0)
             self._total -= 1
+            first = not self._changed
             self._changed.add(endpoint_id)
             if not starts:
                 del self._starts[endpoint_id]
@@ -149,6 +161,12 @@ class LocalLoad:
             if not ok:
                 took_s = max(took_s, self._all_s) * FAILED_TIMES
             self._took_s(endpoint_id, took_s, now)
+            failed = self._failed.get(endpoint_id)
+            if failed is not None or not ok:
+                share = 0.0 if failed is None else failed[0]
+                self._failed[endpoint_id] = (share + FAILED_ALPHA * ((not ok) - share), now)
+        if first and self.fleet is not None:
+            self.fleet.wake()
 
     def _took_s(self, endpoint_id: str, took_s: float, now: float) -> None:
         held = self._took.get(endpoint_id)
@@ -171,6 +189,18 @@ class LocalLoad:
         fade = math.exp(-quiet_s / LATENCY_FADE_S) if quiet_s > 0.0 else 1.0
         ratio = 1.0 + (mean / every - 1.0) * fade
         return clamp(ratio, SLOWNESS_MIN, SLOWNESS_MAX)
+
+    def failing(self, endpoint_id: str, now: float | None = None) -> float:
+        """The share of this replica's requests to ``endpoint_id`` that failed lately
+        (a moving average, 0 to 1), fading to 0 over ``LATENCY_FADE_S`` without news:
+        an engine that answers errors fast is not idle."""
+        held = self._failed.get(endpoint_id)
+        if held is None:
+            return 0.0
+        share, at = held
+        now = self._clock() if now is None else now
+        quiet_s = now - at
+        return share * math.exp(-quiet_s / LATENCY_FADE_S) if quiet_s > 0.0 else share
 
     @contextmanager
     def track(self, endpoint_id: str) -> Iterator[None]:
@@ -231,6 +261,10 @@ class LocalLoad:
         with self._lock:
             changed, self._changed = self._changed, set()
         return changed
+
+    def has_changed(self) -> bool:
+        """A request started or ended since ``take_changed`` last ran."""
+        return bool(self._changed)
 
     def busy_ids(self) -> list[str]:
         """Endpoints with requests in flight or finished within ``DONE_S``."""

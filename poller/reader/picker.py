@@ -73,9 +73,9 @@ class Picker(Draws, Indexes):
       by ``local.slowness(id)``: how long this replica's requests there took lately,
       relative to its requests anywhere (an engine slower than its size says, or a
       queue grown since the scrape; ``use_latency=False``: 1; on the fleet's shared
-      counts weighted by the peers' share, docs/reader.md). Ties go to the lower KV
-      usage; an engine that publishes none (TGI, llama.cpp) counts as the fleet's
-      median KV, never 0 %.
+      counts its failures, and its speed where the others' counts are read, not heard:
+      docs/reader.md). Ties go to the lower KV usage; an engine that publishes none
+      (TGI, llama.cpp) counts as the fleet's median KV, never 0 %.
     - **Prefix affinity** (``prompt`` given): the endpoint holding the longest prefix
       of the prompt, by the placements this replica and, through the cache, the others
       recorded, takes the request instead when its load is at most
@@ -187,7 +187,7 @@ class Picker(Draws, Indexes):
         index, judge_ms, offset_ms = found
         fleet = None if local is None or not self.share else fleet_of(view, local)
         if fleet is not None and local is not None:
-            score = fleet_score(local, fleet, None if self.use_latency else neutral)
+            score = fleet_score(local, fleet, latency=self.use_latency)
             chosen = self._shared(index, judge_ms, model, candidates, score)
         else:
             if local is not None and offset_ms is None:
@@ -226,7 +226,7 @@ class Picker(Draws, Indexes):
                 # affinity this replica's request times mostly tell queues the counts show
                 # already, and the least loaded reference's are the lowest of several.
                 score = (
-                    fleet_score(local, fleet, neutral)
+                    fleet_score(local, fleet, speed=False)
                     if fleet is not None
                     else self._scorer(index, local, offset_ms, latency=False)
                 )

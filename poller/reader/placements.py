@@ -24,9 +24,9 @@ Sharing (``sharing`` True, set by the cached reader's exchange): the blocks this
 placed that the table did not hold there already, and those it held there that were last
 placed or written ``REWRITE_AFTER`` of the engine's capacity ago, are queued
 (``outbox``, poller/reader/outbox.py) and written to ``P:gateways:placements`` on the
-exchange's one call per period; the other replicas' are read back on the same call
-(``absorb``). Redis lost: the table goes on with this replica's own placements,
-``shared`` False.
+exchange's next call (at once when this replica's counts change, at least every
+300 ms); the other replicas' are read back on the same call (``absorb``). Redis lost:
+the table goes on with this replica's own placements, ``shared`` False.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from redis.asyncio.cluster import RedisCluster
 from poller.errors import SchemaMismatch
 from poller.reader.base import READ_MEMBERS, STOP_BOUND_S, ReaderBase
 from poller.reader.cache import ViewCache
+from poller.reader.exchange import Exchange
 from poller.reader.feed import open_feed
 from poller.reader.protocol import Action, Protocol
 from poller.reader.view import EndpointView, View
@@ -130,8 +131,10 @@ class StatsReader(ReaderBase):
         False: each replica uses and records its own only."""
         proto = self._protocol()
         first, stop = asyncio.Event(), asyncio.Event()
-        task = asyncio.create_task(self._follow(proto, first, stop), name="reader-cache")
         exchange = self._exchange(proto.cache, share, replica_id, share_placements)
+        also = self._heard(exchange)
+        follow = self._follow(proto, first, stop, also, exchange)
+        task = asyncio.create_task(follow, name="reader-cache")
         sharing = None if exchange is None else asyncio.create_task(exchange.run(stop))
         try:
             try:
@@ -148,15 +151,24 @@ class StatsReader(ReaderBase):
             if sharing is not None:
                 await _end(sharing)
 
-    async def _follow(self, proto: Protocol, first: asyncio.Event, stop: asyncio.Event) -> None:
+    async def _follow(
+        self,
+        proto: Protocol,
+        first: asyncio.Event,
+        stop: asyncio.Event,
+        also: dict[str, Callable[[str], None]],
+        exchange: Exchange | None,
+    ) -> None:
         # The loop checks ``stop`` at least every MAX_WAIT_S: on Python 3.11 a cancel can be
         # swallowed by the asyncio.wait_for inside redis-py, and must not keep us running.
         while not stop.is_set():
             try:
-                async with self._updates() as updates:
+                async with self._updates(also) as updates:
                     # Subscribed first, then snapshot: no update can fall between them.
                     proto.loaded(await self.snapshot(), time.monotonic())
                     first.set()
+                    if exchange is not None and also:
+                        exchange.subscribed(True)
                     while not stop.is_set():
                         for data in await updates(proto.wait_s(time.monotonic())):
                             await self._perform(proto, proto.message(data, time.monotonic()))
@@ -164,31 +176,44 @@ class StatsReader(ReaderBase):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # StoreError, or a bug: the cache must outlive both
+                if exchange is not None:
+                    if also and exchange.refused_channel(exc):
+                        also = {}
+                        continue  # the view at once, without the gateways' channel
+                    exchange.subscribed(False)
                 wait_s = proto.lost(exc)
                 first.set()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), wait_s)
 
     @asynccontextmanager
-    async def _updates(self) -> AsyncIterator[Callable[[float], Awaitable[list[str]]]]:
+    async def _updates(
+        self, also: dict[str, Callable[[str], None]]
+    ) -> AsyncIterator[Callable[[float], Awaitable[list[str]]]]:
         """``P:updates`` as ``next(timeout_s) -> the messages that arrived``: our own feed
-        (feed.py), or redis-py's PubSub for a client whose connections it cannot copy."""
+        (feed.py), or redis-py's PubSub for a client whose connections it cannot copy.
+        The channels of ``also`` (same slot) go to their callables as they arrive."""
         channel = self.keys.updates
-        async with pubsub_client(self.client, (channel,)) as own:
-            feed = await open_feed(own, channel, FEED_TIMEOUT_S)
+        channels = (channel, *also)
+        async with pubsub_client(self.client, channels) as own:
+            feed = await open_feed(own, channel, FEED_TIMEOUT_S, also)
             if feed is not None:
                 try:
                     yield feed.next
                 finally:
                     feed.close()
                 return
-        async with subscribe(self.client, shard_channels=(channel,)) as pubsub:
+        async with subscribe(self.client, shard_channels=channels) as pubsub:
 
             async def next_messages(timeout_s: float) -> list[str]:
                 message = await redis_call(pubsub.get_message(timeout=timeout_s), "updates")
                 out = []
                 while message is not None:
-                    out.append(str(message["data"]))
+                    take = also.get(str(message["channel"])) if also else None
+                    if take is not None:
+                        take(str(message["data"]))
+                    else:
+                        out.append(str(message["data"]))
                     message = await redis_call(pubsub.get_message(timeout=0.0), "updates")
                 return out
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from poller.reader.cache import ViewCache
 from poller.reader.index import INF, Slot
-from poller.reader.load import LocalLoad
+from poller.reader.load import FAILED_TIMES, LocalLoad
 from poller.reader.share import FleetLoad
 from poller.reader.view import EndpointView
 
@@ -41,32 +41,35 @@ def as_judged(view: EndpointView) -> float | None:
 
 
 def fleet_score(
-    local: LocalLoad, fleet: FleetLoad, slowness: Callable[[str, float], float] | None = None
+    local: LocalLoad, fleet: FleetLoad, *, latency: bool = True, speed: bool = True
 ) -> Callable[[Slot], tuple[float, float]]:
     """The load on the fleet's estimate (docs/reader.md, "The load estimate"): (the
-    estimate of the others' requests + ours in flight + 1) / relative capacity, where
-    ours started since the last exchange count ``1 + peers`` times (the others sent
-    about as many meanwhile, unseen yet), x the endpoint's slowness (by default
-    ``local.slowness``) weighted by the peers' share of the gateways: ``1 + (slowness
-    - 1) x peers / (1 + peers)``, so 1 with one gateway, whose counts are exact; ties by
-    KV usage."""
-    in_flight, since = local.in_flight, local.since
-    extra, peers, since_s = fleet.extra, fleet.peers, fleet.since_s
-    slower = local.slowness if slowness is None else slowness
-    share = peers / (1 + peers)
+    estimate of the others' requests + ours in flight + 1) / relative capacity, x the
+    endpoint's failure factor ``1 + (FAILED_TIMES - 1) x local.failing``, or its speed
+    factor if larger: ``local.slowness`` weighted by the share of the counts that are
+    guesses, ``1 + (slowness - 1) x peers / (1 + peers)`` when the others' counts are
+    read (0 when they are pushed, ``fleet.pushed``, or with one gateway: the counts are
+    exact); ties by KV usage. ``latency=False``: neither factor; ``speed=False``: the
+    failure factor only."""
+    in_flight, failing, slower = local.in_flight, local.failing, local.slowness
+    extra, peers = fleet.extra, fleet.peers
+    share = 0.0 if fleet.pushed or not (speed and latency) else peers / (1 + peers)
     now = local.now()
+    if not latency:
+        failing = _never
 
     def score(slot: Slot) -> tuple[float, float]:
         base = extra.get(slot.id)
         if base is None:
             base = slot.requests
-        mine = in_flight(slot.id)
-        if peers and mine:
-            mine += peers * since(slot.id, since_s)
-        load = (base + mine + 1) / slot.weight
-        if share:
-            load *= 1.0 + (slower(slot.id, now) - 1.0) * share
-        return load, slot.kv or 0.0
+        load = (base + in_flight(slot.id) + 1) / slot.weight
+        factor = 1.0 + (slower(slot.id, now) - 1.0) * share if share else 1.0
+        failed = failing(slot.id, now)
+        if failed:
+            failed = 1.0 + (FAILED_TIMES - 1.0) * failed
+            if failed > factor:
+                factor = failed
+        return load * factor, slot.kv or 0.0
 
     return score
 
@@ -81,6 +84,10 @@ def fleet_of(view: object, local: LocalLoad) -> FleetLoad | None:
         if fleet is not None:
             fleet.attach(local)
     return fleet
+
+
+def _never(endpoint_id: str, now: float | None = None) -> float:
+    return 0.0
 
 
 def is_full(slot: Slot) -> bool:

@@ -6,19 +6,15 @@ the rule of docs/reader.md ("The load estimate"): the fleet's requests in flight
 exact for the traffic the gateways sent, plus what the page shows beyond what the
 gateways had in flight when it was scraped (traffic from outside the gateways).
 
-A cached reader keeps one ``FleetLoad`` on its cache (``cache.fleet``) and exchanges it
-with the other replicas every ``period_s`` in one script call (poller/reader/exchange.py,
-poller/schema/scripts/share.lua): our field written when it changed (or is about to
-expire), everyone else's read back, expired fields pruned by the Redis clock. The pick
-path never touches Redis:
-it reads ``FleetLoad.extra``, a dict replaced whole at every exchange.
-
-Redis commands: one per period per replica (20/s at the default 50 ms, the cap the
-sharing may use), whatever the request rate; the period is the staleness of the others'
-counts, which is what double-books an engine between two exchanges, so it is as short
-as the cap allows; a replica that dies leaves the others' view ``ttl_ms`` after its last
-write (its field carries its expiry). Redis lost, or no right to the key: the counts of
-this replica only, ``cache.load_shared`` False.
+A cached reader keeps one ``FleetLoad`` on its cache (``cache.fleet``). Its exchange
+(poller/reader/exchange.py, poller/schema/scripts/share.lua) writes our field when our
+counts change, publishing the write to the other replicas as it happens, and reads
+everyone else's back; the follower hears the others' writes and ``hear`` takes them
+in, so the others' counts are a few milliseconds old, not a read's period. Fields carry
+their expiry on the Redis clock: a replica that dies leaves the others' view ``ttl_ms``
+after its last write. The pick path never touches Redis: it reads ``FleetLoad.extra``.
+Redis lost, or no right to the key: the counts of this replica only,
+``cache.load_shared`` False.
 """
 
 from __future__ import annotations
@@ -32,18 +28,19 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from poller.reader.load import LocalLoad
+from poller.reader.peers import Peers
 
 __all__ = ["FleetLoad", "default_replica_id", "pages_of"]
 
-#: How often a replica exchanges its counts (seconds): one command per period, so 20/s,
-#: the sharing's cap; nothing else may add a command per replica.
+#: The wait after a failed exchange call (seconds); the pacer spaces the others
+#: (poller/reader/exchange.py).
 PERIOD_S = 0.05
 #: How long a replica's field counts after its last write (ms): a replica that dies
-#: leaves the others' view within this (plus one period).
+#: leaves the others' view within this.
 TTL_MS = 800
 #: An unchanged field is rewritten when this much of its TTL is left (ms).
 REFRESH_BEFORE_MS = 500
@@ -69,8 +66,10 @@ class FleetLoad:
       picker attaches the one it is given; a replica normally has one).
     - ``record(pages, offset_ms)`` -> this replica's field: per endpoint with requests
       in flight, ``[in flight now, in flight at the page's scrape, that scrape's ms]``.
-    - ``absorb(fields, now_ms, pages, offset_ms)``: the other replicas' fields as the
-      share script returned them; recomputes ``extra``.
+    - ``hear(messages, ...)``: the other replicas' writes as the channel pushed them
+      (``<expiry ms> <record or -> <replica id>``); ``absorb(fields, ...)``: their
+      fields as the share script returned them. Both recompute ``extra``; each
+      replica's newest write wins, whichever way it came.
     - ``extra``: endpoint id -> the load to add to this replica's own in flight there
       (the other replicas' in flight now + the outside traffic the page shows). An
       endpoint missing from it counts its page's running + waiting.
@@ -94,22 +93,24 @@ class FleetLoad:
         self._locals: weakref.WeakSet[LocalLoad] = weakref.WeakSet()
         #: Endpoint id -> load to add to our own in flight (see the class doc).
         self.extra: dict[str, float] = {}
-        #: Replicas seen live at the last exchange (ours not counted).
+        #: Live replicas with something in flight, ours not counted.
         self.peers = 0
+        #: The others' writes are heard as they happen (the exchange's subscription is
+        #: up): their counts are exact but for a few milliseconds, not a read's age.
+        self.pushed = False
         #: Monotonic seconds of the last exchange Redis answered; None: never.
         self.exchanged_at: float | None = None
-        self._peer_now: dict[str, int] = {}
-        #: The attached loads' clock at the last exchange: ours started since then are
-        #: matched by about ``peers`` times as many of the others', not seen yet.
-        self.since_s = -math.inf
+        #: Called (no arguments, from any thread) when an attached load's first change
+        #: since the last ``take_changed`` happens: the exchange's wake-up.
+        self.waker: Callable[[], None] | None = None
         # endpoint -> recent (scraped_at_ms, what the page showed beyond the gateways)
         self._outside: dict[str, deque[tuple[int, int]]] = {}
         self._last_record = ""
         self._written_ms: float = -1e15
         # This replica's field, per endpoint, as ``record`` last built it.
         self._entries: dict[str, list[int]] | None = None
-        # Replica id -> (its field's JSON, parsed: endpoint -> (now, at, scraped ms)).
-        self._fields: dict[str, tuple[str, dict[str, tuple[int, int, int]]]] = {}
+        # The other replicas' newest writes, by replica and by endpoint.
+        self._peers = Peers(self.replica_id)
         self._lock = threading.Lock()
 
     # --- this replica ----------------------------------------------------------------------
@@ -117,6 +118,12 @@ class FleetLoad:
     def attach(self, local: LocalLoad) -> None:
         self._locals.add(local)
         local.fleet = self
+
+    def wake(self) -> None:
+        """An attached load changed (``LocalLoad`` calls it once per exchange at most)."""
+        waker = self.waker
+        if waker is not None:
+            waker()
 
     def _mine(
         self, endpoint_id: str, since_local_s: float, loads: list[LocalLoad]
@@ -144,6 +151,10 @@ class FleetLoad:
         for local in list(self._locals):
             ids |= local.take_changed()
         return ids
+
+    def has_changed(self) -> bool:
+        """An attached load started or ended a request since the last ``take_changed``."""
+        return any(local.has_changed() for local in list(self._locals))
 
     def record(
         self,
@@ -200,16 +211,50 @@ class FleetLoad:
         *,
         shared: bool = True,
         changed: Iterable[str] | None = None,
+        asked_at: float = math.inf,
     ) -> None:
         """The other replicas' fields (``[id, value, id, value, ...]`` as the script
-        returns them after the TIME pair); ``shared=False``: Redis did not answer, our
-        own counts only (every peer's left out). ``changed``: as for ``record`` (None:
-        every endpoint is worked out again); then only those and the endpoints in the
-        fields of replicas whose counts changed, came or went are: the others' figures
-        depend on nothing else."""
-        peers, moved = self._take_fields(fields if shared else [])
-        peer_now, peer_at = self._peer_counts(pages)
+        returns them after its header), read by a call sent at ``asked_at`` (monotonic
+        seconds): a replica missing from them is gone unless a message about it was
+        heard after that. ``shared=False``: Redis did not answer, our own counts only
+        (every peer's left out). ``changed``: as for ``record`` (None: every endpoint
+        is worked out again); then only those and the endpoints in the fields of
+        replicas whose counts changed, came or went are: the others' figures depend on
+        nothing else."""
+        moved = self._peers.take(fields if shared else [], asked_at if shared else math.inf)
+        self._estimate(pages, offset_ms, changed, moved, answered=shared)
+
+    def hear(
+        self,
+        messages: Iterable[str],
+        pages: Mapping[str, tuple[int, int]],
+        offset_ms: float,
+        now_ms: float,
+        *,
+        changed: Iterable[str] | None = None,
+        heard_at: float | None = None,
+    ) -> None:
+        """The other replicas' writes as the channel pushed them, and the fields past
+        their expiry at ``now_ms`` (the Redis clock) dropped; ``changed`` as for
+        ``absorb``. No message at all: the pages and the expiries only. ``heard_at``:
+        now on the clock of ``absorb``'s ``asked_at`` (default ``time.monotonic()``)."""
+        heard_at = time.monotonic() if heard_at is None else heard_at
+        moved = self._peers.hear(messages, now_ms, heard_at)
+        self._estimate(pages, offset_ms, changed, moved, answered=False)
+
+    def _estimate(
+        self,
+        pages: Mapping[str, tuple[int, int]],
+        offset_ms: float,
+        changed: Iterable[str] | None,
+        moved: set[str],
+        *,
+        answered: bool,
+    ) -> None:
+        """``extra`` again for ``changed`` and ``moved`` (None: for every endpoint): a
+        new dict, or the held one changed in place (a pick reads one entry at a time)."""
         loads = list(self._locals)
+        index = self._peers.by_endpoint
         todo: Iterable[str]
         if changed is None:
             extra: dict[str, float] = {}
@@ -217,7 +262,7 @@ class FleetLoad:
             for gone in [e for e in self._outside if e not in pages]:
                 del self._outside[gone]
         else:
-            extra = dict(self.extra)
+            extra = self.extra
             todo = {*changed, *moved}
             for gone in [e for e in todo if e not in pages]:
                 extra.pop(gone, None)
@@ -226,64 +271,31 @@ class FleetLoad:
         for endpoint_id in todo:
             requests, scraped_ms = pages[endpoint_id]
             _, at_me = self._mine(endpoint_id, (scraped_ms - offset_ms) / 1000, loads)
-            gateways_at = at_me + peer_at.get(endpoint_id, 0)
+            peer_now = peer_at = 0
+            holders = index.get(endpoint_id)
+            if holders:
+                for now, at, scraped in holders.values():
+                    peer_now += now
+                    # A replica that has not seen this page yet: its now, its best guess.
+                    peer_at += at if scraped == scraped_ms else now
             history = self._outside.get(endpoint_id)
             if history is None:
                 history = self._outside[endpoint_id] = deque(maxlen=PAGES)
-            outside = max(0, requests - gateways_at)
+            outside = max(0, requests - at_me - peer_at)
             if history and history[-1][0] == scraped_ms:
                 history[-1] = (scraped_ms, outside)  # the same page, better known now
             else:
                 history.append((scraped_ms, outside))
-            extra[endpoint_id] = float(min(o for _, o in history) + peer_now.get(endpoint_id, 0))
-        clocks = [local.now() for local in loads]
+            extra[endpoint_id] = float(min(o for _, o in history) + peer_now)
         with self._lock:
-            self.since_s = clocks[0] if clocks else -math.inf
             self.extra = extra
-            self._peer_now = peer_now
-            self.peers = peers
-            if shared:
+            self.peers = self._peers.live
+            if answered:
                 self.exchanged_at = time.monotonic()
 
-    def _take_fields(self, fields: Sequence[Any]) -> tuple[int, set[str]]:
-        """Keep the replicas' fields, parsing only those whose counts changed; returns
-        (live peers, the endpoints in the fields that changed, came or went)."""
-        old, new = self._fields, {}
-        moved: set[str] = set()
-        for i in range(1, len(fields), 2):
-            replica, (_, _, body) = str(fields[i - 1]), str(fields[i]).partition(" ")
-            held = old.get(replica)
-            if held is not None and held[0] == body:
-                new[replica] = held
-                continue
-            counts = _parse(body)
-            if counts is None:
-                continue
-            new[replica] = (body, counts)
-            moved.update(counts)
-            if held is not None:
-                moved.update(held[1])
-        for replica, (_, counts) in old.items():
-            if replica not in new:
-                moved.update(counts)
-        self._fields = new
-        return len(new), moved
-
-    def _peer_counts(
-        self, pages: Mapping[str, tuple[int, int]]
-    ) -> tuple[dict[str, int], dict[str, int]]:
-        """(endpoint -> the peers' in flight now, endpoint -> theirs in flight at the
-        endpoint's page's scrape; a peer that has not seen that page yet: its now)."""
-        peer_now: dict[str, int] = {}
-        peer_at: dict[str, int] = {}
-        for _, counts in self._fields.values():
-            for endpoint_id, (now, at, scraped_ms) in counts.items():
-                peer_now[endpoint_id] = peer_now.get(endpoint_id, 0) + now
-                page = pages.get(endpoint_id)
-                if page is not None and scraped_ms != page[1]:
-                    at = now  # that replica has not seen this page yet: its best guess
-                peer_at[endpoint_id] = peer_at.get(endpoint_id, 0) + at
-        return peer_now, peer_at
+    def next_expiry_ms(self) -> float:
+        """The Redis-clock ms at which the first other replica's field expires."""
+        return self._peers.next_expiry_ms()
 
     @property
     def shared(self) -> bool:
@@ -293,29 +305,11 @@ class FleetLoad:
         return at is not None and (time.monotonic() - at) * 1000 <= LOST_AFTER_MS
 
     def peer_in_flight(self, endpoint_id: str) -> int:
-        """The other replicas' requests in flight to ``endpoint_id`` (last exchange)."""
-        return self._peer_now.get(endpoint_id, 0)
+        """The other replicas' requests in flight to ``endpoint_id``, as last heard."""
+        return self._peers.in_flight(endpoint_id)
 
     def __repr__(self) -> str:
         return f"FleetLoad({self.replica_id!r}, {self.peers} peers, shared={self.shared})"
-
-
-def _parse(body: str) -> dict[str, tuple[int, int, int]] | None:
-    """A replica's counts (``{endpoint: [now, at, scraped ms]}``), None: not readable."""
-    try:
-        raw = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(raw, dict):
-        return None
-    counts: dict[str, tuple[int, int, int]] = {}
-    for endpoint_id, triple in raw.items():
-        try:
-            now, at, scraped_ms = (int(x) for x in triple)
-        except (TypeError, ValueError):
-            continue
-        counts[str(endpoint_id)] = (now, at, scraped_ms)
-    return counts
 
 
 def pages_of(items: Iterable[tuple[str, Any]]) -> dict[str, tuple[int, int]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
@@ -18,6 +18,7 @@ import redis.cluster
 from poller.errors import SchemaMismatch
 from poller.reader.base import READ_MEMBERS, STOP_BOUND_S, ReaderBase
 from poller.reader.cache import ViewCache
+from poller.reader.exchange import Exchange
 from poller.reader.protocol import Action, Protocol
 from poller.reader.view import EndpointView, View
 from poller.redis.connection import close_client_sync, connect_sync, pubsub_client_sync
@@ -102,11 +103,15 @@ class SyncStatsReader(ReaderBase):
         second daemon thread)."""
         proto = self._protocol()
         stop, first = threading.Event(), threading.Event()
+        exchange = self._exchange(proto.cache, share, replica_id, share_placements)
+        also = self._heard(exchange)
         thread = threading.Thread(
-            target=self._follow, args=(proto, stop, first), name="reader-cache", daemon=True
+            target=self._follow,
+            args=(proto, stop, first, also, exchange),
+            name="reader-cache",
+            daemon=True,
         )
         thread.start()
-        exchange = self._exchange(proto.cache, share, replica_id, share_placements)
         sharing = None
         if exchange is not None:
             sharing = threading.Thread(
@@ -124,32 +129,56 @@ class SyncStatsReader(ReaderBase):
             if sharing is not None:
                 sharing.join(STOP_BOUND_S)
 
-    def _follow(self, proto: Protocol, stop: threading.Event, first: threading.Event) -> None:
-        channel = self.keys.updates
+    def _follow(
+        self,
+        proto: Protocol,
+        stop: threading.Event,
+        first: threading.Event,
+        also: dict[str, Callable[[str], None]],
+        exchange: Exchange | None,
+    ) -> None:
         while not stop.is_set():
             wait_s = 0.0
             try:
                 # On Cluster: a client of the node that carries the channel (SSUBSCRIBE).
-                with pubsub_client_sync(self.client, (channel,)) as own:
-                    self._follow_on(own, proto, stop, first)
+                with pubsub_client_sync(self.client, (self.keys.updates, *also)) as own:
+                    self._follow_on(own, proto, stop, first, also, exchange)
             except Exception as exc:
+                if exchange is not None:
+                    if also and exchange.refused_channel(exc):
+                        also = {}
+                        continue  # the view at once, without the gateways' channel
+                    exchange.subscribed(False)
                 wait_s = proto.lost(exc)
                 first.set()
             stop.wait(wait_s)
 
     def _follow_on(
-        self, own: Any, proto: Protocol, stop: threading.Event, first: threading.Event
+        self,
+        own: Any,
+        proto: Protocol,
+        stop: threading.Event,
+        first: threading.Event,
+        also: dict[str, Callable[[str], None]],
+        exchange: Exchange | None,
     ) -> None:
         pubsub = own.pubsub(ignore_subscribe_messages=True)
         try:
-            self._call(pubsub.ssubscribe, "SSUBSCRIBE", self.keys.updates)
+            self._call(pubsub.ssubscribe, "SSUBSCRIBE", self.keys.updates, *also)
             proto.loaded(self.snapshot(), time.monotonic())
             first.set()
+            if exchange is not None and also:
+                exchange.subscribed(True)
             while not stop.is_set():
                 timeout_s = proto.wait_s(time.monotonic())
                 message = self._call(pubsub.get_message, "updates", timeout=timeout_s)
                 if message is not None:
-                    self._perform(proto, proto.message(str(message["data"]), time.monotonic()))
+                    take = also.get(str(message["channel"])) if also else None
+                    if take is not None:
+                        take(str(message["data"]))
+                    else:
+                        data = str(message["data"])
+                        self._perform(proto, proto.message(data, time.monotonic()))
                 self._perform(proto, proto.due(time.monotonic()))
         finally:
             try:

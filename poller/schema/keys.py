@@ -46,6 +46,10 @@ class Keys:
         # endpoint, written and read by the gateways (poller/reader/share.py), pruned by
         # the share script at its expiry (docs/schema.md).
         self.gateways_inflight = f"{self.prefix}:gateways:inflight"
+        # A shard channel carrying each write of that hash as it happens ("<expiry ms>
+        # <record or -> <replica id>"), so every replica hears the others' changes at
+        # once instead of at its next read (docs/schema.md).
+        self.gateways_updates = f"{self.prefix}:gateways:updates"
         # A stream of the gateways' prefix placements (entries {"@": replica id, "p":
         # "<endpoint> <base64 block ids> ..."}), added and read by the share script,
         # trimmed by length and age (docs/schema.md).

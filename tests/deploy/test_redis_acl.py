@@ -255,7 +255,8 @@ def test_a_poller_and_a_reader_run_as_the_acl_users(acl_redis: _Redis, tmp_path:
 
     share = acl_redis.client(GATEWAY).register_script(lua("share"))
     record = FleetLoad("acl-gw").outgoing('{"acl-vllm":[1,0,0]}', 0)
-    assert share(keys=["{llmgw}:gateways:inflight"], args=["acl-gw", 800, record])[2:] == []
+    shared = ["{llmgw}:gateways:inflight", "{llmgw}:gateways:updates"]
+    assert share(keys=shared, args=["acl-gw", 800, record, 1])[2:] == [0]  # nobody subscribed
     assert admin.hexists("{llmgw}:gateways:inflight", "acl-gw")
     # The gateway cannot write, not even through a script it loads itself.
     gateway = acl_redis.client(GATEWAY)
@@ -323,19 +324,19 @@ def test_a_gateway_with_the_rights_of_before_the_sharing_routes_on_its_own_count
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """users.acl as it was before the gateways shared their requests in flight (the
-    gateway user without HSET, HDEL and PEXPIRE on P:gateways:inflight): a gateway keeps
-    routing, on its own counts and the pages, and says once what right it lacks and how
-    to give it."""
+    gateway user without HSET, HDEL and PEXPIRE on P:gateways:inflight, nor the channel
+    P:gateways:updates): a gateway keeps routing, on its own counts and the pages, and
+    says once what right it lacks and how to give it."""
     import logging
 
     from poller.reader import LocalLoad, Picker, StatsReader
     from poller.scrape.check import serve_example
 
-    selector = " (~{llmgw}:gateways:inflight +hset +hdel +pexpire)"
     text = ACL_FILE.read_text()
-    assert selector in text and PLACEMENTS_SELECTOR in text
+    assert INFLIGHT_SELECTOR in text and PLACEMENTS_SELECTOR in text and CHANNEL in text
     old_acl = tmp_path / "users-before.acl"
-    old_acl.write_text(text.replace(selector, "").replace(PLACEMENTS_SELECTOR, ""))
+    before = text.replace(INFLIGHT_SELECTOR, "").replace(PLACEMENTS_SELECTOR, "")
+    old_acl.write_text(before.replace(CHANNEL, ""))
     server = _Redis(["--save", "", "--appendonly", "no", "--aclfile", str(old_acl)], tmp_path / "r")
 
     def refusals() -> int:
@@ -383,12 +384,78 @@ def test_a_gateway_with_the_rights_of_before_the_sharing_routes_on_its_own_count
     load = [m for m in said if m.startswith("gateway load sharing refused")]
     assert len(load) == 1, said
     assert "HSET, HDEL and PEXPIRE on {llmgw}:gateways:inflight" in load[0], load[0]
-    assert "(~{llmgw}:gateways:inflight +hset +hdel +pexpire)" in load[0], load[0]
-    # The placements' stream was refused too, said once on its own line.
-    assert len(said) <= 2 and all(m in load or PLACEMENTS_SELECTOR.strip() in m for m in said)
+    assert INFLIGHT_SELECTOR.strip() in load[0], load[0]
+    # The channel and the placements' stream were refused too, each said once.
+    heard = [m for m in said if m.startswith("Redis refused the gateway's user the channel")]
+    assert len(heard) == 1 and CHANNEL.strip() in heard[0], said
+    others = [m for m in said if m not in load and m not in heard]
+    assert len(others) <= 1 and all(PLACEMENTS_SELECTOR.strip() in m for m in others), said
 
 
+INFLIGHT_SELECTOR = (
+    " (~{llmgw}:gateways:inflight &{llmgw}:gateways:updates +hset +hdel +pexpire +spublish)"
+)
 PLACEMENTS_SELECTOR = " (~{llmgw}:gateways:placements +xadd +xtrim +xrange +xrevrange +pexpire)"
+CHANNEL = " &{llmgw}:gateways:updates"
+
+
+def test_a_gateway_with_the_rights_of_before_the_pushed_counts_still_shares_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """users.acl as it was before the replicas pushed their counts (the hash's selector
+    without the channel, the user without it): the view is followed as before, the
+    counts are shared by reading the hash on each call, and one WARNING says how to
+    grant the channel."""
+    import logging
+
+    from poller.reader import LocalLoad, StatsReader, SyncStatsReader
+    from tests.support.procs import until
+
+    text = ACL_FILE.read_text()
+    assert INFLIGHT_SELECTOR in text and CHANNEL in text
+    acl = tmp_path / "users-before-push.acl"
+    old_selector = " (~{llmgw}:gateways:inflight +hset +hdel +pexpire)"
+    acl.write_text(text.replace(INFLIGHT_SELECTOR, old_selector).replace(CHANNEL, ""))
+    server = _Redis(["--save", "", "--appendonly", "no", "--aclfile", str(acl)], tmp_path / "r")
+
+    def warned() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "poller.reader.exchange"]
+
+    async def scenario() -> None:
+        a = StatsReader.from_url(server.url(GATEWAY))
+        b = SyncStatsReader.from_url(server.url(GATEWAY))
+        try:
+            async with a.cached(replica_id="gw-a") as cache_a:
+                with b.cached(replica_id="gw-b") as cache_b:
+                    assert cache_a.fleet is not None and cache_b.fleet is not None
+                    local_a, local_b = LocalLoad(), LocalLoad()
+                    cache_a.fleet.attach(local_a)
+                    cache_b.fleet.attach(local_b)
+                    local_a.started("e1")
+                    local_b.started("e2")
+                    fleet_a, fleet_b = cache_a.fleet, cache_b.fleet
+                    await until(lambda: fleet_b.peer_in_flight("e1") == 1, 60, "a's in b")
+                    await until(lambda: fleet_a.peer_in_flight("e2") == 1, 60, "b's in a")
+                    assert cache_a.load_shared and cache_b.load_shared
+                    assert cache_a.loaded and cache_b.loaded  # the view is followed
+                    await until(lambda: len(warned()) >= 2, 60, "both warnings")
+        finally:
+            await a.aclose()
+            b.close()
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="poller.reader.exchange"):
+            asyncio.run(scenario())
+    finally:
+        server.stop()
+    said = warned()
+    assert len(said) == 2, said  # one per replica, no more
+    assert all("the channel {llmgw}:gateways:updates" in m for m in said), said
+    assert all(
+        INFLIGHT_SELECTOR.strip().replace(" ", "") in m.replace(" ", "")
+        or "(&{llmgw}:gateways:updates +spublish)" in m
+        for m in said
+    ), said
 
 
 def test_a_gateway_without_the_placements_right_shares_its_load_and_keeps_its_placements(

@@ -46,6 +46,30 @@ async def test_messages_arrive_in_order_and_in_batches(own_redis: RedisProcess) 
         await client.aclose()
 
 
+async def test_a_second_channel_goes_to_its_callable_as_it_arrives(
+    own_redis: RedisProcess,
+) -> None:
+    """The gateways' channel rides on the same subscription: its messages go to their
+    callable in the order sent, the update channel's to ``next()`` as before."""
+    client = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
+    heard: list[str] = []
+    feed = await open_feed(client, CHANNEL, CONNECT_S, {"{t}:gateways:updates": heard.append})
+    assert feed is not None
+    try:
+        for i in range(50):
+            await client.execute_command("SPUBLISH", "{t}:gateways:updates", f"{i} - g{i}")
+            await client.execute_command("SPUBLISH", CHANNEL, f"stats e{i} {i} record-{i}")
+        got: list[str] = []
+        deadline = time.monotonic() + 30  # only ends a hang
+        while len(got) < 50 and time.monotonic() < deadline:
+            got += await feed.next(1.0)
+        assert got == [f"stats e{i} {i} record-{i}" for i in range(50)]
+        assert heard == [f"{i} - g{i}" for i in range(50)]
+    finally:
+        feed.close()
+        await client.aclose()
+
+
 async def test_a_lost_connection_is_a_store_error(own_redis: RedisProcess) -> None:
     client = aioredis.Redis.from_url(own_redis.url, decode_responses=True)
     feed = await open_feed(client, CHANNEL, CONNECT_S)

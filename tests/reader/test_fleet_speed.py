@@ -14,15 +14,17 @@ from tests.reader.test_pick import Clock, timed, view_of
 
 
 def placed(
-    peers: int, times: dict[str, list[float]], n: int = 30
+    peers: int, times: dict[str, list[float]], n: int = 30, *, pushed: bool = False
 ) -> tuple[Counter[str], LocalLoad]:
     """``n`` picks between two engines of equal size after this replica's requests to
     them took ``times`` (s, one request to each at a time), with ``peers`` other replicas
-    sharing; every pick stays in flight."""
+    sharing (their writes ``pushed`` as they happen, or read); every pick stays in
+    flight."""
     clock = Clock()
     local = LocalLoad(clock=clock)
     fleet = FleetLoad("g1")
     fleet.attach(local)
+    fleet.pushed = pushed
     for fast_s, slow_s in zip(times["fast"], times["slow"], strict=True):
         begun = clock.t
         ends = sorted([(fast_s, "fast"), (slow_s, "slow")])
@@ -52,6 +54,50 @@ def test_a_slow_engine_gets_fewer_requests_than_its_size_says_when_peers_share()
     assert chosen["slow"] <= 12 and chosen["fast"] >= 18, chosen
     # With more peers the guessed share of the counts grows, and speed weighs more.
     assert placed(15, times)[0]["slow"] <= chosen["slow"]
+
+
+def test_pushed_counts_are_exact_so_times_change_nothing() -> None:
+    """The others' writes heard as they happen: every count is exact, as with one
+    gateway, and a slow engine's longer requests already show in it."""
+    chosen, local = placed(7, {"fast": [1.0] * 10, "slow": [2.0] * 10}, pushed=True)
+    assert local.slowness("slow") > 1.2
+    assert chosen == Counter({"fast": 15, "slow": 15})
+
+
+def test_an_engine_that_fails_fast_is_avoided_with_one_gateway_or_many() -> None:
+    """Requests to "bad" end at once in errors, so its count stays 0 while "good" holds
+    6: on the counts alone it would take 9 of the next 12 requests. Its failures count
+    it as up to ``FAILED_TIMES`` as loaded, whatever the gateways and their sharing:
+    (0 + 1) x (1 + 3 x 0.82) = 3.5 against good's 7, so it takes 4."""
+
+    def twelve(peers: int, pushed: bool, use_latency: bool = True) -> Counter[str]:
+        clock = Clock()
+        local = LocalLoad(clock=clock)
+        fleet = FleetLoad("g1")
+        fleet.attach(local)
+        fleet.pushed = pushed
+        for _ in range(6):
+            local.started("good")
+            local.finished("bad", local.started("bad"), ok=False)
+            clock.t += 0.01
+        assert local.failing("bad") > 0.8 and local.failing("good") == 0.0
+        fields = [x for i in range(peers) for x in (f"g{i + 2}", '1 {"good":[0,0,999500]}')]
+        fleet.absorb(fields, {"good": (6, 999_500), "bad": (0, 999_500)}, 0.0)
+        view = view_of(timed("good", running="6"), timed("bad"), offset_ms=0.0)
+        picker = Picker(rng=random.Random(3), use_latency=use_latency)
+        chosen: Counter[str] = Counter()
+        for _ in range(12):
+            target = picker.pick(view, local=local)
+            assert target is not None
+            local.started(target)
+            chosen[target] += 1
+        clock.t += 100.0  # no news for long: the failures fade
+        assert local.failing("bad") < 0.01
+        return chosen
+
+    assert twelve(0, False, use_latency=False)["bad"] == 9  # the counts alone
+    for peers, pushed in ((0, False), (7, True), (7, False)):
+        assert twelve(peers, pushed)["bad"] <= 4, (peers, pushed)
 
 
 def test_one_gateway_routes_on_its_exact_counts_whatever_the_times() -> None:

@@ -557,6 +557,7 @@ async def test_cached_reader_applies_updates_without_reading(
     reader = StatsReader(real_client, NS, resync_s=60)
     calls = count_calls(reader)
     async with reader.cached() as cache:
+        await wait_for(lambda: cache.loaded)  # entering waits 2 s at most: a loaded machine
         assert calls == {"snapshot": 1, "read": 0}
         for n in range(1, 21):
             await write(rstore, "a", t["a"], running=n)
@@ -636,6 +637,7 @@ def test_sync_reader_follows_the_same_protocol(redis_server: RedisProcess) -> No
 
     try:
         with reader.cached() as cache:
+            until(lambda: cache.loaded)  # entering waits 2 s at most: a loaded machine
             assert calls == {"snapshot": 1, "read": 0}
 
             async def writes(store: RedisStore) -> None:

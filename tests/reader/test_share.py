@@ -3,19 +3,22 @@ Redis, a killed replica leaving the others' view, Redis lost."""
 
 from __future__ import annotations
 
+import asyncio
+import bisect
+import itertools
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
-import redis
+import pytest
 
 from poller.reader import LocalLoad, Picker
 from poller.reader.share import PAGES, TTL_MS, FleetLoad, default_replica_id
-from poller.schema.keys import Keys
-from poller.schema.lua import lua
 from tests.support.redisproc import RedisProcess
 
 
@@ -108,54 +111,60 @@ def test_an_unchanged_record_is_written_only_before_it_expires() -> None:
 
 
 _REPLICA = """
-import sys, time, redis
-from poller.reader.share import FleetLoad
-from poller.schema.lua import lua
-client = redis.Redis.from_url(sys.argv[1], decode_responses=True)
-share = client.register_script(lua("share"))
-fleet = FleetLoad("doomed")
-n = 0
-while True:
-    n += 1  # a count that changes every period, as a busy gateway's does
-    share(keys=[sys.argv[2]], args=[fleet.replica_id, fleet.ttl_ms, '{"a":[%d,0,0]}' % n])
-    print("wrote", flush=True)
-    time.sleep(fleet.period_s)
+import asyncio, sys
+from poller.reader import LocalLoad, StatsReader
+
+async def main() -> None:
+    reader = StatsReader.from_url(sys.argv[1], sys.argv[2])
+    async with reader.cached(replica_id="doomed") as cache:
+        local = LocalLoad()
+        cache.fleet.attach(local)
+        held = []
+        while True:  # a busy gateway: a request starts every 20 ms, each lasts 100 ms
+            held.append(local.started("a"))
+            if len(held) > 5:
+                local.finished("a", held.pop(0))
+            print("busy", flush=True)
+            await asyncio.sleep(0.02)
+
+asyncio.run(main())
 """
 
 
-def test_a_killed_replica_leaves_the_view_within_a_second(redis_server: RedisProcess) -> None:
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    key = Keys("share").gateways_inflight
-    share = client.register_script(lua("share"))
-    fleet = FleetLoad("survivor")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _REPLICA, redis_server.url, key],
-        stdout=subprocess.PIPE,
-        text=True,
+async def test_a_killed_replica_leaves_the_view_within_a_second(
+    redis_server: RedisProcess,
+) -> None:
+    """A gateway replica killed mid-run (SIGKILL: no goodbye): its counts leave the
+    survivor's view at its field's expiry, 800 ms after its last write, by the
+    survivor's own clock; no engine is left looking busy."""
+    from poller.reader import StatsReader
+    from tests.support.procs import until
+
+    reader = StatsReader.from_url(redis_server.url, "share")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _REPLICA, redis_server.url, "share", stdout=subprocess.PIPE
     )
     try:
-        assert proc.stdout is not None and proc.stdout.readline() == "wrote\n"
-        fleet.absorb(share(keys=[key], args=["survivor", 800, ""])[2:], {"a": (0, 0)}, 0.0)
-        assert fleet.peer_in_flight("a") > 0
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        killed = time.monotonic()
-        calls = 0
-        while fleet.peer_in_flight("a"):  # one exchange per period, as a replica makes
-            fleet.absorb(share(keys=[key], args=["survivor", 800, ""])[2:], {"a": (0, 0)}, 0.0)
-            calls += 1
-            time.sleep(fleet.period_s)
-        gone_s = time.monotonic() - killed
-        # The field's own expiry (Redis clock) bounds it: 800 ms after its last write.
-        assert gone_s <= TTL_MS / 1000 + 1.0, gone_s  # headroom for a loaded machine
-        assert fleet.extra == {"a": 0}  # no engine left looking busy
-        print(f"killed replica gone from the view after {gone_s:.2f} s ({calls} exchanges)")
+        async with reader.cached(replica_id="survivor") as cache:
+            fleet = cache.fleet
+            assert fleet is not None
+            fleet.attach(LocalLoad())
+            assert proc.stdout is not None and await proc.stdout.readline() == b"busy\n"
+            await until(lambda: fleet.peer_in_flight("a") > 0, 60, "the replica's requests")
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+            killed = time.monotonic()
+            await until(lambda: fleet.peer_in_flight("a") == 0, 60, "the killed replica gone")
+            gone_s = time.monotonic() - killed
+            # The field's own expiry bounds it: 800 ms after its last write.
+            assert gone_s <= TTL_MS / 1000 + 1.0, gone_s  # headroom for a loaded machine
+            assert fleet.peers == 0 and not fleet.extra.get("a")
+            print(f"killed replica gone from the survivor's view after {gone_s:.2f} s")
     finally:
-        if proc.poll() is None:
+        if proc.returncode is None:
             proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+            await proc.wait()
+        await reader.aclose()
 
 
 def test_redis_lost_means_local_counts_and_the_cache_says_so() -> None:
@@ -264,48 +273,180 @@ def test_an_exchange_that_works_on_what_changed_agrees_with_one_that_works_on_al
         assert part.peers == whole.peers
 
 
-def test_the_exchange_makes_at_most_20_commands_a_second_on_every_path() -> None:
-    """One script call per period, and every path (answered, Redis away, refused) waits
-    at least a period before the next: at most ``1 / PERIOD_S`` <= 20 calls a second
-    per replica, whatever the request rate (a busy replica changes its counts every
-    period)."""
-    import threading
+class _Script:
+    """A share script that answers as Redis would (``receivers`` got our publish, no
+    field of anyone else) or fails as ``outcomes`` say, recording when it was called."""
+
+    def __init__(self, clock: Clock, receivers: int, outcomes: list[Exception | None]) -> None:
+        self.clock, self.receivers = clock, receivers
+        self.outcomes = itertools.cycle(outcomes)
+        self.at: list[float] = []
+
+    def register_script(self, source: str) -> _Script:
+        return self
+
+    def __call__(self, keys: list[str], args: list[object]) -> list[object]:
+        self.at.append(self.clock.t)
+        failure = next(self.outcomes)
+        if failure is not None:
+            raise failure
+        return [0, 0, self.receivers if args[2] else -1]
+
+
+def _run_busy(script: _Script, clock: Clock, seconds: float, *, listening: bool) -> None:
+    """The threaded exchange loop on ``clock`` for ``seconds``, a request starting every
+    millisecond of it (each a change to publish)."""
+    from poller.reader.cache import ViewCache
+    from poller.reader.exchange import Exchange
+
+    cache = ViewCache()
+    fleet = cache.fleet = FleetLoad("g1")
+    local = LocalLoad(clock=clock)
+    fleet.attach(local)
+    exchange = Exchange(script, "P:gateways:inflight", cache, fleet, clock=clock)
+    exchange.listening = listening
+    stop, end = threading.Event(), clock.t + seconds
+
+    class Wake(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            assert timeout is not None and timeout > 0
+            for _ in range(max(1, round(timeout * 1000))):  # time passes, requests start
+                clock.t += 0.001
+                local.started("a")
+                if self.is_set():  # the change woke the loop
+                    break
+            if clock.t >= end:
+                stop.set()
+            return True
+
+    exchange.run_sync(stop, Wake())
+
+
+def _most_in_a_second(times: list[float]) -> int:
+    return max(bisect.bisect_left(times, t + 1.0) - i for i, t in enumerate(times))
+
+
+def test_the_exchange_makes_at_most_20_commands_in_any_second_on_every_path() -> None:
+    """A request starting every millisecond, Redis answering, away or refusing: the
+    pacer lets at most ``BURST + RATE_PER_S`` = 20 calls into any second, and waits a
+    period after a failure, ``REFUSED_RETRY_S`` after a refusal."""
+    from poller.reader.pacer import BURST, RATE_PER_S
+    from poller.reader.share import PERIOD_S, REFUSED_RETRY_S
+
+    assert BURST + RATE_PER_S <= 20
+    clock = Clock()
+    away, refused = ConnectionError("away"), Exception("NOPERM no rights")
+    # A refusal is tried once more without publishing (the channel's right?); refused
+    # again, it is the hash's: the next try waits REFUSED_RETRY_S.
+    outcomes: list[Exception | None] = [None] * 40 + [away] + [None] * 40 + [refused] * 2
+    script = _Script(clock, 2, outcomes)
+    _run_busy(script, clock, 30.0, listening=True)
+    at = script.at
+    assert _most_in_a_second(at) <= 20, _most_in_a_second(at)
+    held_s = 0.0
+    every = outcomes * (len(at) // len(outcomes) + 1)
+    for k, failure in enumerate(every):
+        if k + 1 < len(at) and failure is not None:
+            wait = REFUSED_RETRY_S if failure is every[k - 1] is refused else PERIOD_S
+            assert at[k + 1] - at[k] >= wait - 1e-9, (k, at[k + 1] - at[k])
+            held_s += at[k + 1] - at[k]
+    assert len(at) >= 0.9 * RATE_PER_S * (30 - held_s)  # the rate is used meanwhile
+
+
+def test_a_replica_nobody_listens_to_calls_at_the_floor_only() -> None:
+    """Our publish reached only ourselves and no other replica has a field: changes go
+    out with the next floor call (every ``FLOOR_S``), not at once; with no subscription
+    at all the others' writes are read at the pacer's rate instead."""
+    from poller.reader.pacer import FLOOR_S, RATE_PER_S
+
+    clock = Clock()
+    alone = _Script(clock, 1, [None])
+    _run_busy(alone, clock, 30.0, listening=True)
+    assert len(alone.at) <= 30 / FLOOR_S + 2, len(alone.at)
+    assert all(b - a >= FLOOR_S - 1e-9 for a, b in itertools.pairwise(alone.at[1:]))
+    deaf = _Script(clock, 1, [None])
+    _run_busy(deaf, clock, 30.0, listening=False)
+    assert len(deaf.at) >= 0.9 * RATE_PER_S * 30 and _most_in_a_second(deaf.at) <= 20
+
+
+def test_a_change_wakes_the_exchange_once_per_call() -> None:
+    """``LocalLoad`` wakes the exchange on the first change since its last call only:
+    a request's bookkeeping costs no more than that."""
+    woken: list[int] = []
+    fleet = FleetLoad("g1")
+    fleet.waker = lambda: woken.append(1)
+    local = LocalLoad(clock=Clock())
+    fleet.attach(local)
+    started = [local.started("a") for _ in range(5)]
+    assert woken == [1] and fleet.has_changed()
+    assert fleet.take_changed() == {"a"} and not fleet.has_changed()
+    local.finished("a", started[0])
+    local.finished("a", started[1])
+    assert woken == [1, 1]
+
+
+def test_pushed_writes_and_read_fields_merge_newest_first() -> None:
+    """Each replica's newest write wins whichever way it came: a message older than the
+    field a read brought is dropped, a read sent before a message was heard does not
+    undo it, a deletion holds until its expiry, a field past its expiry leaves."""
+    fleet = FleetLoad("g1")
+    fleet.attach(LocalLoad(clock=Clock()))
+    pages = {"a": (0, 0)}
+    fleet.hear(['2000 {"a":[3,3,0]} g2'], pages, 0.0, 1000, heard_at=10.0)
+    assert fleet.peer_in_flight("a") == 3 and fleet.peers == 1
+    fleet.hear(['1900 {"a":[9,9,0]} g2', '2000 {"a":[1,1,0]} g1'], pages, 0.0, 1000)
+    assert fleet.peer_in_flight("a") == 3  # older than held; our own echo ignored
+    # A read sent at 9 s, before the message was heard: g2's field there is older.
+    fleet.absorb(["g2", '1950 {"a":[5,5,0]}'], pages, 0.0, asked_at=9.0)
+    assert fleet.peer_in_flight("a") == 3
+    # Sent at 11 s, after: the read is newer (the same ms included).
+    fleet.absorb(["g2", '2000 {"a":[4,4,0]}'], pages, 0.0, asked_at=11.0)
+    assert fleet.peer_in_flight("a") == 4
+    fleet.hear(["2100 - g2"], pages, 0.0, 1000, heard_at=12.0)  # nothing in flight now
+    assert fleet.peer_in_flight("a") == 0 and fleet.peers == 0
+    fleet.absorb(["g2", '2000 {"a":[4,4,0]}'], pages, 0.0, asked_at=11.5)  # crossed it
+    assert fleet.peer_in_flight("a") == 0
+    fleet.hear(['2200 {"a":[2,2,0]} g3 with spaces'], pages, 0.0, 1000, heard_at=13.0)
+    assert fleet.peer_in_flight("a") == 2 and fleet.next_expiry_ms() == 2100
+    fleet.hear([], pages, 0.0, 2201)  # past every expiry: gone without a word
+    assert fleet.peer_in_flight("a") == 0 and fleet.next_expiry_ms() == math.inf
+    fleet.hear(["junk", "1 x", '3000 {"a":"x"} g4'], pages, 0.0, 2300)
+    assert fleet.peers == 0 and fleet.peer_in_flight("a") == 0  # nothing readable
+
+
+def test_a_user_who_may_not_publish_shares_by_reading(caplog: pytest.LogCaptureFixture) -> None:
+    """The share script refused while publishing, answered without: the channel's
+    right is missing, not the hash's. The replica goes on writing and reading the hash
+    (shared), publishes no more, and says so once."""
+    import logging
 
     from poller.reader.cache import ViewCache
     from poller.reader.exchange import Exchange
-    from poller.reader.share import PERIOD_S
 
-    assert 1 / PERIOD_S <= 20
-    outcomes = iter([None, ConnectionError("away"), None, Exception("NOPERM no rights"), None] * 4)
-    calls: list[int] = []
-
-    def script(keys: list[str], args: list[object]) -> list[object]:
-        calls.append(1)
-        for _ in range(3):
-            local.started("a")  # requests start between calls: no command more
-        failure = next(outcomes)
-        if failure is not None:
-            raise failure
-        return [0, 0]  # the TIME pair, no other replica
+    clock = Clock()
 
     class Client:
         def register_script(self, source: str) -> object:
-            return script
+            def call(keys: list[str], args: list[object]) -> list[object]:
+                if args[3]:
+                    raise Exception(
+                        "ERR The user executing the script can't publish to the channel"
+                    )
+                return [0, 0, -1, "g2", '99999999999999 {"a":[2,2,0]}']
 
-    waits: list[float] = []
+            return call
 
-    class Stop(threading.Event):
-        def wait(self, timeout: float | None = None) -> bool:
-            assert timeout is not None
-            waits.append(timeout)
-            if len(waits) == 20:
-                self.set()
-            return self.is_set()
-
-    fleet = FleetLoad("g1")
-    local = LocalLoad(clock=Clock())
-    fleet.attach(local)
-    exchange = Exchange(Client(), "P:gateways:inflight", ViewCache(), fleet)
-    exchange.run_sync(Stop())
-    assert len(calls) == len(waits) == exchange.calls == 20
-    assert min(waits) >= PERIOD_S == fleet.period_s
+    cache = ViewCache()
+    fleet = cache.fleet = FleetLoad("g1")
+    exchange = Exchange(Client(), "P:gateways:inflight", cache, fleet, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="poller.reader.exchange"):
+        for _ in range(4):
+            keys, args, pages = exchange.prepare()
+            try:
+                exchange.answered(exchange.script(keys=keys, args=args), pages)
+            except Exception as exc:
+                exchange.failed(exc, pages)
+            clock.t += 1.0
+    assert not exchange.publish and cache.load_shared and fleet.peer_in_flight("a") == 2
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "refused the gateway's user the channel" in said[0], said

@@ -147,8 +147,8 @@ def _explain(  # noqa: C901 (a diagnostic: prefer's loop, annotated)
 
 def _parts(score: Any, index: Any) -> dict[str, list[float]] | None:
     """Per endpoint, the fleet estimate's parts (scores.fleet_score's closure): [the
-    others' and outside requests, ours in flight, ours since the last exchange, peers,
-    weight, slowness]; None for another score."""
+    others' and outside requests, ours in flight, peers, weight, slowness]; None for
+    another score."""
     names = score.__code__.co_freevars
     if "extra" not in names or score.__closure__ is None:
         return None
@@ -159,7 +159,6 @@ def _parts(score: Any, index: Any) -> dict[str, list[float]] | None:
         out[i] = [
             slot.requests if base is None else base,
             env["in_flight"](i),
-            env["since"](i, env["since_s"]),
             env["peers"],
             slot.weight,
             env["slower"](i, env["now"]),

@@ -6,10 +6,12 @@ on a shared machine, and its figures never depend on the machine's speed: engine
 replicas (and a share arriving from outside the gateways, spread by capacity), a poller
 scraping every engine once per interval (staggered) whose page shows the engine as it was
 ``lag`` seconds before the scrape. Each gateway replica runs the real ``Picker``,
-``LocalLoad`` and ``FleetLoad`` (poller/reader/share.py) on the sim clock; every
-``share.PERIOD_S`` (the product's default, staggered) it makes the exchange the share
-script makes, on an in-memory hash with the same expiry rule. Every policy of a cell
-serves the same arrivals (times, sizes, gateways, outside choices).
+``LocalLoad`` and ``FleetLoad`` (poller/reader/share.py) on the sim clock, and calls the
+share script when the product's ``Pacer`` (poller/reader/exchange.py) says: at once when
+its counts changed and tokens are left, at least every ``FLOOR_S``; each call writes an
+in-memory hash with the same expiry rule, reads the others' fields back, and pushes the
+write to every other replica ``PUSH_S`` later, as the channel does. Every policy of a
+cell serves the same arrivals (times, sizes, gateways, outside choices).
 
 Policies: ``oracle`` (the true queues at each request, least expected time to finish),
 ``picker`` (the defaults, sharing on), ``picker-noshare`` (sharing off: local counts on
@@ -34,7 +36,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from poller.reader import LocalLoad, Picker, share
+from poller.reader import LocalLoad, Picker
+from poller.reader.exchange import LISTEN_S
+from poller.reader.pacer import Pacer
 from poller.reader.share import FleetLoad, pages_of
 from poller.reader.view import EndpointView, View
 from poller_lab.bench_fleet import percentile
@@ -46,6 +50,8 @@ MEAN_S = 0.4
 LOGNORMAL_SIGMA = 1.0
 POLICIES = ("oracle", "picker", "picker-noshare", "known")
 TTL_MS = 800
+#: From a replica's call to the others hearing its write (a loopback round trip's half).
+PUSH_S = 0.0005
 
 
 # --- the model ---------------------------------------------------------------------------
@@ -109,7 +115,14 @@ class _Gateway:
         self.fleet = FleetLoad(f"g{index}", ttl_ms=TTL_MS)
         if policy == "picker":
             self.fleet.attach(self.local)
+            self.fleet.pushed = True  # the writes are heard as they happen (HEAR below)
         self.starts: dict[int, float] = {}
+        self.pacer = Pacer()
+        self.call_at = math.inf  # the next call scheduled
+
+    def urgent(self, peers: int) -> bool:
+        """As the product's exchange: a change, and another replica listens."""
+        return peers > 0 and self.fleet.has_changed()
 
 
 def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its state around)
@@ -125,16 +138,27 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
     commands = 0
     events: list[tuple[float, int, int, Any]] = []  # (time, seq, kind, data)
     seq = itertools.count()
-    ARRIVE, DONE, SCRAPE, EXCHANGE = 0, 1, 2, 3
+    ARRIVE, DONE, SCRAPE, CALL, HEAR, LISTEN = 0, 1, 2, 3, 4, 5
     for i, a in enumerate(arrivals):
         heapq.heappush(events, (a[0], next(seq), ARRIVE, i))
     n = len(engines)
     for j in range(n):
         heapq.heappush(events, (cell.interval_s * (j + 0.5) / n, next(seq), SCRAPE, j))
-    exchange_s = share.PERIOD_S
     if policy == "picker":
-        for g in range(cell.gateways):
-            heapq.heappush(events, (exchange_s * (g + 0.5) / cell.gateways, next(seq), EXCHANGE, g))
+        for g, gw in enumerate(gateways):
+            gw.call_at = gw.pacer.floor_s * (g + 0.5) / cell.gateways
+            heapq.heappush(events, (gw.call_at, next(seq), CALL, g))
+            heapq.heappush(events, (LISTEN_S * (g + 0.5) / cell.gateways, next(seq), LISTEN, g))
+
+    def call_when(gw: _Gateway) -> None:
+        """Schedule ``gw``'s next call where its pacer puts it, if sooner."""
+        if policy != "picker":
+            return
+        at = gw.pacer.next_call(clock[0], gw.urgent(cell.gateways - 1))
+        if at < gw.call_at:
+            gw.call_at = at
+            heapq.heappush(events, (at, next(seq), CALL, gw.index))
+
     pages: dict[str, EndpointView] = {}
     view: View | None = None
     # The gateways' requests on each engine, now and as a (time, count) history.
@@ -214,6 +238,7 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
             ours[best] += 1
             ours_history[best].append((t, ours[best]))
             start(best, work, data)
+            call_when(gw)
         elif kind == DONE:
             j, req = data
             e = engines[j]
@@ -231,6 +256,7 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
                 gw.local.finished(e.id, gw.starts.pop(req))
                 if arrived[0] >= 0.1 * duration_s:
                     latency.append(t - arrived[0])
+                call_when(gw)
         elif kind == SCRAPE:
             pages[engines[data].id] = page(data, t)
             shown_s = max(0.0, t - cell.lag_s)
@@ -239,26 +265,47 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
             view = View(int(t * 1000), 1, dict(pages), offset_ms=0.0)
             if t + cell.interval_s < duration_s:
                 heapq.heappush(events, (t + cell.interval_s, next(seq), SCRAPE, data))
-        elif kind == EXCHANGE:
+        elif kind == CALL:
             gw = gateways[data]
+            if t != gw.call_at:
+                continue  # a later schedule of a call made sooner since
             now_ms = t * 1000
             numbers = pages_of(pages.items())
+            gw.fleet.take_changed()
             record = gw.fleet.record(numbers, 0.0)
             outgoing = gw.fleet.outgoing(record, now_ms)
+            gw.pacer.called(t)
             commands += 1
+            expiry = f"{now_ms + TTL_MS:.0f}"
             if outgoing == "-":
                 shared_hash.pop(gw.fleet.replica_id, None)
             elif outgoing:
                 shared_hash[gw.fleet.replica_id] = (now_ms + TTL_MS, outgoing)
+            if outgoing:
+                message = f"{expiry} {outgoing} {gw.fleet.replica_id}"
+                for other in gateways:
+                    if other is not gw:
+                        heapq.heappush(
+                            events, (t + PUSH_S, next(seq), HEAR, (other.index, message))
+                        )
             fields: list[str] = []
             for rid, (expires, body) in list(shared_hash.items()):
                 if expires < now_ms:
                     del shared_hash[rid]
                 elif rid != gw.fleet.replica_id:
                     fields += [rid, f"{expires:.0f} {body}"]
-            gw.fleet.absorb(fields, numbers, 0.0)
-            if t + exchange_s < duration_s + 30:
-                heapq.heappush(events, (t + exchange_s, next(seq), EXCHANGE, data))
+            gw.fleet.absorb(fields, numbers, 0.0, asked_at=t)
+            gw.call_at = math.inf
+            if t + gw.pacer.floor_s < duration_s + 30:
+                call_when(gw)
+        elif kind == HEAR:
+            g, message = data
+            gw = gateways[g]
+            gw.fleet.hear([message], pages_of(pages.items()), 0.0, t * 1000, heard_at=t)
+        elif kind == LISTEN:  # the exchange loop's own wake-up: the pages taken in
+            gateways[data].fleet.hear([], pages_of(pages.items()), 0.0, t * 1000, heard_at=t)
+            if t + LISTEN_S < duration_s + 30:
+                heapq.heappush(events, (t + LISTEN_S, next(seq), LISTEN, data))
     return {
         "requests": len(latency),
         "p50_s": round(percentile(latency, 0.5), 3) if latency else None,
