@@ -35,9 +35,11 @@ LATENCY_ALPHA = 0.1
 LATENCY_FADE_S = 10.0
 #: Bounds of ``slowness``: one endpoint's times must not decide everything.
 SLOWNESS_MIN, SLOWNESS_MAX = 0.25, 8.0
-#: A failed request counts as this many times the usual request time; an endpoint whose
-#: requests all failed lately counts as this many times as loaded (``failing``).
+#: A failed request counts as this many times the usual request time.
 FAILED_TIMES = 4.0
+#: An endpoint whose requests all failed lately counts as this many times as loaded on
+#: the fleet's shared counts (``failing``): as many as the slowest ``slowness``.
+FAILING_MAX = 8.0
 #: Weight of one request's outcome in the moving share of failures: three failures in a
 #: row make an endpoint more than half failing.
 FAILED_ALPHA = 0.25

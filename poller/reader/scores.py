@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from poller.reader.cache import ViewCache
 from poller.reader.index import INF, Slot
-from poller.reader.load import FAILED_TIMES, LocalLoad
+from poller.reader.load import FAILING_MAX, LocalLoad
 from poller.reader.share import FleetLoad
 from poller.reader.view import EndpointView
 
@@ -45,7 +45,7 @@ def fleet_score(
 ) -> Callable[[Slot], tuple[float, float]]:
     """The load on the fleet's estimate (docs/reader.md, "The load estimate"): (the
     estimate of the others' requests + ours in flight + 1) / relative capacity, x the
-    endpoint's failure factor ``1 + (FAILED_TIMES - 1) x local.failing``, or its speed
+    endpoint's failure factor ``1 + (FAILING_MAX - 1) x local.failing``, or its speed
     factor if larger: ``local.slowness`` weighted by the share of the counts that are
     guesses, ``1 + (slowness - 1) x peers / (1 + peers)`` when the others' counts are
     read (0 when they are pushed, ``fleet.pushed``, or with one gateway: the counts are
@@ -66,7 +66,7 @@ def fleet_score(
         factor = 1.0 + (slower(slot.id, now) - 1.0) * share if share else 1.0
         failed = failing(slot.id, now)
         if failed:
-            failed = 1.0 + (FAILED_TIMES - 1.0) * failed
+            failed = 1.0 + (FAILING_MAX - 1.0) * failed
             if failed > factor:
                 factor = failed
         return load * factor, slot.kv or 0.0

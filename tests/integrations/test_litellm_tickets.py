@@ -31,6 +31,17 @@ def test_a_callback_closes_the_oldest_ticket_of_its_key_once() -> None:
     assert local.in_flight("e1") == 0 and tickets.in_flight() == 0
 
 
+def test_a_failure_callback_counts_the_attempt_as_failed() -> None:
+    local = LocalLoad()
+    tickets = Tickets(local)
+    tickets.open("e1", ("t", "d1"), stream=False)
+    assert tickets.close_key(("t", "d1"), ok=False)
+    assert local.in_flight("e1") == 0 and local.failing("e1") > 0.2
+    tickets.open("e2", ("t", "d2"), stream=False)
+    assert tickets.close_key(("t", "d2"))
+    assert local.failing("e2") == 0.0
+
+
 async def test_a_task_ends_what_it_picked_except_the_stream_it_handed_on() -> None:
     local = LocalLoad()
     tickets = Tickets(local)

@@ -232,30 +232,30 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
         key = (str(kwargs.get("litellm_trace_id", "")), _deployment_id(deployment))
         self.tickets.open(target.endpoint_id, key, stream=bool(kwargs.get("stream")))
 
-    def _ended(self, kwargs: Mapping[str, Any]) -> None:
+    def _ended(self, kwargs: Mapping[str, Any], *, ok: bool) -> None:
         key = _callback_key(kwargs)
         if key is not None:
-            self.tickets.close_key(key)
+            self.tickets.close_key(key, ok=ok)
 
     async def async_log_success_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
-        self._ended(kwargs)
+        self._ended(kwargs, ok=True)
 
     async def async_log_failure_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
-        self._ended(kwargs)
+        self._ended(kwargs, ok=False)
 
     def log_success_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
-        self._ended(kwargs)
+        self._ended(kwargs, ok=True)
 
     def log_failure_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
-        self._ended(kwargs)
+        self._ended(kwargs, ok=False)
 
 
 def _prompt(messages: Any) -> str | None:

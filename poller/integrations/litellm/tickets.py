@@ -5,7 +5,8 @@ A ticket opens at the pick. It closes at the first of:
 
 - LiteLLM's success or failure callback for that attempt (matched by the request's
   ``litellm_trace_id`` and the deployment's id; a retry to the same deployment queues
-  behind the first);
+  behind the first); a failure is counted as one (``LocalLoad.finished(ok=False)``:
+  an engine that answers errors at once must not look idle);
 - the end of the asyncio task that picked it, unless the ticket is a stream the task
   handed on (its callback closes it, when the stream ends): this covers a cancelled
   request, and an attempt that failed before LiteLLM logged anything (a pre-call check);
@@ -77,13 +78,13 @@ class Tickets:
             task.add_done_callback(self._task_done)
         return ticket
 
-    def close(self, ticket: Ticket) -> None:
+    def close(self, ticket: Ticket, *, ok: bool = True) -> None:
         with self._lock:
             if not ticket.open:
                 return
             ticket.open = False
             self._unqueue(ticket)
-        self.local.finished(ticket.endpoint_id, ticket.started_at)
+        self.local.finished(ticket.endpoint_id, ticket.started_at, ok=ok)
 
     def _unqueue(self, ticket: Ticket) -> None:
         queue = self._by_key.get(ticket.key)
@@ -95,14 +96,15 @@ class Tickets:
             if not queue:
                 del self._by_key[ticket.key]
 
-    def close_key(self, key: Key) -> bool:
-        """A callback reported the end of an attempt: close its oldest open ticket."""
+    def close_key(self, key: Key, *, ok: bool = True) -> bool:
+        """A callback reported the end of an attempt (``ok=False``: a failure): close
+        its oldest open ticket."""
         with self._lock:
             queue = self._by_key.get(key)
             if not queue:
                 return False
             ticket = queue[0]
-        self.close(ticket)
+        self.close(ticket, ok=ok)
         return True
 
     def in_flight(self) -> int:
