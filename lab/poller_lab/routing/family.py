@@ -108,32 +108,36 @@ def _arrivals(
 
 
 class _Gateway:
-    def __init__(self, index: int, policy: str, clock: list[float], seed: int) -> None:
+    def __init__(self, index: int, policy: str, clock: list[float], seed: int, push: bool) -> None:
         self.index = index
+        self.push = push
         self.local = LocalLoad(clock=lambda: clock[0])
         self.picker = Picker(rng=random.Random(seed), share=policy == "picker")
         self.fleet = FleetLoad(f"g{index}", ttl_ms=TTL_MS)
         if policy == "picker":
             self.fleet.attach(self.local)
-            self.fleet.pushed = True  # the writes are heard as they happen (HEAR below)
+            self.fleet.pushed = push  # the writes are heard as they happen (HEAR below)
         self.starts: dict[int, float] = {}
         self.pacer = Pacer()
         self.call_at = math.inf  # the next call scheduled
 
     def urgent(self, peers: int) -> bool:
-        """As the product's exchange: a change, and another replica listens."""
-        return peers > 0 and self.fleet.has_changed()
+        """As the product's exchange: a change, and another replica listens; without
+        the channel, always (the others' fields read at the pacer's rate)."""
+        return not self.push or (peers > 0 and self.fleet.has_changed())
 
 
 def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its state around)
-    cell: Cell, policy: str, duration_s: float, seed: int
+    cell: Cell, policy: str, duration_s: float, seed: int, *, push: bool = True
 ) -> dict[str, Any]:
-    """One policy on one cell: latencies of the gateways' requests after a warm-up."""
+    """One policy on one cell: latencies of the gateways' requests after a warm-up.
+    ``push=False``: the picker's replicas share by reading the others' fields on each
+    call, as a user without the channel's right does."""
     rng = random.Random(seed * 7 + 1)
     engines = [_Engine(f"e{i}", s, v) for i, (s, v) in enumerate(MIXES[cell.mix])]
     arrivals = _arrivals(cell, engines, duration_s, seed)
     clock = [0.0]
-    gateways = [_Gateway(g, policy, clock, seed * 1000 + g) for g in range(cell.gateways)]
+    gateways = [_Gateway(g, policy, clock, seed * 1000 + g, push) for g in range(cell.gateways)]
     shared_hash: dict[str, tuple[float, str]] = {}
     commands = 0
     events: list[tuple[float, int, int, Any]] = []  # (time, seq, kind, data)
@@ -281,7 +285,7 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
                 shared_hash.pop(gw.fleet.replica_id, None)
             elif outgoing:
                 shared_hash[gw.fleet.replica_id] = (now_ms + TTL_MS, outgoing)
-            if outgoing:
+            if outgoing and push:
                 message = f"{expiry} {outgoing} {gw.fleet.replica_id}"
                 for other in gateways:
                     if other is not gw:

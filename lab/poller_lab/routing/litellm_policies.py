@@ -107,7 +107,7 @@ class LiteLLMPolicy:
     def started(self, endpoint_id: str) -> None:
         return None
 
-    def finished(self, endpoint_id: str) -> None:
+    def finished(self, endpoint_id: str, ok: bool = True) -> None:
         return None
 
     async def send(self, body: Mapping[str, Any]) -> tuple[str | None, int, float, int]:

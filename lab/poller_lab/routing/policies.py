@@ -62,7 +62,7 @@ class Policy(Protocol):
 
     def started(self, endpoint_id: str) -> None: ...
 
-    def finished(self, endpoint_id: str) -> None: ...
+    def finished(self, endpoint_id: str, ok: bool = True) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class _Base:
     def started(self, endpoint_id: str) -> None:
         return None
 
-    def finished(self, endpoint_id: str) -> None:
+    def finished(self, endpoint_id: str, ok: bool = True) -> None:
         return None
 
 
@@ -199,9 +199,9 @@ class _PickerPolicy(_Base):
         if self.local is not None:
             self.local.started(endpoint_id)
 
-    def finished(self, endpoint_id: str) -> None:
-        if self.local is not None:
-            self.local.finished(endpoint_id)
+    def finished(self, endpoint_id: str, ok: bool = True) -> None:
+        if self.local is not None:  # as a gateway reports an error answer: ok=False
+            self.local.finished(endpoint_id, ok=ok)
 
 
 register("round-robin", RoundRobin)

@@ -125,10 +125,8 @@ async def _arrivals(
         body = request(index)
         sent_at = time.time()
         policy.started(endpoint_id)
-        try:
-            status, latency_s = await _send(http, urls[endpoint_id] + "/v1/chat/completions", body)
-        finally:
-            policy.finished(endpoint_id)
+        status, latency_s = await _send(http, urls[endpoint_id] + "/v1/chat/completions", body)
+        policy.finished(endpoint_id, ok=status == 200)
         records.append(
             {
                 "sent_at": sent_at,
