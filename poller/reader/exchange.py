@@ -44,9 +44,12 @@ LISTEN_S = 0.05
 _REFUSALS = ("NOPERM", "no permissions", "can't run this command", "can't access", "can't publish")
 
 
+#: Redis's refusal of a subscription (7.0; 7.2 and later name the channel instead).
+_CHANNELS_REFUSED = "one of the channels used as arguments"
+
+
 def _refused(exc: Exception) -> bool:
-    """Redis said no to the share script's writes: the user lacks the right (NOPERM
-    for a command, "can't run this command" for one inside a script)."""
+    """Redis said no to the share script: the user lacks a right it needs."""
     text = str(exc)
     return any(mark in text for mark in _REFUSALS)
 
@@ -96,8 +99,11 @@ class Exchange:
         self._refused = False
         self._pages_now: dict[str, tuple[int, int]] | None = None
         self._version = -1  # the cache's version ``_pages_now`` is of
-        #: Pages changed since the last ``absorb`` (None: any may have).
+        #: Pages changed since the estimate was last worked out (None: any may have).
         self._changed: set[str] | None = None
+        #: Pages changed since our record was last worked out (None: any may have): the
+        #: record holds each page's scraped_at_ms, so a new page changes it.
+        self._unrecorded: set[str] | None = None
         # The other replicas' writes the follower heard, not taken in yet.
         self._inbox: deque[str] = deque()
         #: The follower's subscription carries ``channel`` (False: the others' writes
@@ -111,6 +117,7 @@ class Exchange:
         self._publish_suspect = False  # refused while publishing: the channel's rights?
         self._channel_refused = False
         self._wake: Callable[[], None] = _nothing
+        self._listen_failed = False  # said once
 
     # --- what the follower calls --------------------------------------------------------
 
@@ -124,7 +131,10 @@ class Exchange:
         Redis refused this user the channel (an ACL of before the pushed counts), said
         once; the follower then subscribes without it, and the others' writes are read
         on each call at the pacer's rate."""
-        if getattr(exc, "kind", None) != "permission" or "channel" not in str(exc):
+        text = str(exc)
+        if getattr(exc, "kind", None) != "permission" or not any(
+            mark in text for mark in (_CHANNELS_REFUSED, f"'{self.channel}' channel")
+        ):
             return False
         self._no_channel()
         self.subscribed(False)
@@ -140,12 +150,13 @@ class Exchange:
         log.warning(
             "Redis refused the gateway's user the channel %s: the other replicas' counts "
             "are read on each call instead of heard as they change (up to 20 calls/s). "
-            "Grant it: add &%s to the user's channels and (&%s +spublish) beside the "
-            "selector of %s (deploy/redis/users.acl), then restart the gateway",
-            self.channel,
+            "Grant it: add &%s to the user's channels and make its selector of the key "
+            "(~%s &%s +hset +hdel +pexpire +spublish) as in deploy/redis/users.acl, then "
+            "restart the gateway",
             self.channel,
             self.channel,
             self.key,
+            self.channel,
         )
 
     def subscribed(self, up: bool) -> None:
@@ -165,7 +176,7 @@ class Exchange:
         placements = self.placements
         if pages is None or changes is None:
             pages = self._pages_now = pages_of((i, cache.base(i)) for i in cache.ids())
-            self._changed = None
+            self._changed = self._unrecorded = None
             if placements is not None:
                 for endpoint_id in pages:
                     _observe(placements, endpoint_id, cache.base(endpoint_id))
@@ -180,14 +191,25 @@ class Exchange:
                     pages[endpoint_id] = (stats.running + stats.waiting, stats.scraped_at_ms)
                     if placements is not None:
                         _observe(placements, endpoint_id, base)
-            # Added to what the last call left unabsorbed (None: everything, still).
+            # Added to what is not worked out yet (None: everything, still).
             self._changed = None if self._changed is None else self._changed | changed
+            self._unrecorded = None if self._unrecorded is None else self._unrecorded | changed
         self._version = version
         return pages
 
     def listen(self) -> None:
         """Take in what the follower heard, the pages that changed and the other
-        replicas' fields that expired (no command)."""
+        replicas' fields that expired (no command). A failure here (a bug, never bad
+        input, which is skipped) is said once and leaves the loop running: the next
+        call's read mends what it missed."""
+        try:
+            self._listen()
+        except Exception:
+            if not self._listen_failed:
+                self._listen_failed = True
+                log.warning("the gateway exchange could not take in an update", exc_info=True)
+
+    def _listen(self) -> None:
         inbox = self._inbox
         messages = [inbox.popleft() for _ in range(len(inbox))]
         pages = self._pages()
@@ -227,7 +249,8 @@ class Exchange:
         ours = fleet.take_changed()
         if self._changed is not None:
             self._changed |= ours
-        record = fleet.record(pages, self.cache.offset_ms, self._changed)
+        todo, self._unrecorded = self._unrecorded, set()
+        record = fleet.record(pages, self.cache.offset_ms, None if todo is None else todo | ours)
         outgoing = fleet.outgoing(record, self.cache.now_ms())
         self.calls += 1
         now = self.clock()
@@ -285,7 +308,7 @@ class Exchange:
         self._placements_refused = True
 
     def failed(self, exc: Exception, pages: Mapping[str, tuple[int, int]]) -> None:
-        """Local counts only; the next try waits a period (a refusal: ``REFUSED_RETRY_S``)."""
+        """Local counts only; the next try waits ``retry_s`` (a refusal: ``REFUSED_RETRY_S``)."""
         self.pacer.hold(self.clock() + self._failed(exc, pages))
 
     def _failed(self, exc: Exception, pages: Mapping[str, tuple[int, int]]) -> float:
@@ -300,12 +323,12 @@ class Exchange:
                 # stream, tells which (``answered`` or below).
                 self._placements_suspect = True
                 self._placements_retry_at = self.clock() + REFUSED_RETRY_S
-                return self.fleet.period_s
+                return self.fleet.retry_s
         self._placements_suspect = False  # refused without the stream
         if _refused(exc) and self.publish and not self._publish_suspect:
             # The channel's right, or the hash's: the next call, not publishing, tells.
             self._publish_suspect, self.publish = True, False
-            return self.fleet.period_s
+            return self.fleet.retry_s
         if self._publish_suspect:  # refused without publishing too: the hash's rights
             self._publish_suspect, self.publish = False, not self._channel_refused
         if _refused(exc):
@@ -326,7 +349,7 @@ class Exchange:
             self._refused = True
             return REFUSED_RETRY_S
         log.debug("gateway load sharing failed: %s", exc)
-        return self.fleet.period_s
+        return self.fleet.retry_s
 
     def _install(self, wake: Callable[[], None] | None) -> None:
         self._wake = wake or _nothing
@@ -342,7 +365,8 @@ class Exchange:
             if threading.get_ident() == owner:
                 wake.set()
             else:
-                loop.call_soon_threadsafe(wake.set)
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(wake.set)
 
         self._install(waker)
         try:

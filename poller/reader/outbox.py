@@ -23,8 +23,9 @@ ENTRY_MAX = 1024
 #: entries, more); with ``ENTRY_MAX`` ids of ~12.5 bytes each in Redis, the key stays
 #: under ~14 MB however many replicas write.
 STREAM_MAXLEN = 1024
-#: Entries one exchange call reads at most (8 replicas write at most 8 per 50 ms; a
-#: backlog is caught up at 64 a call, so one call never absorbs more than ~64,000 ids).
+#: Entries one exchange call reads at most (a replica writes at most 20 a second, so 8
+#: replicas at most 48 between two calls 300 ms apart, the slowest pace; a backlog is
+#: caught up at 64 a call, so one call never absorbs more than ~64,000 ids).
 READ_COUNT = 64
 
 

@@ -138,11 +138,19 @@ class _Field(NamedTuple):
     heard_at: float
 
 
+#: Counts beyond this (requests) or a negative one: the entry is not one of ours.
+COUNT_MAX = 1 << 31
+#: A scraped_at_ms beyond this (Redis ms, year 2286): not one of ours either.
+MS_MAX = 1 << 53
+
+
 def _int(text: str) -> float:
+    """An expiry (Redis ms); -inf: not one (not an integer, or past ``MS_MAX``)."""
     try:
-        return float(int(text))
-    except ValueError:
+        value = int(text)
+    except ValueError:  # not digits, or more of them than Python converts
         return -math.inf
+    return float(value) if abs(value) <= MS_MAX else -math.inf
 
 
 def _message(
@@ -178,21 +186,21 @@ def _parse(body: str) -> dict[str, Counts] | None:
 
 
 def _counts(raw: object) -> dict[str, Counts] | None:
-    """The counts of a decoded record; entries that are not three integers skipped."""
+    """The counts of a decoded record; entries that are not three integers in range
+    (counts 0 to ``COUNT_MAX``, a scraped_at_ms 0 to ``MS_MAX``) skipped."""
     if not isinstance(raw, dict):
         return None
     counts: dict[str, Counts] = {}
     for endpoint_id, triple in raw.items():
         if type(triple) is list and len(triple) == 3:
             now, at, scraped_ms = triple
-            if type(now) is int and type(at) is int and type(scraped_ms) is int:
-                counts[endpoint_id] = (now, at, scraped_ms)  # as a writer of ours writes
-                continue
-        try:
-            now, at, scraped_ms = (int(x) for x in triple)
-        except (TypeError, ValueError):
-            continue
-        counts[str(endpoint_id)] = (now, at, scraped_ms)
+            if type(now) is not int or type(at) is not int or type(scraped_ms) is not int:
+                try:
+                    now, at, scraped_ms = (int(x) for x in triple)
+                except (TypeError, ValueError, OverflowError):  # OverflowError: 1e999
+                    continue
+            if 0 <= now <= COUNT_MAX and 0 <= at <= COUNT_MAX and 0 <= scraped_ms <= MS_MAX:
+                counts[str(endpoint_id)] = (now, at, scraped_ms)
     return counts
 
 

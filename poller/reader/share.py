@@ -37,8 +37,8 @@ from poller.reader.peers import Peers
 __all__ = ["FleetLoad", "default_replica_id", "pages_of"]
 
 #: The wait after a failed exchange call (seconds); the pacer spaces the others
-#: (poller/reader/exchange.py).
-PERIOD_S = 0.05
+#: (poller/reader/pacer.py).
+RETRY_S = 0.05
 #: How long a replica's field counts after its last write (ms): a replica that dies
 #: leaves the others' view within this.
 TTL_MS = 800
@@ -82,13 +82,13 @@ class FleetLoad:
         self,
         replica_id: str | None = None,
         *,
-        period_s: float = PERIOD_S,
+        retry_s: float = RETRY_S,
         ttl_ms: int = TTL_MS,
     ) -> None:
         if replica_id is not None and (not isinstance(replica_id, str) or not replica_id):
             raise ValueError(f"replica_id must be a non-empty string, got {replica_id!r}")
         self.replica_id = replica_id or default_replica_id()
-        self.period_s = period_s
+        self.retry_s = retry_s
         self.ttl_ms = ttl_ms
         self._locals: weakref.WeakSet[LocalLoad] = weakref.WeakSet()
         #: Endpoint id -> load to add to our own in flight (see the class doc).

@@ -203,8 +203,9 @@ def shared(
     results["shared: pick(cache, model=)"] = timed(
         lambda k: picker.pick(cache, MODELS[k % len(MODELS)], local=local), count
     )
-    # Between two exchanges (one period) a 1 s poller interval brings that share of the pages.
-    share_n = max(1, round(n * FleetLoad("x").period_s))
+    # Between two calls of a busy replica (the pacer's rate) a 1 s poller interval brings
+    # that share of the pages.
+    share_n = max(1, round(n / RATE_PER_S))
     now_ms = cache.now_ms()
     rounds = max(20, count // 100)
     batches = [

@@ -328,10 +328,10 @@ def _most_in_a_second(times: list[float]) -> int:
 
 def test_the_exchange_makes_at_most_20_commands_in_any_second_on_every_path() -> None:
     """A request starting every millisecond, Redis answering, away or refusing: the
-    pacer lets at most ``BURST + RATE_PER_S`` = 20 calls into any second, and waits a
-    period after a failure, ``REFUSED_RETRY_S`` after a refusal."""
+    pacer lets at most ``BURST + RATE_PER_S`` = 20 calls into any second, and waits
+    ``RETRY_S`` after a failure, ``REFUSED_RETRY_S`` after a refusal."""
     from poller.reader.pacer import BURST, RATE_PER_S
-    from poller.reader.share import PERIOD_S, REFUSED_RETRY_S
+    from poller.reader.share import REFUSED_RETRY_S, RETRY_S
 
     assert BURST + RATE_PER_S <= 20
     clock = Clock()
@@ -347,7 +347,7 @@ def test_the_exchange_makes_at_most_20_commands_in_any_second_on_every_path() ->
     every = outcomes * (len(at) // len(outcomes) + 1)
     for k, failure in enumerate(every):
         if k + 1 < len(at) and failure is not None:
-            wait = REFUSED_RETRY_S if failure is every[k - 1] is refused else PERIOD_S
+            wait = REFUSED_RETRY_S if failure is every[k - 1] is refused else RETRY_S
             assert at[k + 1] - at[k] >= wait - 1e-9, (k, at[k + 1] - at[k])
             held_s += at[k + 1] - at[k]
     assert len(at) >= 0.9 * RATE_PER_S * (30 - held_s)  # the rate is used meanwhile
@@ -450,3 +450,116 @@ def test_a_user_who_may_not_publish_shares_by_reading(caplog: pytest.LogCaptureF
     assert not exchange.publish and cache.load_shared and fleet.peer_in_flight("a") == 2
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "refused the gateway's user the channel" in said[0], said
+
+
+def test_a_page_taken_in_between_calls_still_reaches_our_record() -> None:
+    """The loop takes in a new page (``listen``) before the next call writes our
+    record: the record carries that page's scraped_at_ms and our count at it, so the
+    other replicas can tell which of our requests the page already shows."""
+    from poller.reader.cache import ViewCache
+    from poller.reader.exchange import Exchange
+    from poller.reader.replies import LazyEndpoints
+    from poller.reader.view import View
+
+    def record(scraped_ms: int, running: int) -> str:
+        fields = {
+            "engine": "vllm",
+            "running": str(running),
+            "waiting": "0",
+            "interval_ms": "1000",
+            "scraped_at_ms": str(scraped_ms),
+            "poller": "p1",
+            "token": "1",
+            "seq": "1",
+        }
+        return f"{scraped_ms} 1000 {scraped_ms + 3_600_000} p1 1|{json.dumps(fields)}"
+
+    now = 1_764_500_000_000
+    clock = Clock()
+    clock.t = time.monotonic()  # the cache's clock, which judges the pages, is this one
+    cache = ViewCache(stale_after_ms=3_600_000)
+    cache.load(View(now, 1, LazyEndpoints({"a": "{}"}, {"a": record(now, 0)}, {}, now)))
+    cache._offset_ms = now - (clock.t - 0.5) * 1000  # the page was scraped 0.5 s ago
+    fleet = cache.fleet = FleetLoad("g1")
+    local = LocalLoad(clock=clock)
+    fleet.attach(local)
+    written: list[str] = []
+
+    class Client:
+        def register_script(self, source: str) -> object:
+            def call(keys: list[str], args: list[object]) -> list[object]:
+                written.append(str(args[2]))
+                return [0, 0, 2]
+
+            return call
+
+    exchange = Exchange(Client(), "P:gateways:inflight", cache, fleet, clock=clock)
+
+    def call() -> None:
+        keys, args, pages = exchange.prepare()
+        exchange.answered(exchange.script(keys=keys, args=args), pages)
+
+    local.started("a")
+    call()
+    assert json.loads(written[-1]) == {"a": [1, 0, now]}
+    clock.t += 1.0
+    cache.set_stats("a", record(now + 1000, 1))  # scraped 0.5 s after our request began
+    exchange.listen()
+    local.started("b")  # a change elsewhere, so the next call writes
+    call()
+    assert json.loads(written[-1]) == {"a": [1, 1, now + 1000], "b": [1, 0, 0]}
+
+
+def test_only_redis_refusing_the_channel_drops_it_from_the_subscription() -> None:
+    """A subscription refused for its channels (Redis 7.0 says "one of the channels",
+    7.2 names it) goes on without the gateways' channel; any other refusal is not the
+    channel's, whatever our own message around it says."""
+    from poller.reader.cache import ViewCache
+    from poller.reader.exchange import Exchange
+    from poller.redis.errors import reply_error
+
+    def exchange() -> Exchange:
+        cache = ViewCache()
+        cache.fleet = FleetLoad("g1")
+        return Exchange(_Script(Clock(), 1, [None]), "P:gateways:inflight", cache, cache.fleet)
+
+    refusals = [
+        "NOPERM this user has no permissions to access one of the channels used as arguments",
+        "NOPERM User gw has no permissions to access the 'P:gateways:updates' channel",
+    ]
+    for text in refusals:
+        one = exchange()
+        assert one.refused_channel(reply_error(text, "SSUBSCRIBE")), text
+        assert not one.publish and not one.listening
+    others = [
+        reply_error("NOPERM User gw has no permissions to access the 'P:updates' channel", "x"),
+        reply_error("NOPERM this user has no permissions to run the 'hset' command", "x"),
+        reply_error("NOPERM this user has no permissions to access one of the keys", "x"),
+        ConnectionError("channel closed"),
+    ]
+    for exc in others:
+        one = exchange()
+        assert not one.refused_channel(exc), exc
+        assert one.publish
+
+
+def test_counts_out_of_range_are_skipped_never_fatal() -> None:
+    """A field or message from a writer not of ours: counts that overflow a float
+    (``1e999``, a 400-digit integer), negative ones, an expiry past any clock. Each bad
+    entry is skipped, the good ones beside it kept; nothing raises."""
+    fleet = FleetLoad("g1")
+    fleet.attach(LocalLoad(clock=Clock()))
+    pages = {"a": (0, 0), "b": (0, 0)}
+    huge = "9" * 400
+    bad = [
+        '2000 {"a":[1e999,0,0],"b":[2,2,0]} g2',
+        f'2000 {{"a":[{huge},0,0]}} g3',
+        '2000 {"a":[-5,0,0]} g4',
+        f'{huge} {{"a":[1,1,0]}} g5',
+        '2000 {"a":[1,1,1e999]} g6',
+        '2000 {"a":"abc"} g7',
+    ]
+    fleet.hear(bad, pages, 0.0, 1000, heard_at=1.0)
+    assert fleet.peer_in_flight("a") == 0 and fleet.peer_in_flight("b") == 2
+    fleet.absorb(["g8", f'2000 {{"a":[{huge},1,0]}}', "g9", '2000 {"a":[3,3,0]}'], pages, 0.0)
+    assert fleet.peer_in_flight("a") == 3 and math.isfinite(fleet.extra["a"])
