@@ -7,7 +7,7 @@ replicas (and a share arriving from outside the gateways, spread by capacity), a
 scraping every engine once per interval (staggered) whose page shows the engine as it was
 ``lag`` seconds before the scrape. Each gateway replica runs the real ``Picker``,
 ``LocalLoad`` and ``FleetLoad`` (poller/reader/share.py) on the sim clock, and calls the
-share script when the product's ``Pacer`` (poller/reader/exchange.py) says: at once when
+share script when the product's ``Pacer`` (poller/reader/pacer.py) says: at once when
 its counts changed and tokens are left, at least every ``FLOOR_S``; each call writes an
 in-memory hash with the same expiry rule, reads the others' fields back, and pushes the
 write to every other replica ``PUSH_S`` later, as the channel does. Every policy of a
