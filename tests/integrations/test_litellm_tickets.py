@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
+
+import pytest
 
 from poller.integrations.litellm.tickets import Tickets
 from poller.reader import LocalLoad
@@ -89,3 +92,39 @@ def test_a_ticket_nobody_ends_expires_after_max_open_s() -> None:
     tickets.open("e3", ("t3", "d3"), stream=False)  # expiry runs at each open
     assert local.in_flight("e1") == 0 and local.in_flight("e2") == 1
     assert tickets.abandoned_total == 1
+
+
+def test_only_the_engines_faults_count_as_failures() -> None:
+    """A failure callback for a request the engine rightly refused (400, a context
+    window exceeded, 422) is no sign of a failing engine; a 404 for a model it does not
+    serve, a 429, a timeout or a 5xx are."""
+    litellm = pytest.importorskip("litellm")
+    from poller.integrations.litellm.strategy import _request_at_fault
+
+    args = {"message": "m", "model": "x", "llm_provider": "openai"}
+    blamed_request = [
+        litellm.BadRequestError(**args),
+        litellm.ContextWindowExceededError(**args),
+        litellm.UnprocessableEntityError(
+            message="m", model="x", llm_provider="openai", response=_response(422)
+        ),
+    ]
+    blamed_engine = [
+        litellm.NotFoundError(**args),
+        litellm.RateLimitError(**args),
+        litellm.Timeout(**args),
+        litellm.InternalServerError(**args),
+        litellm.ServiceUnavailableError(**args),
+        litellm.APIConnectionError(**args),
+        None,
+    ]
+    for exc in blamed_request:
+        assert _request_at_fault({"exception": exc}), exc
+    for exc in blamed_engine:
+        assert not _request_at_fault({"exception": exc}), exc
+
+
+def _response(status: int) -> Any:
+    import httpx
+
+    return httpx.Response(status, request=httpx.Request("POST", "http://engine/v1"))

@@ -245,7 +245,7 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
     async def async_log_failure_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
-        self._ended(kwargs, ok=False)
+        self._ended(kwargs, ok=_request_at_fault(kwargs))
 
     def log_success_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
@@ -255,7 +255,21 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
     def log_failure_event(
         self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
-        self._ended(kwargs, ok=False)
+        self._ended(kwargs, ok=_request_at_fault(kwargs))
+
+
+#: HTTP statuses that blame the request, not the engine: a bad request (LiteLLM's
+#: BadRequestError, ContextWindowExceededError), one too large, one not processable.
+_REQUEST_AT_FAULT = frozenset({400, 413, 422})
+
+
+def _request_at_fault(kwargs: Mapping[str, Any]) -> bool:
+    """A failure callback's attempt failed through the request's own fault (its
+    exception's ``status_code`` in ``_REQUEST_AT_FAULT``): the engine answered as it
+    should and is not counted as failing. Anything else (5xx, 404 for a model it does
+    not serve, 429, a timeout, a refused connection) is the engine's."""
+    status = getattr(kwargs.get("exception"), "status_code", None)
+    return status in _REQUEST_AT_FAULT
 
 
 def _prompt(messages: Any) -> str | None:
