@@ -38,3 +38,23 @@ def test_the_summary_counts_requests_after_the_warm_up_per_cell(tmp_path: Path) 
     text = summarise(tmp_path)
     assert "seed 1, 8 gateways: 1 requests" in text
     assert "true holder known: over-bound" in text and "never placed" not in text
+
+
+def test_the_trace_reads_the_parts_of_the_picker_s_own_estimate() -> None:
+    """``_parts`` reads scores.fleet_score's closure by name: a renamed variable there
+    must fail here, not in the middle of a traced bench run."""
+    from types import SimpleNamespace
+
+    from poller.reader import LocalLoad
+    from poller.reader.scores import fleet_score
+    from poller.reader.share import FleetLoad
+    from poller_lab.prefix.trace import _parts
+
+    local, fleet = LocalLoad(), FleetLoad("g1")
+    fleet.attach(local)
+    local.started("a")
+    fleet.extra = {"a": 2.0}
+    slots = {"a": SimpleNamespace(id="a", requests=5, weight=2.0)}
+    slots["b"] = SimpleNamespace(id="b", requests=3, weight=1.0)
+    parts = _parts(fleet_score(local, fleet), SimpleNamespace(slots=slots))
+    assert parts == {"a": [2.0, 1, 2.0, 0.0, 1.0, 0.0], "b": [3, 0, 1.0, 0.0, 1.0, 0.0]}

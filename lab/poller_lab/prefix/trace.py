@@ -147,21 +147,23 @@ def _explain(  # noqa: C901 (a diagnostic: prefer's loop, annotated)
 
 def _parts(score: Any, index: Any) -> dict[str, list[float]] | None:
     """Per endpoint, the fleet estimate's parts (scores.fleet_score's closure): [the
-    others' and outside requests, ours in flight, peers, weight, slowness]; None for
-    another score."""
+    others' and outside requests, ours in flight, weight, speed factor's share of the
+    slowness, slowness, failing]; None for another score."""
     names = score.__code__.co_freevars
     if "extra" not in names or score.__closure__ is None:
         return None
     env = dict(zip(names, (c.cell_contents for c in score.__closure__), strict=True))
+    now = env["now"]
     out = {}
     for i, slot in index.slots.items():
         base = env["extra"].get(i)
         out[i] = [
             slot.requests if base is None else base,
             env["in_flight"](i),
-            env["peers"],
             slot.weight,
-            env["slower"](i, env["now"]),
+            env["share"],
+            env["slower"](i, now),
+            env["failing"](i, now),
         ]
     return out
 

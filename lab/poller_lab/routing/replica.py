@@ -125,8 +125,11 @@ async def _arrivals(
         body = request(index)
         sent_at = time.time()
         policy.started(endpoint_id)
-        status, latency_s = await _send(http, urls[endpoint_id] + "/v1/chat/completions", body)
-        policy.finished(endpoint_id, ok=status == 200)
+        status, latency_s = 0, 0.0
+        try:  # ended however it ends (a cancelled run included), as a gateway must
+            status, latency_s = await _send(http, urls[endpoint_id] + "/v1/chat/completions", body)
+        finally:
+            policy.finished(endpoint_id, ok=status == 200)
         records.append(
             {
                 "sent_at": sent_at,
