@@ -29,6 +29,7 @@ from poller.reader.outbox import READ_COUNT, STREAM_MAXLEN
 from poller.reader.pacer import Pacer
 from poller.reader.placements import Placements
 from poller.reader.share import REFUSED_RETRY_S, FleetLoad, pages_of
+from poller.redis.errors import store_error
 
 __all__ = ["LISTEN_S", "Exchange"]
 
@@ -39,19 +40,14 @@ log = logging.getLogger(__name__)
 LISTEN_S = 0.05
 
 
-#: What Redis says when the user lacks a right: NOPERM for a command, the others for
-#: one inside a script (a command, a key, a channel).
-_REFUSALS = ("NOPERM", "no permissions", "can't run this command", "can't access", "can't publish")
-
-
 #: Redis's refusal of a subscription (7.0; 7.2 and later name the channel instead).
 _CHANNELS_REFUSED = "one of the channels used as arguments"
 
 
 def _refused(exc: Exception) -> bool:
-    """Redis said no to the share script: the user lacks a right it needs."""
-    text = str(exc)
-    return any(mark in text for mark in _REFUSALS)
+    """Redis said no to the share script: the user lacks a right it needs (NOPERM for
+    a command, "The user executing the script can't ..." for one inside the script)."""
+    return getattr(store_error(exc, "the share script"), "kind", None) == "permission"
 
 
 def _nothing() -> None:

@@ -16,6 +16,7 @@ import threading
 import time
 
 import pytest
+import redis
 
 from poller.reader import LocalLoad, Picker
 from poller.reader.share import PAGES, TTL_MS, FleetLoad, default_replica_id
@@ -335,7 +336,8 @@ def test_the_exchange_makes_at_most_20_commands_in_any_second_on_every_path() ->
 
     assert BURST + RATE_PER_S <= 20
     clock = Clock()
-    away, refused = ConnectionError("away"), Exception("NOPERM no rights")
+    away = redis.ConnectionError("away")
+    refused = redis.ResponseError("NOPERM this user has no permissions to run the 'evalsha'")
     # A refusal is tried once more without publishing (the channel's right?); refused
     # again, it is the hash's: the next try waits REFUSED_RETRY_S.
     outcomes: list[Exception | None] = [None] * 40 + [away] + [None] * 40 + [refused] * 2
@@ -429,7 +431,7 @@ def test_a_user_who_may_not_publish_shares_by_reading(caplog: pytest.LogCaptureF
         def register_script(self, source: str) -> object:
             def call(keys: list[str], args: list[object]) -> list[object]:
                 if args[3]:
-                    raise Exception(
+                    raise redis.ResponseError(
                         "ERR The user executing the script can't publish to the channel"
                     )
                 return [0, 0, -1, "g2", '99999999999999 {"a":[2,2,0]}']
