@@ -2,16 +2,37 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import signal
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
 
 from poller.util.logs import setup_logging
 
 _Cfg = TypeVar("_Cfg")
+_Command = TypeVar("_Command", bound=Callable[..., None])
+
+
+def stopped_by_sigterm(command: _Command) -> _Command:
+    """SIGTERM ends the command as Ctrl-C does, so every process it started is stopped on
+    the way out (by default SIGTERM ends Python at once and leaves them running)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        old = signal.signal(signal.SIGTERM, interrupt)
+        try:
+            command(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGTERM, old)
+
+    return cast(_Command, run)
 
 
 def _redis_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -149,6 +170,7 @@ def sim(ctx: click.Context) -> None:
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the results as JSON (progress on stderr)."
 )
+@stopped_by_sigterm
 def bench(
     endpoints: int | None,
     pollers: int | None,
@@ -307,6 +329,7 @@ def _bench_prefix(
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the summary as JSON (progress on stderr)."
 )
+@stopped_by_sigterm
 def soak(duration_s: float, endpoints: int, every_s: float, as_json: bool) -> None:
     """Disrupt a local cluster for a while and check the invariants; exit 1 on a violation."""
     from poller_lab.soak import SoakConfig, format_summary, run_soak, violations

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -49,3 +51,80 @@ def test_one_minute_soak_holds_every_invariant() -> None:
     # but visible at the engine; anything more would be a regression
     assert report["duplicate_scrapes"] <= 0.02 * 60 * 60
     assert report["rss_end_mb"] - report["rss_start_mb"] < 20
+
+
+def _children(pid: int) -> set[int]:
+    """Every live process descended from ``pid`` (Linux /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # ended while we looked
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z":
+            parents[int(entry)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the process tree from /proc")
+@pytest.mark.timeout(SOAK_TIMEOUT_S)
+def test_sigterm_stops_every_process_the_soak_started() -> None:
+    """SIGTERM (a CI job cancelled, `timeout`, a service manager) ends the soak as Ctrl-C
+    does: the redis-server, simulator and pollers it started are stopped, not orphaned."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "poller",
+            "soak",
+            "--duration",
+            "600",
+            "--endpoints",
+            "20",
+            "--every",
+            "5",
+            "--json",
+        ],  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    started: set[int] = set()
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the first disruption recovered: everything is running
+            if "recovered in" in line:
+                break
+        else:
+            pytest.fail(f"the soak ended before its first disruption (exit {proc.wait()})")
+        started = _children(proc.pid)
+        assert len(started) >= 3, started  # redis-server, the simulator, pollers
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        left = {pid for pid in started if _alive(pid)}
+        assert not left, f"still running after the soak ended: {left}"
+    finally:
+        for pid in started | {proc.pid}:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
