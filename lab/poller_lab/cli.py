@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import signal
@@ -161,6 +162,18 @@ def sim(ctx: click.Context) -> None:
     help="routing: the family's full factorial (512 cells) instead of its fractional design.",
 )
 @click.option(
+    "--family-only",
+    is_flag=True,
+    help="routing: only the family in virtual time (seconds of CPU), not the real processes.",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(0, 2**31 - 1),
+    default=1,
+    show_default=True,
+    help="routing, prefix: the seed of the arrivals, request sizes and workloads.",
+)
+@click.option(
     "--redis-url",
     metavar="URL",
     callback=_redis_url,
@@ -184,17 +197,17 @@ def bench(
     as_json: bool,
     policies: tuple[str, ...],
     full: bool,
+    family_only: bool,
+    seed: int,
 ) -> None:
     """Measure scrape cost, cluster behaviour, failover, reader latency and routing locally."""
-    import dataclasses
-
     if "routing" in sections:
-        _bench_routing(quick, duration_s, policies, redis_url, as_json, full)
+        _bench_routing(quick, duration_s, policies, redis_url, as_json, full, family_only, seed)
         sections = tuple(s for s in sections if s != "routing")
         if not sections:
             return
     if "prefix" in sections:
-        _bench_prefix(quick, duration_s, policies, redis_url, as_json)
+        _bench_prefix(quick, duration_s, policies, redis_url, as_json, seed)
         sections = tuple(s for s in sections if s != "prefix")
         if not sections:
             return
@@ -232,10 +245,12 @@ def _bench_routing(
     redis_url: str | None,
     as_json: bool,
     full: bool = False,
+    family_only: bool = False,
+    seed: int = 1,
 ) -> None:
     """The routing section: the family in virtual time (lab/poller_lab/routing/family.py),
-    then the default fleet in real processes; rows as they come (to stderr under --json),
-    then the report."""
+    then (unless ``family_only``) the default fleet in real processes; rows as they come
+    (to stderr under --json), then the report."""
 
     from poller_lab.routing.cells import iter_design
     from poller_lab.routing.family import run_family
@@ -244,21 +259,27 @@ def _bench_routing(
     family = run_family(
         list(iter_design("quick" if quick else "full" if full else "design")),
         10.0 if quick else 60.0,
-        seed=1,
+        seed=seed,
         say=lambda line: print(line, file=out, flush=True),
     )
+    if family_only:
+        family["seed"] = seed
+        if as_json:
+            click.echo(json.dumps(family, indent=2))
+        else:
+            click.echo(f"  (took {family['elapsed_s']} s)")
+        return
 
     from poller_lab.routing import RoutingConfig
     from poller_lab.routing.run import run_routing
 
     cfg = _tuned(RoutingConfig.quick() if quick else RoutingConfig(), duration_s, policies)
+    cfg = dataclasses.replace(cfg, seed=seed)
     _run_section(lambda: {**run_routing(cfg, redis_url, out), "family": family}, as_json)
 
 
 def _tuned(cfg: _Cfg, duration_s: float | None, policies: tuple[str, ...]) -> _Cfg:
     """A section's config with the --duration and --policy given (dataclass fields)."""
-    import dataclasses
-
     if duration_s is not None:
         cfg = dataclasses.replace(cfg, duration_s=duration_s)  # type: ignore[type-var]
     if policies:
@@ -291,6 +312,7 @@ def _bench_prefix(
     policies: tuple[str, ...],
     redis_url: str | None,
     as_json: bool,
+    seed: int = 1,
 ) -> None:
     """The prefix section (lab/poller_lab/prefix/run.py): rows as they come (to stderr
     under --json), then the targets and the report."""
@@ -299,6 +321,7 @@ def _bench_prefix(
 
     out = sys.stderr if as_json else sys.stdout
     cfg = _tuned(PrefixConfig.quick() if quick else PrefixConfig(), duration_s, policies)
+    cfg = dataclasses.replace(cfg, seed=seed)
     _run_section(lambda: run_prefix(cfg, redis_url, out), as_json)
 
 

@@ -59,6 +59,30 @@ def test_quick_routing_bench_end_to_end() -> None:
     assert leftovers(marker) == []
 
 
+def _family(*extra: str) -> dict[str, object]:
+    args = [sys.executable, "-m", "poller", "bench", "--section", "routing", "--quick"]
+    args += ["--family-only", "--json", *extra]
+    result = subprocess.run(
+        args, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
+    )
+    assert result.returncode == 0, result.stderr
+    report: dict[str, object] = json.loads(result.stdout)
+    return report
+
+
+def test_family_only_runs_the_family_alone_and_its_seed_is_the_arrivals() -> None:
+    """``--family-only`` reports the family without starting a process; ``--seed`` picks
+    the arrivals: the same seed gives the same figures (virtual time), another seed
+    other ones."""
+    first, again, other = _family("--seed", "7"), _family("--seed", "7"), _family("--seed", "8")
+    assert first["seed"] == 7 and other["seed"] == 8
+    assert first["rows"] == again["rows"]
+    assert first["rows"] != other["rows"]
+    rows = first["rows"]
+    assert isinstance(rows, list) and len(rows) == first["cells"] and rows
+    assert {"p50_x", "p99_x", "known_p50_x"} <= set(rows[0])
+
+
 def test_unknown_policies_are_refused_by_name() -> None:
     with pytest.raises(ConfigError, match="no-such-policy"):
         _policies(RoutingConfig(policies=("round-robin", "no-such-policy")))
