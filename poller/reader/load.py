@@ -177,6 +177,12 @@ class LocalLoad:
         every = self._all_s
         self._all_s = took_s if every == 0.0 else every + LATENCY_ALPHA * (took_s - every)
 
+    @property
+    def request_s(self) -> float:
+        """How long this replica's requests took lately (a moving average over every
+        endpoint, queueing included), seconds; 0 before one ended."""
+        return self._all_s
+
     def slowness(self, endpoint_id: str, now: float | None = None) -> float:
         """How long this replica's requests to ``endpoint_id`` took lately over how long
         its requests took anywhere (moving averages; queueing included): 1 when unknown,

@@ -3,6 +3,7 @@ shared counts (docs/reader.md, "The load estimate")."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from poller.reader.cache import ViewCache
@@ -57,11 +58,18 @@ def fleet_score(
     now = local.now()
     if not latency:
         failing = _never
+    request_s = local.request_s
+    fading = fleet.fading if fleet.current and request_s > 0.0 else None
 
     def score(slot: Slot) -> tuple[float, float]:
         base = extra.get(slot.id)
         if base is None:
             base = slot.requests
+        elif fading:
+            seen = fading.get(slot.id)
+            if seen is not None:
+                age = now - seen[0]
+                base += seen[1] * math.exp(-age / request_s) if age > 0.0 else seen[1]
         load = (base + in_flight(slot.id) + 1) / slot.weight
         factor = 1.0 + (slower(slot.id, now) - 1.0) * share if share else 1.0
         failed = failing(slot.id, now)

@@ -48,6 +48,13 @@ REFRESH_BEFORE_MS = 500
 #: load from outside the gateways is counted once every one of them shows it, so what
 #: comes and goes between pages is not (docs/reader.md, "The load estimate").
 PAGES = 8
+#: The pages are taken as current (the engines' own lag small against their scrape's
+#: age) while they miss at most this share of the requests the gateways had in flight
+#: when they were scraped: a page measured when it is scraped shows every one of them
+#: (docs/reader.md, "The load estimate").
+CURRENT_MISS = 0.03
+#: The weight of one page in the moving sums that tell it (about the last 64 pages).
+MISS_ALPHA = 1 / 64
 #: How long the exchange may go unanswered before the counts are local only (ms).
 LOST_AFTER_MS = 1000
 #: How often a refused exchange (no right to the key) is tried again (seconds).
@@ -103,8 +110,19 @@ class FleetLoad:
         #: Called (no arguments, from any thread) when an attached load's first change
         #: since the last ``take_changed`` happens: the exchange's wake-up.
         self.waker: Callable[[], None] | None = None
-        # endpoint -> recent (scraped_at_ms, what the page showed beyond the gateways)
-        self._outside: dict[str, deque[tuple[int, int]]] = {}
+        #: Endpoint id -> (its newest page's scrape on the local clock, s; the requests
+        #: that page showed beyond the outside floor), for endpoints with such an
+        #: excess. The score counts it, fading, while ``current``.
+        self.fading: dict[str, tuple[float, int]] = {}
+        #: The pages show the gateways' requests as at their scrape (see ``CURRENT_MISS``).
+        self.current = False
+        # endpoint -> recent (scraped_at_ms, the page's count minus the gateways' in
+        # flight at its scrape: negative when it missed some, the gateways' in flight)
+        self._outside: dict[str, deque[tuple[int, int, int]]] = {}
+        # Moving sums over pages: the gateways' requests a page missed, and those it
+        # could have shown.
+        self._missed = 0.0
+        self._held = 0.0
         self._last_record = ""
         self._written_ms: float = -1e15
         # This replica's field, per endpoint, as ``record`` last built it.
@@ -258,14 +276,16 @@ class FleetLoad:
         todo: Iterable[str]
         if changed is None:
             extra: dict[str, float] = {}
+            fading: dict[str, tuple[float, int]] = {}
             todo = pages
             for gone in [e for e in self._outside if e not in pages]:
                 del self._outside[gone]
         else:
-            extra = self.extra
+            extra, fading = self.extra, self.fading
             todo = {*changed, *moved}
             for gone in [e for e in todo if e not in pages]:
                 extra.pop(gone, None)
+                fading.pop(gone, None)
                 self._outside.pop(gone, None)
                 todo.discard(gone)
         for endpoint_id in todo:
@@ -281,14 +301,26 @@ class FleetLoad:
             history = self._outside.get(endpoint_id)
             if history is None:
                 history = self._outside[endpoint_id] = deque(maxlen=PAGES)
-            outside = max(0, requests - at_me - peer_at)
+            held = at_me + peer_at
+            beyond = requests - held
             if history and history[-1][0] == scraped_ms:
-                history[-1] = (scraped_ms, outside)  # the same page, better known now
+                history[-1] = (scraped_ms, beyond, held)  # the same page, better known now
             else:
-                history.append((scraped_ms, outside))
-            extra[endpoint_id] = float(min(o for _, o in history) + peer_now)
+                if history:  # the page before, as well as it will be known: one sample
+                    _, last, last_held = history[-1]
+                    self._missed += MISS_ALPHA * ((-last if last < 0 else 0) - self._missed)
+                    self._held += MISS_ALPHA * (last_held - self._held)
+                history.append((scraped_ms, beyond, held))
+            floor = max(0, min(o for _, o, _ in history))
+            extra[endpoint_id] = float(floor + peer_now)
+            if beyond > floor:
+                fading[endpoint_id] = ((scraped_ms - offset_ms) / 1000, beyond - floor)
+            else:
+                fading.pop(endpoint_id, None)
         with self._lock:
             self.extra = extra
+            self.fading = fading
+            self.current = self._held > 0 and self._missed <= CURRENT_MISS * self._held
             self.peers = self._peers.live
             if answered:
                 self.exchanged_at = time.monotonic()

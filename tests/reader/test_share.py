@@ -80,6 +80,61 @@ def test_outside_load_counts_once_every_one_of_the_last_pages_shows_it() -> None
     assert page(PAGES + 2, 1) == 1  # the client slowed down: counted at once
 
 
+def _pages_over(fleet: FleetLoad, local: LocalLoad, clock: Clock, lag_s: float) -> None:
+    """40 pages of "a", one a second, each showing our requests as they were ``lag_s``
+    before its scrape: 2 in flight for the first half of each second, none after."""
+    starts: list[float] = []
+    for k in range(40):
+        clock.t = 100.0 + k
+        starts = [local.started("a"), local.started("a")]
+        clock.t += 0.5
+        for start in starts:
+            local.finished("a", start)
+        scraped = 100.0 + k + 0.25
+        shown = local.in_flight_at("a", scraped - lag_s)
+        clock.t = 100.0 + k + 0.75
+        fleet.absorb([], {"a": (shown, int(scraped * 1000))}, 0.0)
+
+
+def test_pages_are_current_while_they_show_what_the_gateways_had_in_flight() -> None:
+    """Pages measured at their scrape show every gateway request in flight then: they
+    are taken as current. Pages measured 0.5 s earlier miss them half the time."""
+    for lag_s, current in ((0.0, True), (0.5, False)):
+        clock = Clock()
+        local = LocalLoad(clock=clock)
+        fleet = FleetLoad("g1")
+        fleet.attach(local)
+        assert not fleet.current  # nothing seen yet: as lagging
+        _pages_over(fleet, local, clock, lag_s)
+        assert fleet.current is current, lag_s
+
+
+def test_a_current_page_s_outside_requests_count_fading_with_the_request_time() -> None:
+    """On current pages, what the newest page shows beyond the outside floor counts as
+    ``exp(-age / the replica's request time)``; on lagging pages it does not count."""
+    from poller.reader.index import Slot
+    from poller.reader.scores import fleet_score
+    from tests.reader.test_pick import timed
+
+    for lag_s in (0.0, 0.5):
+        clock = Clock()
+        local = LocalLoad(clock=clock)
+        fleet = FleetLoad("g1")
+        fleet.attach(local)
+        _pages_over(fleet, local, clock, lag_s)
+        assert local.request_s == pytest.approx(0.5)
+        # The next page: 3 requests from outside the gateways, none of ours.
+        clock.t = 141.0
+        fleet.absorb([], {"a": (3, 141_000)}, 0.0)
+        assert fleet.extra["a"] == 0  # the floor of the last pages: none steady
+        slot = Slot("a", timed("a", running="3").stats, math.inf)  # weight 1
+        for age_s in (0.0, 0.5, 2.0):
+            clock.t = 141.0 + age_s
+            load = fleet_score(local, fleet)(slot)[0] * slot.weight
+            seen = 3 * math.exp(-age_s / 0.5) if lag_s == 0.0 else 0.0
+            assert load == pytest.approx(1 + seen), (lag_s, age_s)
+
+
 def test_the_picker_routes_on_the_fleet_as_the_oracle_would() -> None:
     from tests.reader.test_pick import timed, view_of
 
