@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from poller.errors import ConfigError
+from poller.util.text import digits
 
 __all__ = ["DISCOVERY_OPTIONS", "DiscoverySource", "discovery_sources", "parse_discovery_uri"]
 
@@ -120,7 +121,7 @@ def _discovery_option(key: str, value: str) -> Any:
     if key == "nameserver":
         host, sep, port = value.rpartition(":")
         host = host.removeprefix("[").removesuffix("]")
-        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not digits(port) or not 0 < int(port) < 65536:
             raise ValueError(f"nameserver: {value!r} is not HOST:PORT")
         try:
             ipaddress.ip_address(host)

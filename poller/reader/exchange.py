@@ -114,6 +114,7 @@ class Exchange:
         self._channel_refused = False
         self._wake: Callable[[], None] = _nothing
         self._listen_failed = False  # said once
+        self._prepare_failed = False  # said once
 
     # --- what the follower calls --------------------------------------------------------
 
@@ -204,6 +205,19 @@ class Exchange:
             if not self._listen_failed:
                 self._listen_failed = True
                 log.warning("the gateway exchange could not take in an update", exc_info=True)
+
+    def _prepared(self) -> tuple[list[str], list[Any], dict[str, tuple[int, int]]] | None:
+        """``prepare()``, or None when it failed (a bug, never bad input, which is
+        skipped): said once, and the loop goes on to try again ``retry_s`` later."""
+        try:
+            return self.prepare()
+        except Exception:
+            self._pages_now = self._unrecorded = None  # all worked out again next time
+            self.pacer.hold(self.clock() + self.fleet.retry_s)
+            if not self._prepare_failed:
+                self._prepare_failed = True
+                log.warning("the gateway exchange could not prepare its call", exc_info=True)
+            return None
 
     def _listen(self) -> None:
         inbox = self._inbox
@@ -371,8 +385,9 @@ class Exchange:
                 self.listen()
                 now = self.clock()
                 call_in = self.call_in(now)
-                if call_in <= 0.0:
-                    keys, args, pages = self.prepare()
+                prepared = self._prepared() if call_in <= 0.0 else None
+                if prepared is not None:
+                    keys, args, pages = prepared
                     try:
                         async with asyncio.timeout(1.0):
                             reply = await self.script(keys=keys, args=args)
@@ -382,6 +397,8 @@ class Exchange:
                     except Exception as exc:  # Redis away, NOPERM: routing goes on, locally
                         self.failed(exc, pages)
                     continue
+                if call_in <= 0.0:  # not prepared: the pacer holds the next try
+                    call_in = self.call_in(self.clock())
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.wait_s(now, call_in)):
                         await wake.wait()
@@ -399,13 +416,16 @@ class Exchange:
                 self.listen()
                 now = self.clock()
                 call_in = self.call_in(now)
-                if call_in <= 0.0:
-                    keys, args, pages = self.prepare()
+                prepared = self._prepared() if call_in <= 0.0 else None
+                if prepared is not None:
+                    keys, args, pages = prepared
                     try:
                         self.answered(self.script(keys=keys, args=args), pages)
                     except Exception as exc:
                         self.failed(exc, pages)
                     continue
+                if call_in <= 0.0:  # not prepared: the pacer holds the next try
+                    call_in = self.call_in(self.clock())
                 wake.wait(self.wait_s(now, call_in))
         finally:
             self._install(None)

@@ -19,6 +19,7 @@ from poller.reader.view import DEFAULT_BOUND_MS, EndpointView, Timing, View
 from poller.redis.clock import server_ms
 from poller.schema.keys import SCHEMA_VERSION, Keys
 from poller.schema.records import FAILURE_HEADER, STATS_HEADER, split
+from poller.util.text import digits
 
 __all__ = [
     "Held",
@@ -74,14 +75,14 @@ def view_from_records(
     if stats is not None:
         head = stats[0]
         scraped = writer_at = int(head[0])
-        owner, token = head[3], int(head[4]) if head[4].isdigit() else None
+        owner, token = head[3], int(head[4]) if digits(head[4]) else None
         if bound is None:
             bound = int(int(head[1]) * stale_after_intervals)
     if failure is not None:
         head = failure[0]
         failure_at = int(head[0])
         if failure_at >= writer_at:
-            owner, token = head[2], int(head[3]) if head[3].isdigit() else None
+            owner, token = head[2], int(head[3]) if digits(head[3]) else None
     t = Timing(
         scraped, DEFAULT_BOUND_MS if bound is None else bound, failure_at, failure is not None
     )

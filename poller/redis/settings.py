@@ -12,6 +12,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from poller.util.text import digits
 from poller.util.urls import redact_url
 
 __all__ = [
@@ -38,7 +39,7 @@ _MISTYPED_SCHEME_RE = re.compile(r"^(rediss?(?:\+sentinel)?|unix)(:/?|//?|:)(?!/
 
 
 def _check_db(value: str, url: str) -> None:
-    if not value.isdigit():
+    if not digits(value):
         raise ValueError(
             f"database {value!r} in {redact_url(url)!r} is not a number: "
             "name it as /0, /1, ... (e.g. redis://127.0.0.1:6379/0)"
@@ -76,7 +77,7 @@ def _sentinel_address(item: str, url: str) -> tuple[str, int]:
         host, _, port = item.rpartition(":")
     else:
         host, port = item, "26379"
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host or not digits(port) or not 0 < int(port) < 65536:
         raise ValueError(f"bad sentinel address {item!r} in {redact_url(url)!r}: use HOST:PORT")
     return host, int(port)
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from poller.errors import ConfigError
 from poller.util.messages import closest, describe_errors
+from poller.util.text import digits
 
 __all__ = [
     "ENGINES",
@@ -71,7 +72,7 @@ def validate_endpoint_id(endpoint_id: str) -> str:
 
 def _check_host(host: str) -> None:
     """Reject host names the HTTP client would refuse later (at every scrape)."""
-    if host.startswith("[") or ":" in host or host.replace(".", "").isdigit():
+    if host.startswith("[") or ":" in host or digits(host.replace(".", "")):
         return  # IP literals are checked by the client as addresses
     if len(host) > 253:
         raise ValueError("the host name is longer than 253 characters")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from poller.util.text import digits
+
 __all__ = [
     "FAILURE_HEADER",
     "STATS_HEADER",
@@ -39,7 +41,8 @@ def split(record: str | None, now_ms: int, fields: int) -> tuple[list[str], str]
         return None
     head, sep, body = record.partition("|")
     parts = head.split(" ")
-    if not sep or len(parts) != fields or not all(p.isdigit() for p in parts[: fields - 2]):
+    numbers = parts[: fields - 2]  # ASCII digits (``digits``, inline: a snapshot's hot path)
+    if not sep or len(parts) != fields or not all(p.isascii() and p.isdigit() for p in numbers):
         return None
     return (parts, body) if int(parts[fields - 3]) > now_ms else None
 
@@ -47,7 +50,7 @@ def split(record: str | None, now_ms: int, fields: int) -> tuple[list[str], str]
 def written_ms(record: str) -> int:
     """The Redis time of the write (the header's first field), -1 if malformed."""
     first = record[: record.find(" ")]
-    return int(first) if first.isdigit() else -1
+    return int(first) if digits(first) else -1
 
 
 def json_int(record: str, name: str) -> int | None:
@@ -58,7 +61,7 @@ def json_int(record: str, name: str) -> int | None:
         return None
     start = at + len(name) + 4
     value = record[start : record.find('"', start)]
-    return int(value) if value.isdigit() else None
+    return int(value) if digits(value) else None
 
 
 class Update(NamedTuple):
@@ -78,7 +81,7 @@ def parse_update(data: str) -> Update | None:
     if kind in ("stats", "failure"):
         endpoint_id, _, rest = rest.partition(" ")
         seq, _, record = rest.partition(" ")
-        if not endpoint_id or not seq.isdigit() or "|" not in record:
+        if not endpoint_id or not digits(seq) or "|" not in record:
             return None
         return Update(kind, endpoint_id, int(seq), record)
     return Update(kind, rest, 0, "") if rest else None

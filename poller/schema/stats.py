@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from poller.util.text import digits
+
 __all__ = [
     "FAILURE_FIELDS",
     "FAILURE_REASONS",
@@ -115,7 +117,7 @@ def _counts(value: str | None) -> dict[str, int]:
     counts: dict[str, int] = {}
     for pair in _split(value):
         name, sep, count = pair.rpartition(":")
-        if not sep or not name or not count.isdigit():
+        if not sep or not name or not digits(count):
             raise ValueError(f"expected reason:count pairs, got {pair[:40]!r}")
         counts[name] = int(count)
     return counts

@@ -24,6 +24,7 @@ from poller.schema.stats import Signals
 from poller.scrape import sizing
 from poller.scrape.parse import Sample, Selector, decode_body, looks_like_exposition, parse
 from poller.scrape.specs import ENGINE_SPECS, EngineSpec, Metric, Ratio, Source
+from poller.util.text import digits
 
 if TYPE_CHECKING:
     from poller.config import ScrapeSettings
@@ -290,7 +291,7 @@ class EngineMapping:
         return (
             names("running_lora_adapters"),
             names("waiting_lora_adapters"),
-            int(max_lora) if max_lora.isascii() and max_lora.isdigit() else None,
+            int(max_lora) if digits(max_lora) else None,
         )
 
     def _models(self, samples: Sequence[Sample]) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from poller.scrape.parse import Sample
 from poller.scrape.specs import Capacity, InfoTokens, Metric, Product
+from poller.util.text import digits
 
 __all__ = ["MAX_REASONS", "capacity_tokens", "info_tokens", "waiting_by_reason", "wanted"]
 
@@ -30,7 +31,7 @@ MAX_REASONS = 16
 def _count(text: str | None) -> int | None:
     """A label value that is a plain non-negative integer (vLLM writes ``"None"`` for a
     block count not yet known)."""
-    if text is None or not (text.isascii() and text.isdigit()) or len(text) > 16:
+    if text is None or not digits(text) or len(text) > 16:
         return None
     return int(text)
 

@@ -21,6 +21,7 @@ from poller.errors import ConfigError
 from poller.schema.endpoint import Endpoint
 from poller.scrape.engines import EngineMapping, mapping_for_endpoint
 from poller.service.reporting import FailureLog
+from poller.util.text import digits
 
 __all__ = ["Holdings", "JobSpec", "Owned", "Window", "first_run", "job_spec"]
 
@@ -71,7 +72,7 @@ def first_run(spec: JobSpec, stats: Mapping[str, str] | None, clock_offset_ms: f
     now = datetime.now(UTC)
     interval = spec.interval_s
     scraped_at = (stats or {}).get("scraped_at_ms", "")
-    if scraped_at.isdigit():
+    if digits(scraped_at):
         local_ms = int(scraped_at) - clock_offset_ms
         due = datetime.fromtimestamp(local_ms / 1000 + interval, UTC)
         if due > now:

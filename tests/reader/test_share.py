@@ -410,6 +410,35 @@ def test_the_exchange_makes_at_most_20_commands_in_any_second_on_every_path() ->
     assert len(at) >= 0.9 * RATE_PER_S * (30 - held_s)  # the rate is used meanwhile
 
 
+def test_a_call_that_cannot_be_prepared_is_said_once_and_the_loop_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Working out a call fails (a bug): one WARNING, a retry ``RETRY_S`` later, and
+    the calls after it go out; the loop never ends on it."""
+    from poller.reader.share import RETRY_S
+
+    clock = Clock()
+    script = _Script(clock, 2, [None])
+    failures = iter([True, True, True])
+    record = FleetLoad.record
+
+    def flaky(self: FleetLoad, *args: object, **kw: object) -> str:
+        if next(failures, False):
+            raise RuntimeError("a bug")
+        return record(self, *args, **kw)  # type: ignore[arg-type]
+
+    with caplog.at_level("WARNING", logger="poller.reader.exchange"):
+        orig, FleetLoad.record = FleetLoad.record, flaky  # type: ignore[method-assign]
+        try:
+            _run_busy(script, clock, 5.0, listening=True)
+        finally:
+            FleetLoad.record = orig  # type: ignore[method-assign]
+    said = [r for r in caplog.records if "could not prepare" in r.getMessage()]
+    assert len(said) == 1
+    assert script.at and script.at[0] >= 100.0 + 3 * RETRY_S - 1e-9
+    assert len(script.at) >= 5 * 16 * 0.9  # then at the pacer's rate, as ever
+
+
 def test_a_replica_nobody_listens_to_calls_at_the_floor_only() -> None:
     """Our publish reached only ourselves and no other replica has a field: changes go
     out with the next floor call (every ``FLOOR_S``), not at once; with no subscription

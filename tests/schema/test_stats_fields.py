@@ -63,6 +63,22 @@ def test_a_malformed_map_is_an_error_naming_it(bad: str) -> None:
         EndpointStats.from_hash(h)
 
 
+@pytest.mark.parametrize("digit", ["\u00b2", "\u0663", "\uff11"])  # superscript, Arabic, fullwidth
+def test_numbers_in_other_scripts_are_malformed_not_fatal(digit: str) -> None:
+    """Another writer's header or map with a character ``str.isdigit`` takes: the
+    record is malformed (None), the map an error naming it, never a crash."""
+    from poller.schema.records import json_int, written_ms
+
+    assert split(f"1 1000 {digit} poller-0 17|{{}}", 0, STATS_HEADER) is None
+    assert split(f"1 1000 99 poller-0 1{digit}|{{}}", 0, STATS_HEADER) is not None  # token
+    assert parse_update(f"stats a {digit} 1 1000 99 p 1|{{}}") is None
+    assert written_ms(f"{digit} 1000") == -1
+    assert json_int(f'1 2|{{"seq":"{digit}"}}', "seq") is None
+    h = {**hash_of(Signals("vllm", 0, 0)), "waiting_by_reason": f"capacity:{digit}"}
+    with pytest.raises(ValueError, match="reason:count"):
+        EndpointStats.from_hash(h)
+
+
 async def test_the_fields_reach_every_reader_path(store: RedisStore) -> None:
     """The stats hash, the ``P:view:stats`` record (snapshots) and the ``P:updates`` message."""
     await store.heartbeat("p1", 5000)

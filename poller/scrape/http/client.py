@@ -37,6 +37,7 @@ from poller.scrape.http.body import Decoder, once, raw_chunks
 from poller.scrape.http.errors import MAPPED, status_error, to_fetch_error
 from poller.scrape.http.tls import TlsContexts, TlsKey, tls_key
 from poller.scrape.http.wire import WireTransport
+from poller.util.text import digits
 
 __all__ = ["Fetched", "KeyPolicy", "Scraper", "TransportFactory", "resolve_api_key"]
 
@@ -223,7 +224,7 @@ class Scraper:
         """The decoded body, or ``too_large`` once past the cap (declared or counted)."""
         cap = self.max_body_bytes
         declared = response.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > cap:
+        if declared and digits(declared) and int(declared) > cap:
             raise FetchError("too_large", self._too_large(int(declared)), endpoint=endpoint.id)
         chunks: list[bytes] = []
         size = 0
