@@ -167,7 +167,7 @@ def _message(
         return (rest[2:], expiry_ms, "-", {}) if len(rest) > 2 else None
     try:
         raw, end = _DECODER.raw_decode(rest)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the stack
         return None
     counts = _counts(raw)
     replica = rest[end + 1 :]
@@ -180,7 +180,7 @@ def _parse(body: str) -> dict[str, Counts] | None:
     """A replica's counts (``{endpoint: [now, at, scraped ms]}``), None: not readable."""
     try:
         raw = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the stack
         return None
     return _counts(raw)
 

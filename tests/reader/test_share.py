@@ -500,6 +500,19 @@ def test_pushed_writes_and_read_fields_merge_newest_first() -> None:
     assert fleet.peers == 0 and fleet.peer_in_flight("a") == 0  # nothing readable
 
 
+def test_a_field_nested_past_the_stack_is_skipped_not_fatal() -> None:
+    """Another writer's JSON nested deeper than Python's recursion limit, read or
+    heard: skipped like any unreadable field; the fields and messages beside it count."""
+    fleet = FleetLoad("g1")
+    fleet.attach(LocalLoad(clock=Clock()))
+    pages = {"a": (0, 0)}
+    deep = '{"a":' + "[" * 5000 + "]" * 5000 + "}"
+    fleet.absorb(["g2", '9000 {"a":[2,0,0]}', "g3", f"9000 {deep}"], pages, 0.0, asked_at=1.0)
+    assert fleet.peer_in_flight("a") == 2 and fleet.shared
+    fleet.hear([f"9100 {deep} g3", '9100 {"a":[5,0,0]} g4'], pages, 0.0, 1000, heard_at=2.0)
+    assert fleet.peer_in_flight("a") == 2 + 5
+
+
 def test_a_user_who_may_not_publish_shares_by_reading(caplog: pytest.LogCaptureFixture) -> None:
     """The share script refused while publishing, answered without: the channel's
     right is missing, not the hash's. The replica goes on writing and reading the hash
