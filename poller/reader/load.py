@@ -46,6 +46,11 @@ FAILED_ALPHA = 0.25
 #: Finished requests are remembered this long (s), so the load at a page's scrape time
 #: can be told (``in_flight_at``); at most ``DONE_MAX`` per endpoint.
 DONE_S, DONE_MAX = 10.0, 4096
+#: What is known of an endpoint with nothing in flight is forgotten once it has faded
+#: this long (its slowness and failures are then within 0.3 % of neutral), so endpoints
+#: that come and go (a rollout's new addresses) cost no memory for good; looked over
+#: every ``DONE_S``.
+FORGET_S = 6 * LATENCY_FADE_S
 
 
 def clamp(value: float, low: float, high: float) -> float:
@@ -81,6 +86,7 @@ class LocalLoad:
         "_done",
         "_failed",
         "_lock",
+        "_next_sweep",
         "_starts",
         "_took",
         "_total",
@@ -104,6 +110,7 @@ class LocalLoad:
         self._done: dict[str, deque[tuple[float, float]]] = {}
         # Endpoints with a request started or ended since ``take_changed`` last ran.
         self._changed: set[str] = set()
+        self._next_sweep = clock() + DONE_S
         #: The gateway fleet's shared counts this load is published in (``FleetLoad``,
         #: poller/reader/share.py); set when a picker first meets it with a cache that
         #: shares, or by ``FleetLoad.attach``.
@@ -133,8 +140,10 @@ class LocalLoad:
     ) -> None:
         """A request to ``endpoint_id`` ended. Without ``started_at`` the oldest one in
         flight counts as ended: the newer ones, which the view is least likely to show,
-        stay counted. An endpoint with nothing in flight is left alone (no error: a
-        gateway's retry path may report an end twice). ``ok=False`` (an error answer,
+        stay counted. An end reported twice (a gateway's retry path may) is no error and
+        ends nothing more: an endpoint with nothing in flight is left alone, and a
+        ``started_at`` of a request already ended (within ``DONE_S``) is ignored; an
+        unknown ``started_at`` ends the oldest, as without one. ``ok=False`` (an error answer,
         a broken connection) counts the request as taking ``FAILED_TIMES`` the usual
         time: an endpoint that fails fast must not look fast until the view shows it
         failing."""
@@ -147,7 +156,12 @@ class LocalLoad:
                 began = starts.pop(0)
             else:
                 at = bisect_right(starts, started_at) - 1
-                began = starts.pop(at if at >= 0 and starts[at] == started_at else 0)
+                if at < 0 or starts[at] != started_at:
+                    ended = self._done.get(endpoint_id)
+                    if ended is not None and any(b == started_at for b, _ in ended):
+                        return  # this request's end, reported again
+                    at = 0
+                began = starts.pop(at)
             self._total -= 1
             first = not self._changed
             self._changed.add(endpoint_id)
@@ -167,8 +181,23 @@ class LocalLoad:
             if failed is not None or not ok:
                 share = 0.0 if failed is None else failed[0]
                 self._failed[endpoint_id] = (share + FAILED_ALPHA * ((not ok) - share), now)
+            if now >= self._next_sweep:
+                self._sweep(now)
         if first and self.fleet is not None:
             self.fleet.wake()
+
+    def _sweep(self, now: float) -> None:
+        """Forget the endpoints with nothing in flight whose record is past ``DONE_S``
+        and whose times and failures have faded for ``FORGET_S`` (under the lock)."""
+        self._next_sweep = now + DONE_S
+        busy = self._starts
+        for endpoint_id, done in list(self._done.items()):
+            if endpoint_id not in busy and (not done or done[-1][1] < now - DONE_S):
+                del self._done[endpoint_id]
+        for table in (self._took, self._failed):
+            for endpoint_id, (_, at) in list(table.items()):
+                if endpoint_id not in busy and at < now - FORGET_S:
+                    del table[endpoint_id]
 
     def _took_s(self, endpoint_id: str, took_s: float, now: float) -> None:
         held = self._took.get(endpoint_id)

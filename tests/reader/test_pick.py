@@ -261,6 +261,42 @@ def test_local_load_counts_what_started_after_the_scrape() -> None:
     local.finished("nothing")  # no error: a retry path may report twice
 
 
+def test_endpoints_that_came_and_went_are_forgotten() -> None:
+    """A rollout's addresses come and go: what a ``LocalLoad`` keeps of an endpoint with
+    nothing in flight goes once it has faded (``FORGET_S``), so memory follows the
+    endpoints in use, not every one ever seen."""
+    from poller.reader.load import FORGET_S
+
+    clock = Clock(100.0)
+    local = LocalLoad(clock)
+    for generation in range(30):
+        for k in range(20):
+            with local.track(f"g{generation}-{k}"):
+                clock.t += 0.01
+            local.finished(f"g{generation}-{k}", -1.0)  # nothing in flight: no error
+        clock.t += 10.0
+    kept = set(local._done) | set(local._took) | set(local._failed)
+    assert kept and len(kept) <= 20 * (FORGET_S / 10.0 + 2), len(kept)
+    assert {e.split("-")[0] for e in kept} <= {f"g{g}" for g in range(22, 30)}
+    assert "g29-0" in local._took  # the recent ones stay known
+
+
+def test_an_end_reported_twice_ends_one_request_only() -> None:
+    """The same request's end reported again (its start time) leaves the others in
+    flight counted; a start time never handed out ends the oldest."""
+    clock = Clock(100.0)
+    local = LocalLoad(clock)
+    first = local.started("a")
+    clock.t = 100.5
+    local.started("a")
+    clock.t = 101.0
+    local.finished("a", first)
+    local.finished("a", first)  # again: nothing more ends
+    assert local.in_flight("a") == 1
+    local.finished("a", 12.34)  # unknown: the oldest
+    assert local.in_flight("a") == 0
+
+
 def test_recent_requests_count_for_the_replicas_like_this_one() -> None:
     # The view shows 33 requests in all; this replica has 1 in flight: it sends ~1/17 of
     # the fleet's requests, so its one request since a's scrape stands for ~17.
