@@ -83,14 +83,17 @@ def fleet_score(
 
 
 def fleet_of(view: object, local: LocalLoad) -> FleetLoad | None:
-    """The shared counts ``local`` is published in: its own, or the cache's (attached
-    then, so this replica's requests are published from now on)."""
-    fleet = local.fleet
-    if fleet is None:
-        cache = view if isinstance(view, ViewCache) else getattr(view, "cache", None)
-        fleet = getattr(cache, "fleet", None)
-        if fleet is not None:
-            fleet.attach(local)
+    """The shared counts ``local`` is published in: the cache's, when the view comes
+    from a cache that shares (``local`` attached to it then, and left by the fleet of a
+    cache before, closed or reopened since), else its own."""
+    cache = view if isinstance(view, ViewCache) else getattr(view, "cache", None)
+    fleet: FleetLoad | None = getattr(cache, "fleet", None)
+    held = local.fleet
+    if fleet is None or fleet is held:
+        return held
+    if held is not None:
+        held.detach(local)
+    fleet.attach(local)
     return fleet
 
 

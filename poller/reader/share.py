@@ -137,6 +137,12 @@ class FleetLoad:
         self._locals.add(local)
         local.fleet = self
 
+    def detach(self, local: LocalLoad) -> None:
+        """``local`` is published no more here (it moved to another cache's fleet)."""
+        self._locals.discard(local)
+        if local.fleet is self:
+            local.fleet = None
+
     def wake(self) -> None:
         """An attached load changed (``LocalLoad`` calls it once per exchange at most)."""
         waker = self.waker

@@ -150,6 +150,25 @@ def test_the_picker_routes_on_the_fleet_as_the_oracle_would() -> None:
     assert {picker.pick(view, local=local) for _ in range(20)} == {"b"}
 
 
+def test_a_load_moves_to_the_fleet_of_the_cache_it_is_picked_on() -> None:
+    """A replica's ``LocalLoad`` picked on a cache reopened since (a reconnect, an
+    integration's new event loop) is published by the new cache's fleet, no longer by
+    the old one's."""
+    from poller.reader.cache import ViewCache
+    from poller.reader.scores import fleet_of
+
+    local = LocalLoad(clock=Clock())
+    old, new = ViewCache(), ViewCache()
+    old.fleet, new.fleet = FleetLoad("g1"), FleetLoad("g1")
+    assert fleet_of(old, local) is old.fleet and local.fleet is old.fleet
+    local.started("a")
+    assert old.fleet.record({}, 0.0) != ""
+    assert fleet_of(new, local) is new.fleet and local.fleet is new.fleet
+    assert new.fleet.record({}, 0.0) == '{"a":[1,0,0]}'  # 1 now, none at no page
+    assert old.fleet.record({}, 0.0) == ""  # left: nothing of ours published there
+    assert fleet_of(new, local) is new.fleet  # stays
+
+
 def test_identity_is_chosen_and_can_be_set() -> None:
     assert FleetLoad().replica_id != FleetLoad().replica_id
     assert str(os.getpid()) in default_replica_id()
