@@ -53,7 +53,9 @@ def fleet_score(
     exact); ties by KV usage. ``latency=False``: neither factor; ``speed=False``: the
     failure factor only."""
     in_flight, failing, slower = local.in_flight, local.failing, local.slowness
-    extra, peers = fleet.extra, fleet.peers
+    # Redis lost (no answer within a second): the others' counts, no longer current,
+    # are left out; this replica's own and the pages' outside traffic remain.
+    extra, peers = (fleet.extra, fleet.peers) if fleet.shared else (fleet.outside, 0)
     share = 0.0 if fleet.pushed or not (speed and latency) else peers / (1 + peers)
     now = local.now()
     if not latency:

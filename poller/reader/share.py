@@ -79,7 +79,9 @@ class FleetLoad:
       replica's newest write wins, whichever way it came.
     - ``extra``: endpoint id -> the load to add to this replica's own in flight there
       (the other replicas' in flight now + the outside traffic the page shows). An
-      endpoint missing from it counts its page's running + waiting.
+      endpoint missing from it counts its page's running + waiting. ``outside``: the
+      same without the other replicas' (what a pick adds while ``shared`` is False:
+      Redis lost, the others' counts no longer current).
 
     ``pages`` is ``(endpoint id, running + waiting, scraped_at_ms)`` for the endpoints of
     the view, ``offset_ms`` the Redis clock minus the local clock (``ViewCache``'s).
@@ -91,21 +93,26 @@ class FleetLoad:
         *,
         retry_s: float = RETRY_S,
         ttl_ms: int = TTL_MS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if replica_id is not None and (not isinstance(replica_id, str) or not replica_id):
             raise ValueError(f"replica_id must be a non-empty string, got {replica_id!r}")
         self.replica_id = replica_id or default_replica_id()
         self.retry_s = retry_s
         self.ttl_ms = ttl_ms
+        #: Seconds of the exchange's clock (``time.monotonic``; a simulation passes its own).
+        self.clock = clock
         self._locals: weakref.WeakSet[LocalLoad] = weakref.WeakSet()
         #: Endpoint id -> load to add to our own in flight (see the class doc).
         self.extra: dict[str, float] = {}
+        #: Endpoint id -> the outside traffic alone (``extra`` without the others').
+        self.outside: dict[str, float] = {}
         #: Live replicas with something in flight, ours not counted.
         self.peers = 0
         #: The others' writes are heard as they happen (the exchange's subscription is
         #: up): their counts are exact but for a few milliseconds, not a read's age.
         self.pushed = False
-        #: Monotonic seconds of the last exchange Redis answered; None: never.
+        #: ``clock()`` seconds of the last exchange Redis answered; None: never.
         self.exchanged_at: float | None = None
         #: Called (no arguments, from any thread) when an attached load's first change
         #: since the last ``take_changed`` happens: the exchange's wake-up.
@@ -261,8 +268,8 @@ class FleetLoad:
         """The other replicas' writes as the channel pushed them, and the fields past
         their expiry at ``now_ms`` (the Redis clock) dropped; ``changed`` as for
         ``absorb``. No message at all: the pages and the expiries only. ``heard_at``:
-        now on the clock of ``absorb``'s ``asked_at`` (default ``time.monotonic()``)."""
-        heard_at = time.monotonic() if heard_at is None else heard_at
+        now on the clock of ``absorb``'s ``asked_at`` (default ``clock()``)."""
+        heard_at = self.clock() if heard_at is None else heard_at
         moved = self._peers.hear(messages, now_ms, heard_at)
         self._estimate(pages, offset_ms, changed, moved, answered=False)
 
@@ -282,15 +289,17 @@ class FleetLoad:
         todo: Iterable[str]
         if changed is None:
             extra: dict[str, float] = {}
+            outside: dict[str, float] = {}
             fading: dict[str, tuple[float, int]] = {}
             todo = pages
             for gone in [e for e in self._outside if e not in pages]:
                 del self._outside[gone]
         else:
-            extra, fading = self.extra, self.fading
+            extra, outside, fading = self.extra, self.outside, self.fading
             todo = {*changed, *moved}
             for gone in [e for e in todo if e not in pages]:
                 extra.pop(gone, None)
+                outside.pop(gone, None)
                 fading.pop(gone, None)
                 self._outside.pop(gone, None)
                 todo.discard(gone)
@@ -319,17 +328,19 @@ class FleetLoad:
                 history.append((scraped_ms, beyond, held))
             floor = max(0, min(o for _, o, _ in history))
             extra[endpoint_id] = float(floor + peer_now)
+            outside[endpoint_id] = float(floor)
             if beyond > floor:
                 fading[endpoint_id] = ((scraped_ms - offset_ms) / 1000, beyond - floor)
             else:
                 fading.pop(endpoint_id, None)
         with self._lock:
             self.extra = extra
+            self.outside = outside
             self.fading = fading
             self.current = self._held > 0 and self._missed <= CURRENT_MISS * self._held
             self.peers = self._peers.live
             if answered:
-                self.exchanged_at = time.monotonic()
+                self.exchanged_at = self.clock()
 
     def next_expiry_ms(self) -> float:
         """The Redis-clock ms at which the first other replica's field expires."""
@@ -340,7 +351,7 @@ class FleetLoad:
         """The other replicas' counts are current (the last exchange answered within
         ``LOST_AFTER_MS``): False means this replica's own counts only."""
         at = self.exchanged_at
-        return at is not None and (time.monotonic() - at) * 1000 <= LOST_AFTER_MS
+        return at is not None and (self.clock() - at) * 1000 <= LOST_AFTER_MS
 
     def peer_in_flight(self, endpoint_id: str) -> int:
         """The other replicas' requests in flight to ``endpoint_id``, as last heard."""

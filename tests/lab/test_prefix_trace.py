@@ -53,7 +53,7 @@ def test_the_trace_reads_the_parts_of_the_picker_s_own_estimate() -> None:
     local, fleet = LocalLoad(), FleetLoad("g1")
     fleet.attach(local)
     local.started("a")
-    fleet.extra = {"a": 2.0}
+    fleet.extra = fleet.outside = {"a": 2.0}
     slots = {"a": SimpleNamespace(id="a", requests=5, weight=2.0)}
     slots["b"] = SimpleNamespace(id="b", requests=3, weight=1.0)
     parts = _parts(fleet_score(local, fleet), SimpleNamespace(slots=slots))

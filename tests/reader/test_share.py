@@ -140,7 +140,7 @@ def test_the_picker_routes_on_the_fleet_as_the_oracle_would() -> None:
 
     clock = Clock()
     local = LocalLoad(clock=clock)
-    fleet = FleetLoad("g1")
+    fleet = FleetLoad("g1", clock=clock)  # answered at clock.t: shared as long as it stands
     fleet.attach(local)
     # Pages a second old say "a" is empty and "b" busy; the fleet knows better.
     view = view_of(timed("a", running="0"), timed("b", running="6"), offset_ms=0.0)
@@ -167,6 +167,27 @@ def test_a_load_moves_to_the_fleet_of_the_cache_it_is_picked_on() -> None:
     assert new.fleet.record({}, 0.0) == '{"a":[1,0,0]}'  # 1 now, none at no page
     assert old.fleet.record({}, 0.0) == ""  # left: nothing of ours published there
     assert fleet_of(new, local) is new.fleet  # stays
+
+
+def test_redis_lost_leaves_the_others_counts_out_of_the_load() -> None:
+    """The exchange unanswered for ``LOST_AFTER_MS``: a pick counts this replica's own
+    requests and the pages' outside traffic, not the others' counts, which may be
+    seconds old by then (a threaded reader's call can block for its socket timeout)."""
+    from poller.reader.index import Slot
+    from poller.reader.scores import fleet_score
+    from poller.reader.share import LOST_AFTER_MS
+    from tests.reader.test_pick import timed
+
+    clock = Clock()
+    local = LocalLoad(clock=clock)
+    fleet = FleetLoad("g1", clock=clock)
+    fleet.attach(local)
+    local.started("a")
+    fleet.absorb(["g2", '1 {"a":[4,4,100000]}'], {"a": (7, 100_000)}, 0.0)
+    slot = Slot("a", timed("a", running="7").stats, math.inf)  # weight 1
+    assert fleet.shared and fleet_score(local, fleet)(slot)[0] == 2 + 4 + 1 + 1
+    clock.t += LOST_AFTER_MS / 1000 + 0.001  # no answer since
+    assert not fleet.shared and fleet_score(local, fleet)(slot)[0] == 2 + 1 + 1
 
 
 def test_identity_is_chosen_and_can_be_set() -> None:
@@ -299,7 +320,7 @@ def test_a_large_bag_on_the_fleet_estimate_skips_full_engines_and_favours_idle_o
     local = LocalLoad(clock=Clock())
     fleet = FleetLoad("g1")
     fleet.attach(local)
-    fleet.extra = {f"queued-{i}": (50.0 if i % 2 else 0.0) for i in range(n)}
+    fleet.extra = fleet.outside = {f"queued-{i}": (50.0 if i % 2 else 0.0) for i in range(n)}
     chosen = picks(Picker(rng=random.Random(5)), view, 400, local=local)
     assert all(str(e).startswith("queued-") for e in chosen), chosen
     idle = sum(c for e, c in chosen.items() if int(str(e).split("-")[1]) % 2 == 0)

@@ -113,7 +113,7 @@ class _Gateway:
         self.push = push
         self.local = LocalLoad(clock=lambda: clock[0])
         self.picker = Picker(rng=random.Random(seed), share=policy == "picker")
-        self.fleet = FleetLoad(f"g{index}", ttl_ms=TTL_MS)
+        self.fleet = FleetLoad(f"g{index}", ttl_ms=TTL_MS, clock=lambda: clock[0])
         if policy == "picker":
             self.fleet.attach(self.local)
             self.fleet.pushed = push  # the writes are heard as they happen (HEAR below)
