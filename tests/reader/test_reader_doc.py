@@ -98,7 +98,7 @@ def target_of(url: str) -> str:
 def test_the_threaded_worked_example_runs(redis_server: RedisProcess) -> None:
     asyncio.run(_flush_and_fill(redis_server.url))
     namespace: dict[str, Any] = {}
-    exec(compile(example("async") + example("threads"), str(DOC), "exec"), namespace)
+    exec(compile(example("threads"), str(DOC), "exec"), namespace)  # it stands alone
     sent: list[str] = []
     lock = threading.Lock()
 
@@ -116,3 +116,22 @@ async def _flush_and_fill(url: str) -> None:
     await client.flushall()
     await client.aclose()
     await fleet(url)
+
+
+def test_the_readme_s_gateway_runs_as_written(redis_server: RedisProcess) -> None:
+    """README.md's gateway example, its Redis URL and model swapped for the test's: it
+    runs (it is valid Python as shown) and picks an endpoint of the model."""
+    text = (REPO / "README.md").read_text("utf-8")
+    found = re.search(r"reader library:\s*```python\n(.*?)```", text, re.S)
+    assert found, "README.md lost its gateway example"
+    code = found.group(1)
+    assert "redis://redis:6379/0" in code and "meta-llama/Llama-3.1-8B-Instruct" in code
+    code = code.replace("redis://redis:6379/0", redis_server.url)
+    code = code.replace("meta-llama/Llama-3.1-8B-Instruct", "m1")
+    code = code.replace("...  # send", "picked.append(target)  # send")
+    asyncio.run(_flush_and_fill(redis_server.url))
+    picked: list[str] = []
+    namespace: dict[str, Any] = {"picked": picked}
+    exec(compile(code, "README.md", "exec"), namespace)
+    asyncio.run(namespace["gateway"]())
+    assert picked and picked[0] in ("a", "b")

@@ -212,8 +212,9 @@ class Routing:
     # --- the picker's rules -------------------------------------------------------------
 
     def asked(self, cache: ViewCache, target: Target) -> str | None:
-        """The model to ask the picker for: the deployment's, or None when the endpoint's
-        engine names no model on its page (llama.cpp, TGI, trtllm-serve), which would
+        """The model to ask the picker for: the deployment's, or None when the view lists
+        no model for the endpoint (its page names none and its ``/v1/models`` was not
+        read: llama.cpp, TGI, trtllm-serve before the poller reads that), which would
         otherwise never be eligible for any."""
         endpoint_id = target.endpoint_id
         view = None if endpoint_id is None else cache.base(endpoint_id)
