@@ -44,7 +44,17 @@ def prefer(
     chosen = index.slots.get(chosen_id)
     if chosen is None or not ids:
         return chosen_id
-    holders = table.matches(ids, found=found)
+    slots = index.slots
+
+    def usable(endpoint_id: str) -> bool:
+        slot = slots.get(endpoint_id)
+        return (
+            slot is not None
+            and slot.fresh_until_ms >= judge_ms
+            and (allowed is None or endpoint_id in allowed)
+        )
+
+    holders = table.matches(ids, found=found, keep=usable)
     if not holders:  # a new prompt: nothing to weigh against the load-only choice
         return chosen_id
     bound = score(chosen)[0] * factor + slack
@@ -66,7 +76,7 @@ def prefer(
             continue
         if (slot.full if by_kv else slot.saturated) and not saturated:
             continue
-        if table.observe(endpoint_id, slot.prefix_queries, slot.prefix_hits):
+        if table.observe(endpoint_id, slot.prefix_queries, slot.prefix_hits, slot.scraped_at_ms):
             continue  # its cache was reset since: what it held is gone
         load = score(slot)[0]
         if load <= best_load and (n > best_n or load < best_load):

@@ -432,9 +432,15 @@ class Exchange:
 
 
 def _observe(placements: Placements, endpoint_id: str, view: Any) -> None:
-    """The endpoint's prefix-cache counters, to the placements: going back voids its."""
+    """The endpoint's page, to the placements: its prefix-cache counters (going back
+    voids its placements) and its KV capacity (the others' placements there are judged
+    by it too, not only this replica's)."""
     stats = getattr(view, "stats", None)
     if stats is not None:
         placements.observe(
-            endpoint_id, stats.prefix_cache_queries_total, stats.prefix_cache_hits_total
+            endpoint_id,
+            stats.prefix_cache_queries_total,
+            stats.prefix_cache_hits_total,
+            stats.scraped_at_ms,
         )
+        placements.capacity(endpoint_id, stats.kv_capacity_tokens)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import groupby
@@ -63,6 +64,9 @@ DEFAULT_CAPACITY_TOKENS = 131072
 #: Tokens per block of the picker's (poller/reader/prefix.py): an engine's capacity in
 #: blocks is its ``kv_capacity_tokens`` over this.
 TOKENS_PER_BLOCK = BLOCK_BYTES // BYTES_PER_TOKEN
+#: Endpoints the table keeps track of (about 1 KB each); when as many were seen (a
+#: fleet whose addresses churn), it starts over, as a restarted replica does.
+MAX_ENDPOINTS = 1 << 16
 #: Endpoints one block is remembered on at most.
 MAX_HOLDERS = 4
 #: A block used again where it is held is moved up (an LRU's move to the front) and
@@ -72,6 +76,9 @@ MAX_HOLDERS = 4
 #: the rewrite the others would take a block in use for evicted; the price is a block
 #: taken for evicted up to this share of the capacity early.
 REWRITE_AFTER = 0.25
+#: A block in use is also moved up and written again once its position is this share
+#: of ``age_s`` old, so that it never ages out while in use.
+REWRITE_AGE = 0.5
 #: The exchange answered within this long: the other replicas' placements are current.
 LOST_AFTER_MS = 1000
 
@@ -109,7 +116,8 @@ class Placements:
         self._low: list[int] = []  # lowest valid position per code (age, resets)
         self._cap: list[int] = []  # capacity in blocks per code
         self._marks: list[deque[tuple[float, int]]] = []  # (time, used) per code
-        self._seen: list[tuple[float, float] | None] = []  # counters last observed
+        # counters last observed, and the scrape (ms) of the page that showed them
+        self._seen: list[tuple[float, float, int] | None] = []
         self._next_expire = 0.0
         #: Written to Redis by the exchange (set by a cached reader that shares them).
         self.sharing = False
@@ -138,7 +146,10 @@ class Placements:
     def lookup(self, ids: Sequence[int]) -> Found:
         """What the table holds for each of ``ids`` (None: nothing), and the positions of
         those found in the older generation: one pass that ``matches`` and ``record``
-        both use, so a pick looks each block up once."""
+        both use, so a pick looks each block up once. Placements past their age stop
+        counting first (``expire``)."""
+        if self._clock() >= self._next_expire:
+            self.expire()
         values: list[Value | None] = list(map(self._new.get, ids))
         old = self._old
         aged: set[int] = set()
@@ -152,15 +163,21 @@ class Placements:
         return values, aged
 
     def matches(
-        self, ids: Sequence[int], limit: int = MAX_HOLDERS, found: Found | None = None
+        self,
+        ids: Sequence[int],
+        limit: int = MAX_HOLDERS,
+        found: Found | None = None,
+        keep: Callable[[str], bool] | None = None,
     ) -> list[tuple[str, int]]:
         """The endpoints holding a prefix of ``ids``, longest first, at most ``limit``
-        (``found``: ``lookup(ids)`` already made)."""
+        (``found``: ``lookup(ids)`` already made; ``keep``: only endpoints it says yes
+        to, so that holders a pick may not use leave room for those it may)."""
         values = (found or self.lookup(ids))[0]
         if not any(values):  # a new prompt: nothing holds it (a value is never 0)
             return []
-        low, used, cap = self._low, self._used, self._cap
+        low, used, cap, names = self._low, self._used, self._cap, self._ids
         best: dict[int, int] = {}
+        passed: set[int] = set()
         last: Value | None = None
         for k in range(len(values) - 1, -1, -1):
             value = values[k]
@@ -169,13 +186,15 @@ class Placements:
             last = value
             for v in (value,) if type(value) is int else value:  # type: ignore[union-attr]
                 code = v & _MASK
-                if code not in best:
+                if code not in best and code not in passed:
                     pos = v >> CODE_BITS
                     if pos >= low[code] and used[code] - pos < cap[code]:
-                        best[code] = k + 1
+                        if keep is None or keep(names[code]):
+                            best[code] = k + 1
+                        else:
+                            passed.add(code)
             if len(best) >= limit:
                 break
-        names = self._ids
         return [(names[code], n) for code, n in best.items()]
 
     # --- changes ------------------------------------------------------------------------
@@ -183,7 +202,7 @@ class Placements:
     def _code(self, endpoint_id: str) -> int:
         code = self._codes.get(endpoint_id)
         if code is None:
-            if len(self._ids) > _MASK:  # a million endpoints seen: start over
+            if len(self._ids) >= MAX_ENDPOINTS:  # as many seen: start over
                 self._clear()
             code = self._codes[endpoint_id] = len(self._ids)
             self._ids.append(endpoint_id)
@@ -193,6 +212,17 @@ class Placements:
             self._marks.append(deque())
             self._seen.append(None)
         return code
+
+    def capacity(self, endpoint_id: str, capacity_tokens: float | None) -> None:
+        """The endpoint's KV capacity as its page shows it (None: unknown, left as is)."""
+        if capacity_tokens is None or not capacity_tokens > 0:
+            return
+        blocks = max(1, int(capacity_tokens) // TOKENS_PER_BLOCK)
+        code = self._codes.get(endpoint_id)
+        if code is not None and self._cap[code] == blocks:
+            return
+        with self._lock:
+            self._cap[self._code(endpoint_id)] = blocks
 
     def _clear(self) -> None:
         """Everything forgotten (new objects: a pick reading the old ones meanwhile reads
@@ -235,16 +265,18 @@ class Placements:
         if len(self._new) + len(ids) > self.max_blocks // 2:
             self._old, self._new = self._new, {}  # the older generation is dropped
             found = None  # found in generations that moved
-        used, fresh, again = self._blocks(ids, code, found or self.lookup(ids))
+        used, fresh, again = self._blocks(ids, code, found or self.lookup(ids), now)
         self._used[code] = used
         marks = self._marks[code]
         if not marks or now - marks[-1][0] >= MARK_S:
             marks.append((now, used))
+        else:  # within the step: these blocks age with its mark (at most MARK_S early)
+            marks[-1] = (marks[-1][0], used)
         self.placed += len(fresh)
         return fresh, again
 
     def _blocks(
-        self, ids: Sequence[int], code: int, found: Found
+        self, ids: Sequence[int], code: int, found: Found, now: float
     ) -> tuple[int, list[int], list[int]]:
         """Place ``ids`` on ``code``: (its count of blocks after, the ids new there, the
         ids held there due to be written again). Every block of the prompt placed anew
@@ -255,8 +287,9 @@ class Placements:
             used = self._used[code] + len(ids)
             self._new.update(dict.fromkeys(ids, used << CODE_BITS | code))
             return used, list(ids), []
-        runs, fresh, again = self._judge(ids, values, code)
-        used = self._used[code] + len(fresh)
+        runs, fresh, again = self._judge(ids, values, code, now)
+        # Blocks moved up get a position past every other (one more when none is new).
+        used = self._used[code] + (len(fresh) or (1 if again else 0))
         mark = used << CODE_BITS | code
         new = self._new
         for start, end, value, stays in runs:
@@ -276,7 +309,7 @@ class Placements:
         return used, fresh, again
 
     def _judge(
-        self, ids: Sequence[int], values: list[Value | None], code: int
+        self, ids: Sequence[int], values: list[Value | None], code: int, now: float
     ) -> tuple[list[tuple[int, int, Value | None, bool]], list[int], list[int]]:
         """Of ``ids`` on ``code``, judged once per run of one value (blocks placed
         together hold the same): (the runs as (start, end, value, stays), the ids new
@@ -284,6 +317,12 @@ class Placements:
         there and keeps its position."""
         used, cap, floor = self._used[code], self._cap[code], self._low[code]
         due = used - int(cap * REWRITE_AFTER)
+        # ... or placed before a mark older than REWRITE_AGE of the age: a block in use
+        # is moved up and written again before its age runs out, here and elsewhere.
+        marks = self._marks[code]
+        old = bisect_left(marks, (now - self.age_s * REWRITE_AGE,))
+        if old:
+            due = max(due, marks[old - 1][1])
         runs: list[tuple[int, int, Value | None, bool]] = []
         fresh: list[int] = []
         again: list[int] = []
@@ -320,6 +359,16 @@ class Placements:
         kept.append(mark)
         return kept[0] if len(kept) == 1 else tuple(kept[-MAX_HOLDERS:])
 
+    def expire(self) -> None:
+        """Placements not used within ``age_s`` stop counting, whether or not anything
+        was placed since (``lookup`` calls it; the work is done at most once per
+        ``MARK_S``)."""
+        now = self._clock()
+        if now >= self._next_expire:
+            with self._lock:
+                if now >= self._next_expire:
+                    self._expire(now)
+
     def _expire(self, now: float) -> None:
         """Placements not used within ``age_s`` stop counting (under the lock)."""
         self._next_expire = now + MARK_S
@@ -330,10 +379,18 @@ class Placements:
                 if used + 1 > self._low[code]:
                     self._low[code] = used + 1
 
-    def observe(self, endpoint_id: str, queries: float | None, hits: float | None) -> bool:
+    def observe(
+        self,
+        endpoint_id: str,
+        queries: float | None,
+        hits: float | None,
+        scraped_ms: int | None = None,
+    ) -> bool:
         """The endpoint's prefix-cache counters (``prefix_cache_queries_total``,
-        ``hits_total``) as its page shows them; either below what was seen before (the
-        engine restarted or reset its cache): its placements are void (returns True)."""
+        ``hits_total``) as its page scraped at ``scraped_ms`` shows them; either below
+        what was seen before (the engine restarted or reset its cache): its placements
+        are void (returns True). A page older than one seen already (a pick on an index
+        a page behind the exchange's) says nothing."""
         if queries is None or hits is None:
             return False
         code = self._codes.get(endpoint_id)
@@ -341,14 +398,18 @@ class Placements:
             with self._lock:
                 code = self._code(endpoint_id)
         seen = self._seen[code]
-        if seen is not None and seen == (queries, hits):
+        if seen is not None and seen[0] == queries and seen[1] == hits:
             return False
         with self._lock:
+            seen = self._seen[code]
+            if seen is not None and scraped_ms is not None and scraped_ms < seen[2]:
+                return False
             reset = seen is not None and (queries < seen[0] or hits < seen[1])
             if reset:
                 self._low[code] = self._used[code] + 1
                 self.invalidated += 1
-            self._seen[code] = (queries, hits)
+            at = scraped_ms if scraped_ms is not None else (-1 if seen is None else seen[2])
+            self._seen[code] = (queries, hits, at)
         return reset
 
     # --- the exchange (poller/reader/share.py) ----------------------------------------

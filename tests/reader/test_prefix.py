@@ -175,6 +175,72 @@ def test_a_placement_stops_counting_past_the_age_cap() -> None:
     assert table.matches(ids) == []
 
 
+def test_placements_past_the_age_cap_stop_counting_with_nothing_placed_since() -> None:
+    """A quiet spell: the first lookup after it already finds nothing, with no record
+    in between; blocks placed within one mark's step age with that mark."""
+    clock = Clock()
+    table = Placements(age_s=60.0, clock=clock)
+    ids = block_ids(text(BLOCK_BYTES * 3))
+    table.record("e", ids)
+    clock.t += 5  # within the mark's step (MARK_S)
+    later = block_ids(text(BLOCK_BYTES * 2, seed=3))
+    table.record("e", later)
+    clock.t += 30
+    assert table.matches(ids) == [("e", 3)] and table.matches(later) == [("e", 2)]
+    clock.t += 1000  # nothing placed anywhere since
+    assert table.matches(ids) == [] and table.matches(later) == []
+
+
+def test_a_block_in_use_never_ages_out_here_or_in_the_others_tables() -> None:
+    """A hot prompt used every 30 s on a big engine (never a quarter of its capacity
+    placed between uses): it is moved up and written again before its age runs out
+    (``REWRITE_AGE``), so neither this table nor one that reads what it writes ever
+    takes it for evicted; unused for ``age_s`` it goes."""
+    clock = Clock()
+    a, b = Placements(age_s=120.0, clock=clock), Placements(age_s=120.0, clock=clock)
+    a.sharing = True
+    hot = block_ids(text(BLOCK_BYTES * 8, seed=9))
+    start = clock.t
+    for k in range(0, 1500, 5):  # 25 minutes
+        clock.t = start + k
+        if k % 30 == 0 and k <= 1200:
+            a.record("e", hot, 8192 * TOKENS_PER_BLOCK)
+            b.absorb(["1-0", "1-0", a.outgoing()])
+        b.record("x", block_ids(text(BLOCK_BYTES, seed=10_000 + k)))  # b's own traffic
+        held = (a.matches(hot), b.matches(hot))
+        if k <= 1200:
+            assert held == ([("e", 8)], [("e", 8)]), k
+    assert held == ([], [])  # unused for 295 s, past age_s
+
+
+def test_a_page_older_than_one_seen_says_nothing_of_a_reset() -> None:
+    """A pick on an index a page behind the exchange's shows lower counters than the
+    exchange saw: not a reset. A newer page with lower counters is one."""
+    table = Placements()
+    ids = block_ids(text(BLOCK_BYTES * 3))
+    table.record("e", ids)
+    assert not table.observe("e", 110.0, 55.0, 2000)  # the exchange: the newer page
+    assert not table.observe("e", 100.0, 50.0, 1000)  # a pick: the page before
+    assert table.matches(ids) == [("e", 3)] and table.invalidated == 0
+    assert table.observe("e", 3.0, 1.0, 3000)  # restarted
+    assert table.matches(ids) == [] and table.invalidated == 1
+
+
+def test_the_others_placements_are_judged_by_the_engine_s_capacity() -> None:
+    """A replica that never sent to an endpoint judges the placements it reads there by
+    the capacity the endpoint's page shows (``capacity``, from the exchange), as the
+    replica that wrote them does."""
+    a, b = Placements(), Placements()
+    a.sharing = True
+    b.capacity("e", 128 * TOKENS_PER_BLOCK)  # 128 blocks, as e's page says
+    prompts = [block_ids(text(BLOCK_BYTES * 10, seed=100 + i)) for i in range(31)]
+    for ids in prompts:  # one prompt an exchange: 310 blocks, the first ones evicted
+        a.record("e", ids, 128 * TOKENS_PER_BLOCK)
+        b.absorb(["1-0", "1-0", a.outgoing()])
+    assert a.matches(prompts[0]) == [] and b.matches(prompts[0]) == []
+    assert a.matches(prompts[-1]) == b.matches(prompts[-1]) == [("e", 10)]
+
+
 def test_counters_that_go_back_void_the_endpoints_placements_at_once() -> None:
     table = Placements()
     ids = block_ids(text(BLOCK_BYTES * 3))
@@ -338,6 +404,23 @@ def test_a_holder_that_may_not_take_the_request_is_passed_over() -> None:
         picker = Picker(rng=random.Random(4))
         picker.placements.record("a", ids)
         assert picker.pick(view, "m", prompt=PROMPT, candidates=candidates) == "b"
+
+
+def test_holders_a_pick_may_not_use_leave_room_for_one_it_may() -> None:
+    """More holders of a longer prefix than ``MAX_HOLDERS``, none of them usable (not
+    among the candidates, or gone from the view): the usable holder of a shorter prefix
+    still takes the request."""
+    system = text(BLOCK_BYTES * 4, seed=7)
+    prompt = system + text(BLOCK_BYTES * 2, seed=8)
+    for view_ids, candidates in (("abcdef", ["e", "f"]), ("ef", None)):
+        for seed in range(20):
+            picker = Picker(rng=random.Random(seed))
+            for e in "abcd"[:MAX_HOLDERS]:
+                picker.placements.record(e, block_ids(prompt, "m"))
+            picker.placements.record("e", block_ids(system, "m"))
+            view = view_of(*(timed(x, running="0", models="m") for x in view_ids))
+            chosen = picker.pick(view, "m", prompt=prompt + " next", candidates=candidates)
+            assert chosen == "e", (view_ids, seed)
 
 
 def test_a_holder_whose_counters_went_back_is_no_holder() -> None:
