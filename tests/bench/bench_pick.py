@@ -37,6 +37,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from itertools import repeat
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,7 +186,7 @@ def shared(
     results: dict[str, dict[str, float]],
 ) -> None:
     """The pick and the background exchange with the fleet's shared counts present."""
-    fleet = FleetLoad("bench", clock=lambda: 0.0)  # answered as of every pick
+    fleet = FleetLoad("bench", clock=repeat(0.0).__next__)  # answered as of every pick
     cache.fleet = fleet
     fleet.attach(local)
     rng = random.Random(4)

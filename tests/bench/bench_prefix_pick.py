@@ -29,7 +29,7 @@ import json
 import random
 import sys
 import time
-from itertools import starmap
+from itertools import repeat, starmap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +64,7 @@ def gateway(
     local = LocalLoad()
     for i in range(0, n, 3):
         local.started(f"ep-{i}")
-    fleet_load = FleetLoad("bench", clock=lambda: 0.0)  # answered as of every pick
+    fleet_load = FleetLoad("bench", clock=repeat(0.0).__next__)  # answered as of every pick
     cache.fleet = fleet_load
     fleet_load.attach(local)
     pages = pages_of((i, cache.base(i)) for i in cache.ids())
