@@ -286,7 +286,8 @@ class Exchange:
         placements = self.placements
         if self._carried is not None and placements is not None:
             self._placements_refused = False
-            placements.absorb(reply[3])
+            redis_ms = int(reply[0]) * 1000 + int(reply[1]) // 1000  # the script's TIME
+            placements.absorb(reply[3], redis_ms)
             fields = reply[4:]
         elif self._placements_suspect and placements is not None:
             self._placements_suspect = False

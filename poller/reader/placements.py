@@ -41,6 +41,7 @@ from typing import Any
 
 from poller.reader.outbox import Outbox, entries
 from poller.reader.prefix import BLOCK_BYTES, BYTES_PER_TOKEN
+from poller.util.text import digits
 
 __all__ = ["Found", "Placements"]
 
@@ -253,9 +254,10 @@ class Placements:
         ids: Sequence[int],
         capacity_tokens: float | None,
         found: Found | None = None,
+        age_s: float = 0.0,
     ) -> tuple[list[int], list[int]]:
-        """Place ``ids`` (under the lock); returns (those that were new there, those held
-        there that are due to be written again: ``REWRITE_AFTER``)."""
+        """Place ``ids``, placed ``age_s`` ago (under the lock); returns (those that were
+        new there, those held there that are due to be written again: ``REWRITE_AFTER``)."""
         now = self._clock()
         if now >= self._next_expire:
             self._expire(now)
@@ -268,9 +270,10 @@ class Placements:
         used, fresh, again = self._blocks(ids, code, found or self.lookup(ids), now)
         self._used[code] = used
         marks = self._marks[code]
-        if not marks or now - marks[-1][0] >= MARK_S:
-            marks.append((now, used))
-        else:  # within the step: these blocks age with its mark (at most MARK_S early)
+        at = now - age_s
+        if not marks or at - marks[-1][0] >= MARK_S:
+            marks.append((at, used))
+        else:  # within the step (or before it): these blocks age with the newest mark
             marks[-1] = (marks[-1][0], used)
         self.placed += len(fresh)
         return fresh, again
@@ -440,19 +443,28 @@ class Placements:
     def bytes_written(self) -> int:
         return self.outbox.bytes_written
 
-    def absorb(self, reply: Sequence[Any]) -> None:
+    def absorb(self, reply: Sequence[Any], now_ms: float | None = None) -> None:
         """The exchange's placement reply: ``[last entry id, entry id, body, ...]``, the
-        other replicas' entries since the last one read."""
+        other replicas' entries since the last one read. With ``now_ms`` (the Redis
+        clock), an entry ages from its id's time: one older than ``age_s`` is left out,
+        the others count for what is left of it (a new replica's first read, a backlog)."""
         if not reply:
             return
         self.last_id = str(reply[0])
         for i in range(2, len(reply), 2):
             body = str(reply[i])
             self.bytes_read += len(body)
+            age_s = 0.0
+            if now_ms is not None:
+                written = str(reply[i - 1]).partition("-")[0]
+                if digits(written):
+                    age_s = max(0.0, (now_ms - int(written)) / 1000)
+                    if age_s >= self.age_s:
+                        continue
             for endpoint_id, ids in entries(body):
                 self.ids_read += len(ids)
                 with self._lock:
-                    self._place(endpoint_id, ids, None)
+                    self._place(endpoint_id, ids, None, age_s=age_s)
         self.exchanged_at = time.monotonic()
 
     def __repr__(self) -> str:

@@ -213,6 +213,28 @@ def test_a_block_in_use_never_ages_out_here_or_in_the_others_tables() -> None:
     assert held == ([], [])  # unused for 295 s, past age_s
 
 
+def test_the_others_entries_age_from_when_they_were_written() -> None:
+    """An entry read late (a new replica's first read, a backlog) counts for what is
+    left of its age by its stream id's time; one older than ``age_s`` not at all."""
+    clock = Clock()
+    writer, reader = Placements(), Placements(age_s=600.0, clock=clock)
+    writer.sharing = True
+    old, recent = (
+        block_ids(text(BLOCK_BYTES * 3, seed=20)),
+        block_ids(text(BLOCK_BYTES * 3, seed=21)),
+    )
+    writer.record("e", old)
+    old_body = writer.outgoing()
+    writer.record("e", recent)
+    recent_body = writer.outgoing()
+    now_ms = 5_000_000
+    reply = ["x", f"{now_ms - 700_000}-0", old_body, f"{now_ms - 590_000}-0", recent_body]
+    reader.absorb(reply, now_ms)
+    assert reader.matches(old) == [] and reader.matches(recent) == [("e", 3)]
+    clock.t += 11  # past the 600 s since it was written
+    assert reader.matches(recent) == []
+
+
 def test_a_page_older_than_one_seen_says_nothing_of_a_reset() -> None:
     """A pick on an index a page behind the exchange's shows lower counters than the
     exchange saw: not a reset. A newer page with lower counters is one."""
