@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -114,26 +115,43 @@ async def test_proxy_with_the_doc_config_sends_nothing_to_the_three(
         proc.stop()
 
 
+def _run_example(script: Path, env: dict[str, str]) -> tuple[int | None, str, str]:
+    """Run the example: (its exit code, stdout, stderr); the code is None when it hung,
+    and then stderr holds every thread's stack (``-X faulthandler``, SIGABRT)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "faulthandler", str(script)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+        return proc.returncode, stdout, stderr
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+        return None, stdout, stderr
+
+
 @in_fleet_loop
 async def test_the_doc_sdk_example_routes_only_to_eligible_endpoints(
     f: Fleet, tmp_path: Path
 ) -> None:
     script = tmp_path / "example.py"
     script.write_text(doc_block("SDK example", "python"))
-    try:
-        run = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, str(script)],
-            env={**os.environ, **env_for(f)},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-    except subprocess.TimeoutExpired as exc:  # what it printed, and where engines stand
-        said = f"stdout {exc.stdout!r:.1500}\nstderr {exc.stderr!r:.3000}"
-        raise AssertionError(f"the example hung; {said}; queues {await f.queues()}") from None
-    assert run.returncode == 0, run.stderr[-3000:]
-    bases = run.stdout.split()
-    assert len(bases) == 10, run.stdout
+    code, stdout, stderr = await asyncio.to_thread(
+        _run_example, script, {**os.environ, **env_for(f)}
+    )
+    if code is None:  # what it printed, where it is stuck, where the engines stand
+        said = f"stdout {stdout!r:.1500}\nstderr (the stacks) {stderr[-6000:]}"
+        raise AssertionError(f"the example hung; {said}; queues {await f.queues()}")
+    assert code == 0, stderr[-3000:]
+    bases = stdout.split()
+    assert len(bases) == 10, stdout
     assert set(bases) <= {f.api_base(e) for e in OK}, bases
     assert (await f.served())[BAD[0]] == HELD
