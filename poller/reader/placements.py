@@ -108,7 +108,7 @@ class Placements:
         self.max_blocks = max_blocks
         self.age_s = age_s
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # lookup may expire under a caller that holds it
         self._new: dict[int, int | tuple[int, ...]] = {}
         self._old: dict[int, int | tuple[int, ...]] = {}
         self._codes: dict[str, int] = {}

@@ -235,6 +235,23 @@ def test_the_others_entries_age_from_when_they_were_written() -> None:
     assert reader.matches(recent) == []
 
 
+def test_a_record_whose_clock_passes_an_expiry_midway_does_not_lock_itself() -> None:
+    """A clock that moves 11 s per reading: the lookup inside a record finds an expiry
+    due while the record holds the table's lock, and expires under it (no deadlock; a
+    deadlock never ends, so the generous join below only tells one)."""
+    import itertools
+    import threading
+
+    ticks = itertools.count(1000.0, 11.0)
+    table = Placements(clock=lambda: next(ticks))
+    ids = block_ids(text(BLOCK_BYTES * 3))
+    worker = threading.Thread(target=lambda: [table.record("e", ids) for _ in range(3)])
+    worker.daemon = True
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive()
+
+
 def test_a_page_older_than_one_seen_says_nothing_of_a_reset() -> None:
     """A pick on an index a page behind the exchange's shows lower counters than the
     exchange saw: not a reset. A newer page with lower counters is one."""
