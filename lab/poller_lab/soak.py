@@ -21,12 +21,13 @@ is stopped by pid; it ends by itself after ``duration_s``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import signal
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ class Soak:
         self.work, self.cfg = work, cfg
         self.rng = random.Random(cfg.seed)
         self.redis_port = free_port()
-        self.redis_proc = self._start_redis()
+        self._start_redis()
         self.url = f"redis://127.0.0.1:{self.redis_port}/0"
         self.client = redis.Redis(
             port=self.redis_port, decode_responses=True, socket_timeout=2, socket_connect_timeout=2
@@ -98,22 +99,23 @@ class Soak:
 
     # --- processes ---------------------------------------------------------------------
 
-    def _start_redis(self) -> Proc:
-        proc = start_redis_server(self.work, self.redis_port)
+    def _start_redis(self) -> None:
+        with _signals_held():  # started is kept: close() stops it, whenever Ctrl-C comes
+            self.redis_proc = start_redis_server(self.work, self.redis_port)
         wait_until(lambda: _pong(self.redis_port), 10, "redis-server")
-        return proc
 
     def _start_poller(self, poller_id: str) -> None:
-        [(proc, port)] = start_pollers(
-            self.work,
-            self.url,
-            NS,
-            [poller_id],
-            interval_s=self.cfg.interval_s,
-            extra=("--endpoints-file", str(self.file)),
-        )
-        self.pollers[poller_id] = proc
-        self.health[poller_id] = port
+        with _signals_held():  # started is kept: close() stops it, whenever Ctrl-C comes
+            [(proc, port)] = start_pollers(
+                self.work,
+                self.url,
+                NS,
+                [poller_id],
+                interval_s=self.cfg.interval_s,
+                extra=("--endpoints-file", str(self.file)),
+            )
+            self.pollers[poller_id] = proc
+            self.health[poller_id] = port
 
     def _write_file(self) -> None:
         tmp = self.file.with_suffix(".tmp")
@@ -162,7 +164,7 @@ class Soak:
     def restart_redis(self) -> str:
         self.redis_proc.stop()
         time.sleep(2)
-        self.redis_proc = self._start_redis()
+        self._start_redis()
         self.tally.tokens.clear()  # an empty Redis starts the fence again (documented)
         return "redis restart (empty)"
 
@@ -196,6 +198,27 @@ class Soak:
             self.entries[endpoint_id] = registry[endpoint_id]
         self._write_file()
         return f"churn: -{len(removed)} +{len(new)} endpoints"
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block ends (their handlers run then): a process
+    started in it is recorded before a Ctrl-C can unwind past it. Handlers are swapped,
+    not the signal mask, which the processes started would inherit."""
+    got: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    old = {signum: signal.signal(signum, lambda n, _f: got.append(n)) for signum in held}
+    try:
+        yield
+    finally:
+        for signum, handler in old.items():
+            signal.signal(signum, handler)
+        for number in got:
+            handler = old[signal.Signals(number)]
+            if callable(handler):
+                handler(number, None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(number)
 
 
 def _pong(port: int) -> bool:

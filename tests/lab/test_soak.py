@@ -7,8 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 
 import pytest
+
+from tests.support.procs import leftovers
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis_server]
 
@@ -88,6 +91,7 @@ def _alive(pid: int) -> bool:
 def test_sigterm_stops_every_process_the_soak_started() -> None:
     """SIGTERM (a CI job cancelled, `timeout`, a service manager) ends the soak as Ctrl-C
     does: the redis-server, simulator and pollers it started are stopped, not orphaned."""
+    marker = f"SOAK_TEST_{uuid.uuid4().hex}"  # every process the soak starts carries it
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -106,6 +110,7 @@ def test_sigterm_stops_every_process_the_soak_started() -> None:
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
+        env={**os.environ, marker: "1"},
     )
     started: set[int] = set()
     try:
@@ -119,12 +124,32 @@ def test_sigterm_stops_every_process_the_soak_started() -> None:
         assert len(started) >= 3, started  # redis-server, the simulator, pollers
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
-        left = {pid for pid in started if _alive(pid)}
+        left = set(leftovers(marker))  # a poller restarted since the snapshot too
         assert not left, f"still running after the soak ended: {left}"
     finally:
-        for pid in started | {proc.pid}:
+        for pid in started | set(leftovers(marker)) | {proc.pid}:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def test_a_signal_during_a_start_waits_until_the_process_is_recorded() -> None:
+    """SIGTERM (turned into KeyboardInterrupt, as `poller soak` does) while the soak
+    starts a process: its handler runs once the block that records it has ended."""
+    from poller_lab.soak import _signals_held
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    recorded: list[str] = []
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with _signals_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                recorded.append("started")  # the interrupt has not unwound past this
+        assert recorded == ["started"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
