@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
+import litellm
 
 from poller.integrations.litellm.tickets import Tickets
 from poller.reader import LocalLoad
@@ -98,7 +98,6 @@ def test_only_the_engines_faults_count_as_failures() -> None:
     """A failure callback for a request the engine rightly refused (400, a context
     window exceeded, 422) is no sign of a failing engine; a 404 for a model it does not
     serve, a 429, a timeout or a 5xx are."""
-    litellm = pytest.importorskip("litellm")
     from poller.integrations.litellm.strategy import _request_at_fault
 
     args = {"message": "m", "model": "x", "llm_provider": "openai"}
