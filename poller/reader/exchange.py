@@ -7,7 +7,8 @@ poller/schema/scripts/share.lua that writes it and publishes it on
 ``P:gateways:updates``; the follower's subscription hears the other replicas' writes as
 they happen (``heard``) and this loop takes them in between its calls. With
 ``cached(share_placements=True)`` the prefix placements (``Placements``,
-poller/reader/placements.py) go out and come back on the same calls: no command more. A
+poller/reader/placements.py) go out and come back on the same calls (``Carrier``,
+poller/reader/carry.py): no command more. A
 call is made at least every ``FLOOR_S`` even when nothing changed: the field renewed
 before it expires, the placements and the other replicas' fields read (which mends what
 the subscription lost). The pick path never waits for any of it.
@@ -25,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from poller.reader.outbox import READ_COUNT, STREAM_MAXLEN
+from poller.reader.carry import Carrier
 from poller.reader.pacer import Pacer
 from poller.reader.placements import Placements
 from poller.reader.share import REFUSED_RETRY_S, FleetLoad, pages_of
@@ -81,14 +82,7 @@ class Exchange:
         self.cache = cache
         self.fleet = fleet
         #: Carried on the same call (``cached(share_placements=True)``): no command more.
-        self.placements = placements
-        self.placements_key = placements_key
-        if placements is not None:
-            placements.sharing = True
-        self._carried: str | None = None  # the placements the call in flight writes
-        self._placements_refused = False
-        self._placements_suspect = False  # refused with the stream: whose rights?
-        self._placements_retry_at = 0.0
+        self.carrier = None if placements is None else Carrier(placements, placements_key, clock)
         self.script = client.register_script(lua("share"))
         self.calls = 0  # commands sent, for the benchmark's commands/s
         self.pacer = Pacer()
@@ -170,13 +164,13 @@ class Exchange:
         version = cache.version  # read first: the changes up to it are all in the log
         pages = self._pages_now
         changes = None if pages is None else cache.changes_since(self._version, version)
-        placements = self.placements
+        carrier = self.carrier
         if pages is None or changes is None:
             pages = self._pages_now = pages_of((i, cache.base(i)) for i in cache.ids())
             self._changed = self._unrecorded = None
-            if placements is not None:
+            if carrier is not None:
                 for endpoint_id in pages:
-                    _observe(placements, endpoint_id, cache.base(endpoint_id))
+                    carrier.observe(endpoint_id, cache.base(endpoint_id))
         else:
             changed = set(changes)
             for endpoint_id in changed:
@@ -186,8 +180,8 @@ class Exchange:
                     pages.pop(endpoint_id, None)
                 else:
                     pages[endpoint_id] = (stats.running + stats.waiting, stats.scraped_at_ms)
-                    if placements is not None:
-                        _observe(placements, endpoint_id, base)
+                    if carrier is not None:
+                        carrier.observe(endpoint_id, base)
             # Added to what is not worked out yet (None: everything, still).
             self._changed = None if self._changed is None else self._changed | changed
             self._unrecorded = None if self._unrecorded is None else self._unrecorded | changed
@@ -269,12 +263,8 @@ class Exchange:
         self._resync = False
         keys: list[str] = [self.key, self.channel]
         args: list[Any] = [fleet.replica_id, fleet.ttl_ms, outgoing, int(self.publish)]
-        placements, self._carried = self.placements, None
-        if placements is not None and now >= self._placements_retry_at:
-            self._carried = placements.outgoing()
-            keys.append(self.placements_key)
-            age_ms = int(placements.age_s * 1000)
-            args += [self._carried, placements.last_id, STREAM_MAXLEN, age_ms, READ_COUNT]
+        if self.carrier is not None:
+            self.carrier.add_to(keys, args, now)
         return keys, args, pages
 
     def answered(self, reply: Sequence[Any], pages: Mapping[str, tuple[int, int]]) -> None:
@@ -282,16 +272,7 @@ class Exchange:
         receivers = int(reply[2])
         if receivers >= 0:  # we published: every other replica listening received it
             self._others = receivers - 1 if self.listening else receivers
-        fields = reply[3:]
-        placements = self.placements
-        if self._carried is not None and placements is not None:
-            self._placements_refused = False
-            redis_ms = int(reply[0]) * 1000 + int(reply[1]) // 1000  # the script's TIME
-            placements.absorb(reply[3], redis_ms)
-            fields = reply[4:]
-        elif self._placements_suspect and placements is not None:
-            self._placements_suspect = False
-            self._placements_refused_now(placements)
+        fields = reply[3 if self.carrier is None else self.carrier.answered(reply) :]
         if self._publish_suspect:  # answered without publishing: the channel's rights
             self._publish_suspect = False
             self._no_channel()
@@ -299,24 +280,6 @@ class Exchange:
         self.fleet.absorb(
             list(fields), pages, self.cache.offset_ms, changed=changed, asked_at=self._asked_at
         )
-
-    def _placements_refused_now(self, placements: Placements) -> None:
-        """The call with the stream was refused, the one without it answered: the
-        gateway's user lacks the stream's rights. Own placements only; tried again
-        every ``REFUSED_RETRY_S``."""
-        placements.exchanged_at = None
-        if not self._placements_refused:
-            key = self.placements_key
-            log.warning(
-                "prefix placement sharing refused by Redis: this replica uses its own "
-                "placements. The gateway's ACL user needs XADD, XTRIM, XRANGE, XREVRANGE "
-                "and PEXPIRE on %s: add (~%s +xadd +xtrim +xrange +xrevrange +pexpire) to "
-                "its line (deploy/redis/users.acl), or open the cache with "
-                "cached(share_placements=False)",
-                key,
-                key,
-            )
-        self._placements_refused = True
 
     def failed(self, exc: Exception, pages: Mapping[str, tuple[int, int]]) -> None:
         """Local counts only; the next try waits ``retry_s`` (a refusal: ``REFUSED_RETRY_S``)."""
@@ -326,16 +289,10 @@ class Exchange:
         self.fleet.forget_written()
         changed, self._changed = self._changed, set()
         self.fleet.absorb([], pages, self.cache.offset_ms, shared=False, changed=changed)
-        placements, carried, self._carried = self.placements, self._carried, None
-        if placements is not None and carried is not None:
-            placements.unsent(carried)
-            if _refused(exc):
-                # The stream's rights, or the hash's: the next call, without the
-                # stream, tells which (``answered`` or below).
-                self._placements_suspect = True
-                self._placements_retry_at = self.clock() + REFUSED_RETRY_S
-                return self.fleet.retry_s
-        self._placements_suspect = False  # refused without the stream
+        if self.carrier is not None and self.carrier.failed(_refused(exc)):
+            # The stream's rights, or the hash's: the next call, without the stream,
+            # tells which (``Carrier.answered`` or below).
+            return self.fleet.retry_s
         if _refused(exc) and self.publish and not self._publish_suspect:
             # The channel's right, or the hash's: the next call, not publishing, tells.
             self._publish_suspect, self.publish = True, False
@@ -430,18 +387,3 @@ class Exchange:
                 wake.wait(self.wait_s(now, call_in))
         finally:
             self._install(None)
-
-
-def _observe(placements: Placements, endpoint_id: str, view: Any) -> None:
-    """The endpoint's page, to the placements: its prefix-cache counters (going back
-    voids its placements) and its KV capacity (the others' placements there are judged
-    by it too, not only this replica's)."""
-    stats = getattr(view, "stats", None)
-    if stats is not None:
-        placements.observe(
-            endpoint_id,
-            stats.prefix_cache_queries_total,
-            stats.prefix_cache_hits_total,
-            stats.scraped_at_ms,
-        )
-        placements.capacity(endpoint_id, stats.kv_capacity_tokens)

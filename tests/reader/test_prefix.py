@@ -17,8 +17,9 @@ from poller import prompt_of
 from poller.errors import ConfigError
 from poller.reader import LocalLoad, Picker
 from poller.reader.outbox import ENTRY_MAX, OUT_MAX, entries
-from poller.reader.placements import MAX_HOLDERS, TOKENS_PER_BLOCK, Placements
+from poller.reader.placements import Placements
 from poller.reader.prefix import BLOCK_BYTES, MAX_BLOCKS, block_ids
+from poller.reader.table import MAX_HOLDERS, TOKENS_PER_BLOCK
 from tests.reader.test_pick import picks, timed, view_of
 
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from poller.reader.placements import TOKENS_PER_BLOCK
+from poller.reader.table import TOKENS_PER_BLOCK
 
 __all__ = ["ENV", "Trace", "folder"]
 
@@ -78,7 +78,7 @@ def _explain(  # noqa: C901 (a diagnostic: prefer's loop, annotated)
     table: Any, ids: Any, found: Any, index: Any, models: Any, chosen_id: str,
     score: Any, judge_ms: float, best: str, kw: Mapping[str, Any],
 ) -> dict[str, Any]:  # fmt: skip
-    from poller.reader.placements import _MASK, CODE_BITS
+    from poller.reader.table import _MASK, CODE_BITS
 
     chosen = index.slots.get(chosen_id)
     out: dict[str, Any] = {"ref": chosen_id, "best": best, "blocks": len(ids)}
