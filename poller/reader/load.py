@@ -174,8 +174,11 @@ class LocalLoad:
             while done and done[0][1] < now - DONE_S:
                 done.popleft()
             took_s = max(0.0, now - began)
-            if not ok:
-                took_s = max(took_s, self._all_s) * FAILED_TIMES
+            every = self._all_s
+            if ok:  # the usual time is of answers: a failure's penalty must not feed it
+                self._all_s = took_s if every == 0.0 else every + LATENCY_ALPHA * (took_s - every)
+            else:
+                took_s = max(took_s, every) * FAILED_TIMES
             self._took_s(endpoint_id, took_s, now)
             failed = self._failed.get(endpoint_id)
             if failed is not None or not ok:
@@ -198,18 +201,19 @@ class LocalLoad:
             for endpoint_id, (_, at) in list(table.items()):
                 if endpoint_id not in busy and at < now - FORGET_S:
                     del table[endpoint_id]
+        if self.fleet is None:  # no exchange takes the changes: keep the live ones only
+            self._changed &= busy.keys() | self._done.keys()
 
     def _took_s(self, endpoint_id: str, took_s: float, now: float) -> None:
         held = self._took.get(endpoint_id)
         mean = took_s if held is None else held[0] + LATENCY_ALPHA * (took_s - held[0])
         self._took[endpoint_id] = (mean, now)
-        every = self._all_s
-        self._all_s = took_s if every == 0.0 else every + LATENCY_ALPHA * (took_s - every)
 
     @property
     def request_s(self) -> float:
         """How long this replica's requests took lately (a moving average over every
-        endpoint, queueing included), seconds; 0 before one ended."""
+        endpoint, queueing included, of the requests answered ``ok``), seconds; 0 before
+        one was."""
         return self._all_s
 
     def slowness(self, endpoint_id: str, now: float | None = None) -> float:

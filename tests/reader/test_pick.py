@@ -279,6 +279,30 @@ def test_endpoints_that_came_and_went_are_forgotten() -> None:
     assert kept and len(kept) <= 20 * (FORGET_S / 10.0 + 2), len(kept)
     assert {e.split("-")[0] for e in kept} <= {f"g{g}" for g in range(22, 30)}
     assert "g29-0" in local._took  # the recent ones stay known
+    # With no exchange to take them, the changes kept are of the endpoints still known.
+    assert local.fleet is None and local._changed <= set(local._done) | set(local._starts)
+
+
+def test_fast_failures_count_as_slow_without_feeding_the_usual_time() -> None:
+    """A failure counts as ``FAILED_TIMES`` the usual time, the usual time being that
+    of the answers: an engine that fails fast, a third of the requests for a long
+    while, leaves the replica's ``request_s`` where its answers put it, and the failing
+    engine the slowest."""
+    clock = Clock(100.0)
+    local = LocalLoad(clock)
+
+    def request(endpoint_id: str, took_s: float, ok: bool = True) -> None:
+        started = local.started(endpoint_id)
+        clock.t += took_s
+        local.finished(endpoint_id, started, ok=ok)
+
+    for _ in range(3000):
+        request("fast", 0.2)
+        request("slow", 0.8)
+        request("bad", 0.005, ok=False)
+    assert 0.2 <= local.request_s <= 0.8, local.request_s
+    now = clock.t
+    assert local.slowness("bad", now) > local.slowness("slow", now) > local.slowness("fast", now)
 
 
 def test_an_end_reported_twice_ends_one_request_only() -> None:
