@@ -247,7 +247,7 @@ class Picker(Draws, Indexes):
         slot = index.slots.get(chosen)
         if slot is not None:
             table.observe(chosen, slot.prefix_queries, slot.prefix_hits, slot.scraped_at_ms)
-        capacity = index.median_capacity if slot is None or slot.capacity is None else slot.capacity
+        capacity = None if slot is None else slot.capacity  # unknown: as every replica takes it
         table.record(chosen, ids, capacity, held)
         return chosen
 

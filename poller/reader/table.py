@@ -39,8 +39,9 @@ __all__ = ["CODE_BITS", "MAX_HOLDERS", "TOKENS_PER_BLOCK", "BlockTable", "Found"
 #: A placement's value: position << CODE_BITS | endpoint code, or several of them; never 0
 #: (a position is at least 1), so a list of values is all None exactly when not any().
 Value = int | tuple[int, ...]
-#: ``Placements.lookup``'s answer: the values of the ids, the indexes found older.
-Found = tuple[list[Value | None], set[int]]
+#: ``lookup``'s answer: the values of the ids, the indexes found older, and the table's
+#: version they were read at (a change since: read again before use).
+Found = tuple[list[Value | None], set[int], int]
 
 #: Bits of a placement's value that hold the endpoint's code; the position is above.
 CODE_BITS = 20
@@ -110,6 +111,9 @@ class BlockTable:
         # counters last observed, and the scrape (ms) of the page that showed them
         self._seen: list[tuple[float, float, int] | None] = []
         self._next_expire = 0.0
+        #: Counts the changes: a ``Found`` of an older version is read again before use
+        #: (a placement made meanwhile kept, the codes of a table started over not used).
+        self._version = 0
         # Counters (the benchmark prints them).
         self.placed = 0  # blocks this replica placed that were new where they went
         self.invalidated = 0  # endpoints whose placements a counter reset voided
@@ -126,6 +130,7 @@ class BlockTable:
         counting first (``expire``)."""
         if self._clock() >= self._next_expire:
             self.expire()
+        version = self._version  # read first: a change while reading makes it older
         values: list[Value | None] = list(map(self._new.get, ids))
         old = self._old
         aged: set[int] = set()
@@ -136,7 +141,7 @@ class BlockTable:
                     if held is not None:
                         values[i] = held
                         aged.add(i)
-        return values, aged
+        return values, aged, version
 
     def matches(
         self,
@@ -148,29 +153,34 @@ class BlockTable:
         """The endpoints holding a prefix of ``ids``, longest first, at most ``limit``
         (``found``: ``lookup(ids)`` already made; ``keep``: only endpoints it says yes
         to, so that holders a pick may not use leave room for those it may)."""
-        values = (found or self.lookup(ids))[0]
+        if found is None or found[2] != self._version:
+            found = self.lookup(ids)
+        values = found[0]
         if not any(values):  # a new prompt: nothing holds it (a value is never 0)
             return []
         low, used, cap, names = self._low, self._used, self._cap, self._ids
         best: dict[int, int] = {}
         passed: set[int] = set()
         last: Value | None = None
-        for k in range(len(values) - 1, -1, -1):
-            value = values[k]
-            if value is None or value == last:
-                continue  # a prompt's blocks placed together hold the same: seen
-            last = value
-            for v in (value,) if type(value) is int else value:  # type: ignore[union-attr]
-                code = v & _MASK
-                if code not in best and code not in passed:
-                    pos = v >> CODE_BITS
-                    if pos >= low[code] and used[code] - pos < cap[code]:
-                        if keep is None or keep(names[code]):
-                            best[code] = k + 1
-                        else:
-                            passed.add(code)
-            if len(best) >= limit:
-                break
+        try:
+            for k in range(len(values) - 1, -1, -1):
+                value = values[k]
+                if value is None or value == last:
+                    continue  # a prompt's blocks placed together hold the same: seen
+                last = value
+                for v in (value,) if type(value) is int else value:  # type: ignore[union-attr]
+                    code = v & _MASK
+                    if code not in best and code not in passed:
+                        pos = v >> CODE_BITS
+                        if pos >= low[code] and used[code] - pos < cap[code]:
+                            if keep is None or keep(names[code]):
+                                best[code] = k + 1
+                            else:
+                                passed.add(code)
+                if len(best) >= limit:
+                    break
+        except IndexError:  # the table started over since the lookup: nothing known
+            return []
         return [(names[code], n) for code, n in best.items()]
 
     # --- changes ------------------------------------------------------------------------
@@ -180,13 +190,14 @@ class BlockTable:
         if code is None:
             if len(self._ids) >= MAX_ENDPOINTS:  # as many seen: start over
                 self._clear()
-            code = self._codes[endpoint_id] = len(self._ids)
+            code = len(self._ids)
             self._ids.append(endpoint_id)
             self._used.append(0)
             self._low.append(1)
             self._cap.append(DEFAULT_CAPACITY_TOKENS // TOKENS_PER_BLOCK)
             self._marks.append(deque())
             self._seen.append(None)
+            self._codes[endpoint_id] = code  # last: a reader finding it finds it whole
         return code
 
     def capacity(self, endpoint_id: str, capacity_tokens: float | None) -> None:
@@ -194,15 +205,16 @@ class BlockTable:
         if capacity_tokens is None or not capacity_tokens > 0:
             return
         blocks = max(1, int(capacity_tokens) // TOKENS_PER_BLOCK)
-        code = self._codes.get(endpoint_id)
-        if code is not None and self._cap[code] == blocks:
+        code, caps = self._codes.get(endpoint_id), self._cap
+        if code is not None and code < len(caps) and caps[code] == blocks:
             return
         with self._lock:
             self._cap[self._code(endpoint_id)] = blocks
 
     def _clear(self) -> None:
         """Everything forgotten (new objects: a pick reading the old ones meanwhile reads
-        them whole)."""
+        them whole; a lookup made before is read again, ``_version``)."""
+        self._version += 1
         self._new, self._old = {}, {}
         self._codes = {}
         self._ids, self._used, self._low, self._cap = [], [], [], []
@@ -217,17 +229,24 @@ class BlockTable:
         age_s: float = 0.0,
     ) -> tuple[list[int], list[int]]:
         """Place ``ids``, placed ``age_s`` ago (under the lock); returns (those that were
-        new there, those held there that are due to be written again: ``REWRITE_AFTER``)."""
+        new there, those held there that are due to be written again: ``REWRITE_AFTER``).
+        At most half the table's blocks are placed at once (a longer prompt's head)."""
         now = self._clock()
         if now >= self._next_expire:
             self._expire(now)
         code = self._code(endpoint_id)
         if capacity_tokens is not None and capacity_tokens > 0:
             self._cap[code] = max(1, int(capacity_tokens) // TOKENS_PER_BLOCK)
-        if len(self._new) + len(ids) > self.max_blocks // 2:
+        half = self.max_blocks // 2
+        if len(ids) > half:
+            ids, found = ids[:half], None
+        if len(self._new) + len(ids) > half:
             self._old, self._new = self._new, {}  # the older generation is dropped
             found = None  # found in generations that moved
-        used, fresh, again = self._blocks(ids, code, found or self.lookup(ids), now)
+        if found is None or found[2] != self._version:  # changed since: read again
+            found = self.lookup(ids)
+        used, fresh, again = self._blocks(ids, code, found, now)
+        self._version += 1
         self._used[code] = used
         marks = self._marks[code]
         at = now - age_s
@@ -245,7 +264,7 @@ class BlockTable:
         ids held there due to be written again). Every block of the prompt placed anew
         gets the count after it (one int shared by all): a prompt's blocks are as recent
         as its last use, its head never older than its tail."""
-        values, aged = found
+        values, aged, _ = found
         if not any(values):  # new everywhere, the most common prompt (a value is never 0)
             used = self._used[code] + len(ids)
             self._new.update(dict.fromkeys(ids, used << CODE_BITS | code))
@@ -356,14 +375,13 @@ class BlockTable:
         a page behind the exchange's) says nothing."""
         if queries is None or hits is None:
             return False
-        code = self._codes.get(endpoint_id)
-        if code is None:
-            with self._lock:
-                code = self._code(endpoint_id)
-        seen = self._seen[code]
-        if seen is not None and seen[0] == queries and seen[1] == hits:
-            return False
+        code, seens = self._codes.get(endpoint_id), self._seen
+        if code is not None and code < len(seens):  # else new, or the table started over
+            seen = seens[code]
+            if seen is not None and seen[0] == queries and seen[1] == hits:
+                return False
         with self._lock:
+            code = self._code(endpoint_id)
             seen = self._seen[code]
             if seen is not None and scraped_ms is not None and scraped_ms < seen[2]:
                 return False
