@@ -19,13 +19,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from poller.reader.outbox import Outbox, entries
+from poller.reader.share import LOST_AFTER_MS
 from poller.reader.table import AGE_S, MAX_BLOCKS, BlockTable, Found
 from poller.util.text import digits
 
 __all__ = ["LOST_AFTER_MS", "Found", "Placements"]
-
-#: The exchange answered within this long: the other replicas' placements are current.
-LOST_AFTER_MS = 1000
 
 
 class Placements(BlockTable):
@@ -60,7 +58,8 @@ class Placements(BlockTable):
     @property
     def shared(self) -> bool:
         """The other replicas' placements are current (the exchange carrying them
-        answered within ``LOST_AFTER_MS``); False: this replica's own only."""
+        answered within ``LOST_AFTER_MS``, the shared counts' bound: the same calls
+        carry both); False: this replica's own only."""
         at = self.exchanged_at
         return self.sharing and at is not None and (time.monotonic() - at) * 1000 <= LOST_AFTER_MS
 

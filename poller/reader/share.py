@@ -55,7 +55,8 @@ PAGES = 8
 CURRENT_MISS = 0.03
 #: The weight of one page in the moving sums that tell it (about the last 64 pages).
 MISS_ALPHA = 1 / 64
-#: How long the exchange may go unanswered before the counts are local only (ms).
+#: How long the exchange may go unanswered before the counts are local only (ms); the
+#: prefix placements it carries too (poller/reader/placements.py).
 LOST_AFTER_MS = 1000
 #: How often a refused exchange (no right to the key) is tried again (seconds).
 REFUSED_RETRY_S = 5.0
