@@ -97,7 +97,9 @@ class JobRunner:
         scrape's time and ask again at once)."""
         self._stopping = True
         if self._scheduler is not None:
-            self._scheduler.shutdown(wait=False)
+            # Paused, not shut down: APScheduler's asyncio executor cancels the runs in
+            # flight on shutdown, the very scrapes we wait for here.
+            self._scheduler.pause()
         tasks = [t for r in self.holdings.records() for t in r.tasks]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=timeout_s)
@@ -107,6 +109,8 @@ class JobRunner:
                 await asyncio.wait(pending, timeout=timeout_s)
                 n = count(len(pending), "scrape")
                 log.warning("%s did not finish within %.1f s", n, timeout_s)
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
         await asyncio.gather(*self._background, return_exceptions=True)
 
     # --- what runs ---------------------------------------------------------------------
