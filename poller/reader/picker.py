@@ -78,10 +78,10 @@ class Picker(Draws, Indexes):
       (TGI, llama.cpp) counts as the fleet's median KV, never 0 %.
     - **Prefix affinity** (``prompt`` given): the endpoint holding the longest prefix
       of the prompt, by the placements this replica and, through the cache, the others
-      recorded, takes the request instead when its load is at most
-      ``prefix_load_factor`` x the chosen one's + ``prefix_load_slack``
-      (poller/reader/affinity.py; docs/reader.md, "Prefix affinity"); the choice is
-      recorded. Without ``prompt`` nothing of it runs.
+      recorded (not shared: a hash the replicas agree by), takes the request instead
+      when its load is at most ``prefix_load_factor`` x the chosen one's +
+      ``prefix_load_slack`` (affinity.py; docs/reader.md, "Prefix affinity"); the choice
+      is recorded. Without ``prompt`` nothing of it runs.
     - **Redis lost** (a cache or a view with ``healthy`` False): the last numbers, as
       fresh as they were when Redis last answered, are used for ``stale_grace_s``
       (default 5 s: a Sentinel failover) after that answer, then None.
@@ -137,8 +137,7 @@ class Picker(Draws, Indexes):
         self.share = share
         self.prefix_load_factor = float(prefix_load_factor)
         self.prefix_load_slack = float(prefix_load_slack)
-        #: Placements of picks on views no cache made (a cache keeps its own).
-        self.placements = Placements()
+        self.placements = Placements()  # of picks on views no cache made (a cache has its own)
         self._caches = weakref.WeakKeyDictionary()
         self._last = None
         self._view = None
@@ -243,6 +242,7 @@ class Picker(Draws, Indexes):
                 factor=self.prefix_load_factor,
                 slack=self.prefix_load_slack,
                 allowed=None if candidates is None else set(candidates),
+                alone=fleet is not None and fleet.shared and not fleet.peers,
             )
         slot = index.slots.get(chosen)
         if slot is not None:

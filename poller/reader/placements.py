@@ -10,6 +10,11 @@ placed or written ``REWRITE_AFTER`` of the engine's capacity ago, are queued
 exchange's next call (at once when this replica's counts change, at least every
 300 ms); the other replicas' are read back on the same call (``absorb``). Redis lost:
 the table goes on with this replica's own placements, ``shared`` False.
+
+Forks (``head``): where this replica's prompts leave the blocks placed before. A block
+two prompts went on from differently ends a head many prompts share (a system prompt);
+replicas that do not share placements agree on a conversation's engine past it
+(poller/reader/affinity.py).
 """
 
 from __future__ import annotations
@@ -20,10 +25,13 @@ from typing import Any
 
 from poller.reader.outbox import Outbox, entries
 from poller.reader.share import LOST_AFTER_MS
-from poller.reader.table import AGE_S, MAX_BLOCKS, BlockTable, Found
+from poller.reader.table import AGE_S, MAX_BLOCKS, BlockTable, Found, Value
 from poller.util.text import digits
 
-__all__ = ["LOST_AFTER_MS", "Found", "Placements"]
+__all__ = ["FORKS_MAX", "LOST_AFTER_MS", "Found", "Placements"]
+
+#: Forks (and first continuations) remembered at most; when as many, they start over.
+FORKS_MAX = 1 << 16
 
 
 class Placements(BlockTable):
@@ -54,6 +62,11 @@ class Placements(BlockTable):
         # What the others wrote that was read (the benchmark prints them).
         self.ids_read = 0
         self.bytes_read = 0
+        # Where this replica's prompts left what was placed before: block id -> the block
+        # that followed it first, and the blocks that two prompts continued differently
+        # (the end of a head many prompts share: a system prompt). ``head`` reads them.
+        self._next: dict[int, int] = {}
+        self._forks: set[int] = set()
 
     @property
     def shared(self) -> bool:
@@ -74,9 +87,42 @@ class Placements(BlockTable):
         ``capacity_tokens`` KV tokens; None: as last known, else the default);
         ``found``: ``lookup(ids)`` made for the pick."""
         with self._lock:
+            if found is None or found[2] != self._version:
+                found = self.lookup(ids)
+            self._fork(ids, found[0])
             fresh, again = self._place(endpoint_id, ids, capacity_tokens, found)
             if self.sharing and (fresh or again):
                 self.outbox.add(endpoint_id, fresh + again)
+
+    def _fork(self, ids: Sequence[int], values: list[Value | None]) -> None:
+        """Note where the prompt ``ids`` leaves the blocks placed before (``values``: what
+        the table holds of each): the block before is a fork when another prompt went on
+        from it differently."""
+        try:
+            k = values.index(None)
+        except ValueError:
+            return  # placed before whole
+        if k == 0:
+            return
+        before, after = ids[k - 1], ids[k]
+        first = self._next.get(before)
+        if first is None:
+            if len(self._next) >= FORKS_MAX:
+                self._next.clear()
+            self._next[before] = after
+        elif first != after:
+            if len(self._forks) >= FORKS_MAX:
+                self._forks.clear()
+            self._forks.add(before)
+
+    def head(self, ids: Sequence[int], n: int) -> int:
+        """How many blocks of ``ids``, at most ``n``, make a head that prompts went on
+        from differently (ending at a fork: ``_fork``); 0: none known."""
+        forks = self._forks
+        for k in range(min(n, len(ids)), 0, -1):
+            if ids[k - 1] in forks:
+                return k
+        return 0
 
     # --- the exchange (poller/reader/share.py) ----------------------------------------
 

@@ -4,21 +4,26 @@ bounds and invalidation, and the pick rule (the prefix wins, bounded load overri
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import random
 import subprocess
 import sys
 import zlib
+from collections import Counter
 
 import pytest
 
 from poller import prompt_of
 from poller.errors import ConfigError
 from poller.reader import LocalLoad, Picker
+from poller.reader.affinity import rank
 from poller.reader.outbox import ENTRY_MAX, OUT_MAX, entries
 from poller.reader.placements import Placements
 from poller.reader.prefix import BLOCK_BYTES, MAX_BLOCKS, block_ids
+from poller.reader.share import FleetLoad
 from poller.reader.table import MAX_HOLDERS, TOKENS_PER_BLOCK
 from tests.reader.test_pick import picks, timed, view_of
 
@@ -421,8 +426,16 @@ def test_bounded_load_sends_the_request_elsewhere_when_the_holder_is_too_busy() 
     assert picker.pick(fleet(a=3, b=0), "m", prompt=PROMPT) == "a"
 
 
+def shared(picker: Picker) -> Picker:
+    """``picker``'s placements as a cache's that the exchange keeps current (an exchange
+    that answered "now" for as long as the test runs: no clock in the verdict)."""
+    picker.placements.sharing = True
+    picker.placements.exchanged_at = math.inf
+    return picker
+
+
 def test_among_equal_prefixes_the_least_loaded_holder_wins_and_a_longer_one_first() -> None:
-    picker = Picker(rng=random.Random(3))
+    picker = shared(Picker(rng=random.Random(3)))
     system = PROMPT[:2000]
     for holder in ("a", "b", "c"):
         picker.placements.record(holder, block_ids(system, "m"))
@@ -430,6 +443,121 @@ def test_among_equal_prefixes_the_least_loaded_holder_wins_and_a_longer_one_firs
     assert picker.pick(view, "m", prompt=system + "a new conversation " * 20) == "b"
     picker.placements.record("c", block_ids(PROMPT, "m"))
     assert picker.pick(view, "m", prompt=PROMPT + "next turn") == "c"
+
+
+# --- replicas without shared placements agree by a hash -----------------------------------
+
+SIX = {e: 1 for e in "abcdef"}
+
+
+def conversation(k: int) -> str:
+    """A conversation's first turn: the system prompt, then a document of its own."""
+    return PROMPT[:2000] + text(1500, seed=100 + k)
+
+
+def knows_head(picker: Picker, holders: str) -> Picker:
+    """``picker``'s placements after three other conversations went to ``holders`` in
+    turn: the system prompt is a head two of them went on from differently (a fork)."""
+    for k in (1, 2, 3):
+        picker.placements.record(holders[k % len(holders)], block_ids(conversation(-k), "m"))
+    return picker
+
+
+def test_replicas_without_shared_placements_send_a_conversation_to_one_engine() -> None:
+    """Two replicas that each know the system prompt on other engines (one engine only,
+    for the second), and nothing of each other's picks, choose the same engine for each
+    new conversation (the hash of its first block past the head), and spread the
+    conversations over the fleet."""
+    one = knows_head(Picker(rng=random.Random(1)), "ab")
+    two = knows_head(Picker(rng=random.Random(2)), "c")
+    view = fleet(**SIX)
+    chosen = []
+    for k in range(40):
+        a = one.pick(view, "m", prompt=conversation(k))
+        assert a == two.pick(view, "m", prompt=conversation(k)), k
+        # the next turn, at either replica: still there (its own placement or the hash)
+        follow_up = conversation(k) + text(600, seed=900 + k)
+        assert one.pick(view, "m", prompt=follow_up) == a, k
+        assert two.pick(view, "m", prompt=follow_up) == a, k
+        chosen.append(a)
+    assert len(set(chosen)) == 6  # every engine gets conversations
+    assert max(Counter(chosen).values()) <= 14  # of 40: no engine takes them all
+
+
+def test_the_hash_is_shared_the_bound_and_a_longer_holder_still_rule() -> None:
+    head = len(block_ids(PROMPT[:2000], "m"))
+    prompt = conversation(0)
+    ids = block_ids(prompt, "m")
+    order = rank(ids[head], dict.fromkeys("abcdef", 1.0))
+    assert order == rank(ids[head], dict.fromkeys("fedcba", 1.0))  # any listing order
+    # The head is known once two prompts went on from it differently, not before.
+    picker = Picker(rng=random.Random(5))
+    assert picker.placements.head(ids, len(ids)) == 0
+    knows_head(picker, "ab")
+    assert picker.placements.head(ids, len(ids)) == head
+    assert picker.placements.head(ids, head - 1) == 0  # only as far as it is held
+    # Unshared: the first in the hash's order, that order within the bound, then the rule.
+    for loads, expected in (
+        (SIX, order[0]),
+        ({**SIX, order[0]: 9}, order[1]),  # past 1.5 x 2 + 2: the second
+        ({**SIX, order[0]: 9, order[1]: 9}, None),  # both past: the rule without the hash
+    ):
+        picker = knows_head(Picker(rng=random.Random(5)), "ab")
+        got = picker.pick(fleet(**loads), "m", prompt=prompt)
+        if expected is None:
+            assert got in "ab" and got not in order[:2], loads
+        else:
+            assert got == expected, loads
+    # A holder of this prompt's own blocks (past the head) keeps it.
+    picker = knows_head(Picker(rng=random.Random(5)), "ab")
+    own = next(e for e in "cdef" if e != order[0])
+    picker.placements.record(own, ids[:-1])
+    assert picker.pick(fleet(**SIX), "m", prompt=prompt) == own
+    # Shared placements: no hash; the least loaded holder of the head.
+    picker = knows_head(shared(Picker(rng=random.Random(5))), "ab")
+    assert picker.pick(fleet(**{**SIX, "a": 2}), "m", prompt=prompt) == "b"
+
+
+def test_a_replica_that_knows_itself_alone_keeps_the_rule_until_it_hears_another() -> None:
+    """On the fleet's shared counts with no other replica sending (one gateway), there
+    is nothing to agree with: the head's least loaded holder, as with shared placements.
+    Once another replica has requests in flight, the hash."""
+    head = len(block_ids(PROMPT[:2000], "m"))
+    tops = {k: rank(block_ids(conversation(k), "m")[head], SIX)[0] for k in range(50)}
+    k1, k2 = [k for k, top in tops.items() if top not in "ab"][:2]
+    clock = Clock()
+    local = LocalLoad(clock=clock)
+    fleet = FleetLoad("g1", clock=clock)  # a frozen clock: the counts stay current
+    fleet.attach(local)
+    pages = dict.fromkeys("abcdef", (0, 999_500))
+    fleet.absorb([], pages, 0.0)
+    assert fleet.shared and fleet.peers == 0
+    view = view_of(*(timed(e, models="m") for e in "abcdef"), offset_ms=0.0)
+    picker = knows_head(Picker(rng=random.Random(6)), "ab")
+    assert picker.pick(view, "m", prompt=conversation(k1), local=local) in ("a", "b")
+    fleet.absorb(["g2", '1 {"c":[1,1,999500]}'], pages, 0.0)
+    assert fleet.peers == 1
+    assert picker.pick(view, "m", prompt=conversation(k2), local=local) == tops[k2]
+
+
+def test_the_hash_order_is_the_documented_one_weighted_by_capacity() -> None:
+    """docs/reader.md gives the rule, for gateways in other languages: an endpoint's
+    salt is the BLAKE2b-64 of its id; for block id k, w = (k ^ salt) x
+    0x9E3779B97F4A7C15 mod 2^64, h = w ^ (w >> 29), u = ((h >> 11) + 0.5) / 2^53, and
+    its score weight / -ln(u), highest first."""
+    weights = {"a": 1.0, "b": 2.0, "c": 0.5}
+    scores = {}
+    for e, weight in weights.items():
+        salt = int.from_bytes(hashlib.blake2b(e.encode(), digest_size=8).digest(), "big")
+        w = ((7 ^ salt) * 0x9E3779B97F4A7C15) & (2**64 - 1)
+        scores[e] = weight / -math.log((((w ^ (w >> 29)) >> 11) + 0.5) / 2**53)
+    assert rank(7, weights) == sorted(scores, key=scores.__getitem__, reverse=True)
+    # pinned: the same in every process
+    assert rank(7, dict.fromkeys("abc", 1.0)) == ["c", "a", "b"]
+    assert rank(2**63 + 12345, dict.fromkeys("abcdef", 1.0)) == ["e", "b", "f", "d", "c", "a"]
+    # Each endpoint is ranked first for a share of the keys in proportion to its weight.
+    firsts = Counter(rank(k * 0x9E3779B1, {"big": 4.0, "small": 1.0})[0] for k in range(4000))
+    assert 0.76 < firsts["big"] / 4000 < 0.84
 
 
 def test_a_holder_that_may_not_take_the_request_is_passed_over() -> None:
