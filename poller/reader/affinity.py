@@ -33,8 +33,9 @@ from math import log
 
 from poller.reader.index import Index, ModelIndex, Slot
 from poller.reader.placements import Found, Placements
+from poller.reader.share import FleetLoad
 
-__all__ = ["AGREE_MAX_ENDPOINTS", "prefer", "rank"]
+__all__ = ["AGREE_MAX_ENDPOINTS", "agreeing", "prefer", "rank"]
 
 #: The hash that replicas without shared placements agree by is taken over the model's
 #: endpoints when they are at most this many (its cost is per endpoint); above, the
@@ -47,7 +48,7 @@ _TWO53 = float(1 << 53)
 _salts: dict[str, int] = {}
 
 
-def prefer(
+def prefer(  # noqa: C901 (the hot loop's checks inline: a helper costs ~3,000 instructions a pick)
     table: Placements,
     ids: Sequence[int],
     found: Found,
@@ -61,13 +62,12 @@ def prefer(
     factor: float,
     slack: float,
     allowed: Container[str] | None,
-    alone: bool = False,
+    agree: bool = False,
 ) -> str:
     """The endpoint for a request whose prompt has block ids ``ids``, the load-only pick
     having chosen ``chosen_id`` (``by_kv``: saturation is by KV usage only, as on the
     fleet's estimate); ``found``: ``table.lookup(ids)``; ``allowed``: the caller's
-    candidates (None: any). Placements not ``shared``: the hash (module doc), unless
-    ``alone`` (no other replica is known to send requests: none to agree with)."""
+    candidates (None: any); ``agree``: by the hash too (``agreeing``, module doc)."""
     chosen = index.slots.get(chosen_id)
     if chosen is None or not ids:
         return chosen_id
@@ -85,39 +85,65 @@ def prefer(
     if not holders:  # a new prompt: nothing to weigh against the load-only choice
         return chosen_id
     bound = score(chosen)[0] * factor + slack
-    may_take = _MayTake(chosen, models, judge_ms, allowed, by_kv)
+    model, adapter = models.model, models.adapter
+    tier = chosen.tier(model, adapter)
+    limit = 4 if tier is None else tier
+    saturated = chosen.full if by_kv else chosen.saturated
     best, best_n, best_load = chosen_id, 0, bound
     for endpoint_id, n in holders:
         if n < best_n:
             break  # a shorter prefix than one already within the bound
         slot = chosen if endpoint_id == chosen_id else index.slots.get(endpoint_id)
-        if slot is None or not may_take(slot):
+        if slot is None or slot.fresh_until_ms < judge_ms:
+            continue
+        if allowed is not None and endpoint_id not in allowed:
+            continue
+        held = slot.tier(model, adapter)
+        if held is None or held > limit:
+            continue
+        if (slot.full if by_kv else slot.saturated) and not saturated:
             continue
         if table.observe(endpoint_id, slot.prefix_queries, slot.prefix_hits, slot.scraped_at_ms):
             continue  # its cache was reset since: what it held is gone
         load = score(slot)[0]
         if load <= best_load and (n > best_n or load < best_load):
             best, best_n, best_load = endpoint_id, n, load
-    if not (table.shared or alone):
-        head = table.head(ids, holders[0][1])  # a head many prompts share, known held
-        if best_n <= head < len(ids) and head:  # and no holder of more within the bound
-            return _agreed(ids[head], index, models, may_take, score, bound) or best
+    if agree:  # by the hash, with the checks above over the model's endpoints
+        may_take = _MayTake(chosen, models, judge_ms, allowed, by_kv)
+        best = (
+            _agreed(table, ids, holders[0][1], best_n, index, models, may_take, score, bound)
+            or best
+        )
     return best
 
 
+def agreeing(table: Placements, fleet: FleetLoad | None) -> bool:
+    """Whether a prefix pick agrees with the other replicas by the hash: the placements
+    not ``shared``, and this replica not known to be alone (the fleet's shared counts
+    current, no other replica with a request in flight: none to agree with)."""
+    return not table.shared and not (fleet is not None and fleet.shared and not fleet.peers)
+
+
 def _agreed(
-    key: int,
+    table: Placements,
+    ids: Sequence[int],
+    held: int,
+    best_n: int,
     index: Index,
     models: ModelIndex,
     may_take: _MayTake,
     score: Callable[[Slot], tuple[float, float]],
     bound: float,
 ) -> str | None:
-    """Of the first two endpoints in the hash's order for ``key`` that may take the
-    request, the first within ``bound``; None: neither is, or the model has more
-    endpoints than the hash is taken over."""
-    if len(models.where) > AGREE_MAX_ENDPOINTS:
+    """When no endpoint within ``bound`` is known to hold more of ``ids`` than its head
+    (``best_n``: the prefix held where the rule chose; ``held``: the longest known held),
+    of the first two endpoints in the hash's order for the block past the head that may
+    take the request, the first within ``bound``; None: no head, a longer holder, neither
+    within the bound, or more endpoints than the hash is taken over."""
+    head = table.head(ids, held)  # a head many prompts share, known held
+    if not (best_n <= head < len(ids) and head) or len(models.where) > AGREE_MAX_ENDPOINTS:
         return None
+    key = ids[head]
     slots = [s for s in map(index.slots.get, models.where) if s is not None and may_take(s)]
     ranked = rank(key, {s.id: s.weight for s in slots})
     for slot in [index.slots[e] for e in ranked[:2]]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
 from poller.errors import ConfigError
-from poller.reader.affinity import prefer
+from poller.reader.affinity import agreeing, prefer
 from poller.reader.cache import ViewCache
 from poller.reader.draws import SCAN_MAX, Bags, Draws
 from poller.reader.index import INF, TIERS, Bag, Index, ModelIndex, Slot
@@ -242,7 +242,7 @@ class Picker(Draws, Indexes):
                 factor=self.prefix_load_factor,
                 slack=self.prefix_load_slack,
                 allowed=None if candidates is None else set(candidates),
-                alone=fleet is not None and fleet.shared and not fleet.peers,
+                agree=agreeing(table, fleet),
             )
         slot = index.slots.get(chosen)
         if slot is not None:

@@ -98,12 +98,9 @@ class Placements(BlockTable):
         """Note where the prompt ``ids`` leaves the blocks placed before (``values``: what
         the table holds of each): the block before is a fork when another prompt went on
         from it differently."""
-        try:
-            k = values.index(None)
-        except ValueError:
-            return  # placed before whole
-        if k == 0:
-            return
+        if not values or values[0] is None or None not in values:
+            return  # new from its first block, or placed before whole
+        k = values.index(None)
         before, after = ids[k - 1], ids[k]
         first = self._next.get(before)
         if first is None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import time
@@ -72,6 +73,7 @@ def gateway(
     assert fleet_load.peers == 7
     table = cache.placements
     table.sharing = True
+    table.exchanged_at = math.inf  # shared: an exchange answered as of every pick
     for i in range(fill // 100):  # blocks of other prompts on every endpoint
         table.record(f"ep-{i % n}", [rng.getrandbits(64) for _ in range(100)])
     while table.outgoing():
