@@ -120,11 +120,17 @@ async def test_sigterm_hands_over_without_missing_an_interval(
             mine = [e for e, o in owners(await reader.snapshot()).items() if o == "p1"]
             assert mine
             sim.reset_hits()
-            await asyncio.sleep(1.0)
+            # p1 has scraped each of its endpoints since, so the handover's gap is seen
+            await until(lambda: all(sim.hit_times(e) for e in mine), 30, "p1's scrapes")
             procs[1].signal(signal.SIGTERM)
             assert await asyncio.to_thread(procs[1].wait, 30) == 0
             assert "left the members: released" in procs[1].log()
-            await asyncio.sleep(3.0)
+            stopped = time.time()
+
+            def scraped_thrice_since() -> bool:
+                return all(len([t for t in sim.hit_times(e) if t > stopped]) >= 3 for e in mine)
+
+            await until(scraped_thrice_since, 30, "three scrapes of each after the handover")
             for e in mine:
                 g = gaps(sim.hit_times(e))
                 assert len(g) >= 3 and max(g) < 1.6, (e, g)  # nothing skipped
