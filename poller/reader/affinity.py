@@ -108,12 +108,11 @@ def prefer(  # noqa: C901 (the hot loop's checks inline: a helper costs ~3,000 i
         load = score(slot)[0]
         if load <= best_load and (n > best_n or load < best_load):
             best, best_n, best_load = endpoint_id, n, load
-    if agree:  # by the hash, with the checks above over the model's endpoints
-        may_take = _MayTake(chosen, models, judge_ms, allowed, by_kv)
-        best = (
-            _agreed(table, ids, holders[0][1], best_n, index, models, may_take, score, bound)
-            or best
-        )
+    if agree:
+        head = table.head(ids, holders[0][1])  # a head many prompts share, known held
+        if best_n <= head < len(ids) and head:  # and no holder of more within the bound
+            may_take = _MayTake(chosen, models, judge_ms, allowed, by_kv)  # the checks above
+            return _agreed(ids[head], index, models, may_take, score, bound) or best
     return best
 
 
@@ -125,25 +124,18 @@ def agreeing(table: Placements, fleet: FleetLoad | None) -> bool:
 
 
 def _agreed(
-    table: Placements,
-    ids: Sequence[int],
-    held: int,
-    best_n: int,
+    key: int,
     index: Index,
     models: ModelIndex,
     may_take: _MayTake,
     score: Callable[[Slot], tuple[float, float]],
     bound: float,
 ) -> str | None:
-    """When no endpoint within ``bound`` is known to hold more of ``ids`` than its head
-    (``best_n``: the prefix held where the rule chose; ``held``: the longest known held),
-    of the first two endpoints in the hash's order for the block past the head that may
-    take the request, the first within ``bound``; None: no head, a longer holder, neither
-    within the bound, or more endpoints than the hash is taken over."""
-    head = table.head(ids, held)  # a head many prompts share, known held
-    if not (best_n <= head < len(ids) and head) or len(models.where) > AGREE_MAX_ENDPOINTS:
+    """Of the first two endpoints in the hash's order for the block id ``key`` that may
+    take the request, the first within ``bound``; None: neither is, or the model has
+    more endpoints than the hash is taken over."""
+    if len(models.where) > AGREE_MAX_ENDPOINTS:
         return None
-    key = ids[head]
     slots = [s for s in map(index.slots.get, models.where) if s is not None and may_take(s)]
     ranked = rank(key, {s.id: s.weight for s in slots})
     for slot in [index.slots[e] for e in ranked[:2]]:
