@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from poller_lab.prefix.trace import classify, summarise
+from poller_lab.prefix.trace import at_pick, classify, summarise
 
 
 def request(chosen: str, truth: dict[str, int], holders: list[list[Any]], ref: str) -> dict:
@@ -38,6 +38,27 @@ def test_the_summary_counts_requests_after_the_warm_up_per_cell(tmp_path: Path) 
     text = summarise(tmp_path)
     assert "seed 1, 8 gateways: 1 requests" in text
     assert "true holder known: over-bound" in text and "never placed" not in text
+
+
+def test_the_summary_says_what_the_chosen_engine_lacked_and_whether_it_was_full(
+    tmp_path: Path,
+) -> None:
+    """Per cell: the prompt tokens the chosen engine did not hold at the pick (its
+    prefill), the requests sent to an engine whose every slot was taken, and the time
+    to the engine's first chunk past the prefill."""
+    cell = {"group": "gateways-1", "t0": 0.0, "warmup_s": 0.0, "label": "seed 1, 8 gateways"}
+    (tmp_path / "cells.jsonl").write_text(json.dumps(cell) + "\n")
+    rows = []
+    for lacked, queue in ((0, 0), (400, 2), (4000, 8)):
+        r = request("large-0", {"large-0": 4000 - lacked}, [], ref="large-0")
+        r["truth"]["large-0"][1] = queue  # running + waiting; large-0 has 8 slots
+        rows.append({**r, "tokens": 4000, "first_s": lacked / 4000 + queue / 8})
+    (tmp_path / "gw-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = summarise(tmp_path)
+    assert "lacked: p50 400 (0.100 s of prefill), p90 4000 (1.000 s)" in text
+    assert "every slot taken: 1 of 3" in text
+    assert "past that prefill (a wait for a slot, the transport): p50 0.250 s, p90 1.000 s" in text
+    assert at_pick({**rows[0], "truth": None}) is None
 
 
 def test_the_trace_reads_the_parts_of_the_picker_s_own_estimate() -> None:

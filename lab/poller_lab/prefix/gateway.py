@@ -18,6 +18,7 @@ import contextlib
 import json
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -87,11 +88,13 @@ class _Gateway:
                 {"messages": body["messages"], "model": self.cfg["model"]}
             )
         chosen, cpu_ns = await self.chooser.choose(body)
-        if trace is not None:
-            trace.write(chosen)
+        traced = None if trace is None else trace.take(chosen)
+        first: list[float] = []  # seconds from the forward to the engine's first chunk
         self.requests += 1
         self.cpu_ns.append(cpu_ns)
         if chosen is None or chosen not in self.urls:
+            if traced is not None:
+                trace.write(traced, None)
             self.fallbacks += 1
             return web.json_response(
                 {"error": {"message": "no endpoint may take it", "code": 503}},
@@ -101,25 +104,32 @@ class _Gateway:
         started_at = self.chooser.started(chosen)
         ok = False
         try:
-            response = await self._forward(request, chosen, body)
+            response = await self._forward(request, chosen, body, first)
             ok = response.status == 200
             return response
         finally:
             self.chooser.finished(chosen, started_at, ok)
+            if traced is not None:
+                trace.write(traced, first[0] if first else None)
             if not ok:
                 self.errors += 1
 
     async def _forward(
-        self, request: web.Request, chosen: str, body: Mapping[str, Any]
+        self, request: web.Request, chosen: str, body: Mapping[str, Any], first: list[float]
     ) -> web.StreamResponse:
+        """The engine's answer, streamed through; ``first`` gets the seconds until its
+        first chunk."""
         url = self.urls[chosen] + "/v1/chat/completions"
         headers = {"x-gateway-endpoint": chosen}
+        t0 = time.monotonic()
         try:
             async with self.http.post(url, json=body) as upstream:
                 out = web.StreamResponse(status=upstream.status, headers=headers)
                 out.content_type = upstream.content_type
                 await out.prepare(request)
                 async for chunk in upstream.content.iter_any():
+                    if chunk and not first:
+                        first.append(time.monotonic() - t0)
                     await out.write(chunk)
                 await out.write_eof()
                 return out

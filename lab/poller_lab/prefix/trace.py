@@ -2,9 +2,10 @@
 names a folder): per request, what the engines held of its prompt in truth (the
 simulator's ``POST /admin/prefix`` just before the pick), what the picker's placements
 said (``matches``, and the placements on every engine valid or not) and what ``prefer``
-did with each holder (chosen, over the load bound, stale, saturated, ...). One JSON line
-per request, in ``<folder>/gw-<pid>.jsonl``; ``python -m poller_lab.prefix.trace
-<folder>`` sums them up per cell.
+did with each holder (chosen, over the load bound, stale, saturated, ...), and the time
+from its forward to the engine's first chunk. One JSON line per request, in
+``<folder>/gw-<pid>.jsonl``; ``python -m poller_lab.prefix.trace <folder>`` sums them up
+per cell.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from poller.reader.table import TOKENS_PER_BLOCK
+from poller_lab.prefix.fleet import ENGINES, PREFILL_TPS
 
 __all__ = ["ENV", "Trace", "folder"]
 
@@ -55,7 +57,8 @@ class Trace:
 
         picker_module.prefer = traced  # type: ignore[attr-defined]
 
-    def write(self, chosen: str | None) -> None:
+    def take(self, chosen: str | None) -> dict[str, Any]:
+        """The record of the pick just made (``write`` it once the request is answered)."""
         record = {
             "t": time.monotonic(),
             "group": self.group,
@@ -70,6 +73,12 @@ class Trace:
             "tokens": None if self.truth is None else self.truth["prompt_tokens"],
         }
         self.pending = self.truth = None
+        return record
+
+    def write(self, record: dict[str, Any], first_s: float | None) -> None:
+        """``record`` (``take``) with ``first_s``: seconds from the request's forward to
+        the engine's first chunk (None: none came)."""
+        record["first_s"] = first_s
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
 
@@ -211,6 +220,21 @@ def classify(r: Mapping[str, Any]) -> tuple[str, int]:
     return "true holder never placed/learned (others known)", lost
 
 
+def at_pick(r: Mapping[str, Any]) -> tuple[int, bool] | None:
+    """(the prompt's tokens the chosen engine did not hold when the request was sent,
+    whether every one of its slots was taken then), in truth; None: not traced."""
+    truth, tokens = r["truth"], r.get("tokens")
+    if truth is None or tokens is None or r["chosen"] not in truth:
+        return None
+    cached, queue = truth[r["chosen"]]
+    return max(0, tokens - cached), queue >= dict(ENGINES).get(r["chosen"], 1)
+
+
+def _quantile(values: list[Any], q: float) -> Any:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0
+
+
 def summarise(path: Path) -> str:
     cells: dict[str, dict[str, Any]] = {}
     for line in (path / "cells.jsonl").read_text().splitlines():
@@ -218,6 +242,9 @@ def summarise(path: Path) -> str:
         cells[c["group"]] = c
     per: dict[str, dict[str, list[int]]] = {}
     totals: dict[str, list[float]] = {}
+    uncached: dict[str, list[int]] = {}  # per cell, the chosen engine's uncached tokens
+    busy: dict[str, int] = {}  # per cell, requests sent to an engine with no slot free
+    waits: dict[str, list[float]] = {}  # per cell, the first chunk's time past the prefill
     for f in sorted(path.glob("gw-*.jsonl")):
         for line in f.read_text().splitlines():
             r = json.loads(line)
@@ -231,6 +258,12 @@ def summarise(path: Path) -> str:
             row[1] += lost
             tot = totals.setdefault(key, [0, 0, 0])
             tot[0] += 1
+            seen = at_pick(r)
+            if seen is not None:
+                uncached.setdefault(key, []).append(seen[0])
+                busy[key] = busy.get(key, 0) + seen[1]
+                if r.get("first_s") is not None:  # the rest of the first chunk's time
+                    waits.setdefault(key, []).append(r["first_s"] - seen[0] / PREFILL_TPS)
             if r["truth"] and r["chosen"] in r["truth"]:
                 tot[1] += max(t[0] for t in r["truth"].values())
                 tot[2] += r["truth"][r["chosen"]][0]
@@ -239,6 +272,20 @@ def summarise(path: Path) -> str:
         n, top, got = totals[key]
         lines.append(f"== {key}: {n} requests, true best cached tokens {top}, "
                      f"chosen's cached {got} ({got / max(1, top):.3f})")  # fmt: skip
+        missing = uncached.get(key, [])
+        if missing:
+            p50, p90 = _quantile(missing, 0.5), _quantile(missing, 0.9)
+            lines.append(
+                f"  prompt tokens the chosen engine lacked: p50 {p50} ({p50 / PREFILL_TPS:.3f} s"
+                f" of prefill), p90 {p90} ({p90 / PREFILL_TPS:.3f} s); sent to an engine with"
+                f" every slot taken: {busy.get(key, 0)} of {len(missing)}"
+            )
+        rest = waits.get(key, [])
+        if rest:
+            lines.append(
+                f"  the engine's first chunk past that prefill (a wait for a slot, the"
+                f" transport): p50 {_quantile(rest, 0.5):.3f} s, p90 {_quantile(rest, 0.9):.3f} s"
+            )
         for cat, (count, lost) in sorted(per[key].items(), key=lambda kv: -kv[1][1]):
             lines.append(f"  {cat:52s} {count:5d}  lost {lost:8d}")
     return "\n".join(lines)
