@@ -49,15 +49,18 @@ def test_the_summary_says_what_the_chosen_engine_lacked_and_whether_it_was_full(
     cell = {"group": "gateways-1", "t0": 0.0, "warmup_s": 0.0, "label": "seed 1, 8 gateways"}
     (tmp_path / "cells.jsonl").write_text(json.dumps(cell) + "\n")
     rows = []
-    for lacked, queue in ((0, 0), (400, 2), (4000, 8)):
-        r = request("large-0", {"large-0": 4000 - lacked}, [], ref="large-0")
+    for lacked, queue in ((0, 0), (400, 2), (4000, 8), (3000, 8)):
+        r = request("large-0", {"large-0": 4000 - lacked, "small-0": 0}, [], ref="large-0")
         r["truth"]["large-0"][1] = queue  # running + waiting; large-0 has 8 slots
+        r["truth"]["small-0"][1] = 1 if lacked == 4000 else 2  # small-0 has 2
         rows.append({**r, "tokens": 4000, "first_s": lacked / 4000 + queue / 8})
     (tmp_path / "gw-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = summarise(tmp_path)
-    assert "lacked: p50 400 (0.100 s of prefill), p90 4000 (1.000 s)" in text
-    assert "every slot taken: 1 of 3" in text
-    assert "past that prefill (a wait for a slot, the transport): p50 0.250 s, p90 1.000 s" in text
+    assert "lacked: p50 3000 (0.750 s of prefill), p90 4000 (1.000 s)" in text
+    assert "more than 1,000 on every engine: 2 of 4" in text
+    assert "every slot taken: 2 of 4 (1 while another had one free)" in text
+    assert "first chunk after the forward: p50 1.750 s;" in text
+    assert "(a wait for a slot, the transport): p50 1.000 s, p90 1.000 s" in text
     assert at_pick({**rows[0], "truth": None}) is None
 
 

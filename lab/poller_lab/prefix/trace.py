@@ -220,14 +220,18 @@ def classify(r: Mapping[str, Any]) -> tuple[str, int]:
     return "true holder never placed/learned (others known)", lost
 
 
-def at_pick(r: Mapping[str, Any]) -> tuple[int, bool] | None:
-    """(the prompt's tokens the chosen engine did not hold when the request was sent,
-    whether every one of its slots was taken then), in truth; None: not traced."""
+def at_pick(r: Mapping[str, Any]) -> tuple[int, int, bool, bool] | None:
+    """In truth, when the request was sent: (the prompt's tokens the chosen engine did
+    not hold, the fewest any engine did not hold, whether every slot of the chosen one
+    was taken, whether another engine had one free); None: not traced."""
     truth, tokens = r["truth"], r.get("tokens")
     if truth is None or tokens is None or r["chosen"] not in truth:
         return None
+    slots = dict(ENGINES)
     cached, queue = truth[r["chosen"]]
-    return max(0, tokens - cached), queue >= dict(ENGINES).get(r["chosen"], 1)
+    most = max(held for held, _ in truth.values())
+    free = any(q < slots.get(i, 1) for i, (_, q) in truth.items() if i != r["chosen"])
+    return max(0, tokens - cached), max(0, tokens - most), queue >= slots.get(r["chosen"], 1), free
 
 
 def _quantile(values: list[Any], q: float) -> Any:
@@ -242,9 +246,13 @@ def summarise(path: Path) -> str:
         cells[c["group"]] = c
     per: dict[str, dict[str, list[int]]] = {}
     totals: dict[str, list[float]] = {}
-    uncached: dict[str, list[int]] = {}  # per cell, the chosen engine's uncached tokens
-    busy: dict[str, int] = {}  # per cell, requests sent to an engine with no slot free
-    waits: dict[str, list[float]] = {}  # per cell, the first chunk's time past the prefill
+    # Per cell: the chosen engine's uncached tokens; the requests that lacked more than
+    # 1,000 tokens on every engine; those sent to an engine with no slot free (and of
+    # them, while another had one); the first chunk's time, and its time past the prefill.
+    uncached: dict[str, list[int]] = {}
+    counts: dict[str, list[int]] = {}
+    firsts: dict[str, list[float]] = {}
+    waits: dict[str, list[float]] = {}
     for f in sorted(path.glob("gw-*.jsonl")):
         for line in f.read_text().splitlines():
             r = json.loads(line)
@@ -260,10 +268,15 @@ def summarise(path: Path) -> str:
             tot[0] += 1
             seen = at_pick(r)
             if seen is not None:
-                uncached.setdefault(key, []).append(seen[0])
-                busy[key] = busy.get(key, 0) + seen[1]
-                if r.get("first_s") is not None:  # the rest of the first chunk's time
-                    waits.setdefault(key, []).append(r["first_s"] - seen[0] / PREFILL_TPS)
+                lacked, fewest, full, other = seen
+                uncached.setdefault(key, []).append(lacked)
+                tally = counts.setdefault(key, [0, 0, 0])
+                tally[0] += fewest > 1000
+                tally[1] += full
+                tally[2] += full and other
+                if r.get("first_s") is not None:
+                    firsts.setdefault(key, []).append(r["first_s"])
+                    waits.setdefault(key, []).append(r["first_s"] - lacked / PREFILL_TPS)
             if r["truth"] and r["chosen"] in r["truth"]:
                 tot[1] += max(t[0] for t in r["truth"].values())
                 tot[2] += r["truth"][r["chosen"]][0]
@@ -275,16 +288,22 @@ def summarise(path: Path) -> str:
         missing = uncached.get(key, [])
         if missing:
             p50, p90 = _quantile(missing, 0.5), _quantile(missing, 0.9)
+            none, busy, freed = counts[key]
             lines.append(
                 f"  prompt tokens the chosen engine lacked: p50 {p50} ({p50 / PREFILL_TPS:.3f} s"
-                f" of prefill), p90 {p90} ({p90 / PREFILL_TPS:.3f} s); sent to an engine with"
-                f" every slot taken: {busy.get(key, 0)} of {len(missing)}"
+                f" of prefill), p90 {p90} ({p90 / PREFILL_TPS:.3f} s); more than 1,000 on"
+                f" every engine: {none} of {len(missing)}"
             )
-        rest = waits.get(key, [])
-        if rest:
             lines.append(
-                f"  the engine's first chunk past that prefill (a wait for a slot, the"
-                f" transport): p50 {_quantile(rest, 0.5):.3f} s, p90 {_quantile(rest, 0.9):.3f} s"
+                f"  sent to an engine with every slot taken: {busy} of {len(missing)}"
+                f" ({freed} while another had one free)"
+            )
+        first, rest = firsts.get(key, []), waits.get(key, [])
+        if first:
+            lines.append(
+                f"  the engine's first chunk after the forward: p50 {_quantile(first, 0.5):.3f} s;"
+                f" past the prefill (a wait for a slot, the transport): p50"
+                f" {_quantile(rest, 0.5):.3f} s, p90 {_quantile(rest, 0.9):.3f} s"
             )
         for cat, (count, lost) in sorted(per[key].items(), key=lambda kv: -kv[1][1]):
             lines.append(f"  {cat:52s} {count:5d}  lost {lost:8d}")
