@@ -42,8 +42,17 @@ class Demo:
         self.work = work
         self.redis_url = redis_url
         self.say = say
+        self.procs: dict[str, Proc] = {}
+        self.ports: dict[str, int] = {}
         self.sim, self.admin, registry = start_sim(work, endpoints, ENGINES, cpu=None)
-        asyncio.run(sync_registry(redis_url, NS, registry))
+        try:
+            self._start(registry)
+        except BaseException:  # Redis unreachable, a poller that would not start
+            self.stop()  # nothing started is left running
+            raise
+
+    def _start(self, registry: Path) -> None:
+        asyncio.run(sync_registry(self.redis_url, NS, registry))
         ids = [e["id"] for e in http_json(f"{self.admin}/admin/registry")]
         self.missing, self.failing = ids[0], ids[1]
         http_json(f"{self.admin}/admin/endpoints/{self.failing}/fault", {"mode": "http500"})
@@ -54,8 +63,6 @@ class Demo:
             f"{self.missing} lacks its KV-cache metric"
         )
         self.ids = ["poller-0", "poller-1", "poller-2"]
-        self.procs: dict[str, Proc] = {}
-        self.ports: dict[str, int] = {}
         for poller_id in self.ids:
             self.start_poller(poller_id)
         self.say("started poller-0, poller-1, poller-2: they divide the endpoints by leases")

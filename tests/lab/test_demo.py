@@ -143,6 +143,32 @@ def test_poller_sim_command_is_wired() -> None:
     assert result.returncode == 0 and "--registry-out" in result.stdout
 
 
+def test_demo_stops_what_it_started_when_redis_is_unreachable(tmp_path: Path) -> None:
+    """The simulator starts before the registry is written: a Redis that does not answer
+    ends the demo with the reason, and the simulator with it."""
+    from tests.support.redisproc import free_port
+
+    marker = f"LLMGW_DEMO_TEST={uuid.uuid4().hex}"
+    env = {**os.environ, marker.split("=")[0]: marker.split("=")[1], "TMPDIR": str(tmp_path)}
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    result = subprocess.run(
+        [sys.executable, "-m", "poller", "demo", "--redis-url", url, "--duration", "5"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Redis unreachable" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    left = leftovers(marker)
+    for pid in left:  # not left running by a failing test either
+        os.kill(pid, signal.SIGKILL)
+    assert left == [], "the demo left its simulator running"
+    assert list(tmp_path.iterdir()) == [], "the demo left temporary files behind"
+
+
 class _Proc:
     def __init__(self) -> None:
         self.signals: list[int] = []
