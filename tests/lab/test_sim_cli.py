@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -224,3 +225,37 @@ def test_help_lists_every_fault_mode_and_how_to_set_one() -> None:
     )
     assert "or while it runs:  curl -X POST <admin>/admin/endpoints/vllm-0/fault \\" in lines
     assert any("--model NAME" in line for line in lines)
+
+
+@pytest.mark.parametrize("flag", ["--port", "--admin-port"])
+def test_a_port_in_use_is_one_line_and_exit_1(flag: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            sim_command("--endpoints", "1", flag, str(port)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+    assert result.returncode == 1, result.stderr
+    [line] = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+    assert f"{port}" in line and "address already in use" in line, line
+    assert line.endswith("(a simulator still running? --port 0 and --admin-port 0 take free ports)")
+    assert "Traceback" not in result.stderr
+
+
+def test_a_registry_file_that_cannot_be_written_is_named(tmp_path: Path) -> None:
+    out = tmp_path / "no-such-folder" / "endpoints.json"
+    result = subprocess.run(
+        sim_command("--endpoints", "1", "--registry-out", str(out)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 1, result.stderr
+    assert f"error: {out}: No such file or directory" in result.stderr.splitlines()
+    assert "Traceback" not in result.stderr

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import logging
 import resource
@@ -167,17 +168,25 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m poller_lab.si
 
     setup_logging(args.log_level.upper())
     _raise_fd_limit()
-    asyncio.run(
-        run_sim(
-            specs,
-            seed=args.seed,
-            port=args.port,
-            admin_port=args.admin_port,
-            registry_out=args.registry_out,
-            api_key_env=args.api_key_env,
-            faults=faults,
+    try:
+        asyncio.run(
+            run_sim(
+                specs,
+                seed=args.seed,
+                port=args.port,
+                admin_port=args.admin_port,
+                registry_out=args.registry_out,
+                api_key_env=args.api_key_env,
+                faults=faults,
+            )
         )
-    )
+    except OSError as exc:  # a port in use, a registry file that cannot be written
+        hint = ""
+        if exc.errno == errno.EADDRINUSE:
+            hint = " (a simulator still running? --port 0 and --admin-port 0 take free ports)"
+        where = f"{exc.filename}: " if exc.filename else ""
+        sys.stderr.write(f"error: {where}{exc.strerror or exc}{hint}\n")
+        return 1
     return 0
 
 
