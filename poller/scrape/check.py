@@ -24,25 +24,34 @@ from poller.scrape.engines import (
     mapping_for_endpoint,
 )
 from poller.scrape.http.client import KeyPolicy, Scraper, metrics_url
+from poller.scrape.models import MODELS_PATH, read_models
 
 __all__ = ["check_endpoint", "format_report", "serve_example"]
+
+#: ``/v1/models`` of the example server: the model its vLLM page names.
+EXAMPLE_MODELS = b'{"object": "list", "data": [{"id": "meta-llama/Llama-3.1-8B-Instruct"}]}'
 
 
 @asynccontextmanager
 async def serve_example(engine: str) -> AsyncIterator[str]:
-    """Serve the bundled example page for ``engine`` on a loopback port; yields its base URL."""
+    """Serve the bundled example page for ``engine`` on a loopback port, and the model
+    list of ``/v1/models`` that an engine whose page names no model is asked; yields the
+    base URL."""
     page = resources.files("poller.scrape").joinpath(f"data/{engine}.txt").read_bytes()
-    path = ENGINE_SPECS[engine].metrics_path.encode()
+    answers = {
+        ENGINE_SPECS[engine].metrics_path.encode(): (page, b"text/plain; version=0.0.4"),
+        MODELS_PATH.encode(): (EXAMPLE_MODELS, b"application/json"),
+    }
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = await reader.readuntil(b"\r\n\r\n")
-            ok = request.split(b" ", 2)[1] == path
-            body = page if ok else b"not found\n"
-            head = b"HTTP/1.1 200 OK\r\n" if ok else b"HTTP/1.1 404 Not Found\r\n"
+            found = answers.get(request.split(b" ", 2)[1])
+            body, kind = found or (b"not found\n", b"text/plain")
+            head = b"HTTP/1.1 200 OK\r\n" if found else b"HTTP/1.1 404 Not Found\r\n"
             writer.write(
                 head
-                + b"Content-Type: text/plain; version=0.0.4\r\n"
+                + b"Content-Type: %s\r\n" % kind
                 + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
                 + body
             )
@@ -125,7 +134,8 @@ async def check_endpoint(
     ``engine`` None: the page says which engine it is. It is fetched at the default
     engine's path (``settings.default_engine``, else vLLM) and read with the first engine
     whose contract it satisfies (``page_engines``), the default first; the report's
-    ``detected`` is then True. With ``settings``, its ``[scrape.engines.<engine>]`` path
+    ``detected`` is then True, or False where no page satisfied one (or none was read):
+    the report is the default engine's. With ``settings``, its ``[scrape.engines.<engine>]`` path
     and overrides apply below the entry's own, as in ``poller run``.
     """
     detect = engine is None
@@ -134,7 +144,7 @@ async def check_endpoint(
     url = metrics_url(endpoint, mapping.metrics_path)
     report: dict[str, Any] = {"url": url, "engine": chosen, "ok": False}
     if detect:
-        report["detected"] = True
+        report["detected"] = False  # until a page satisfies an engine's contract
     # The operator names their own variable or file here: the registry's key rules
     # (scrape.key_env_prefix, scrape.key_dir) do not apply (docs/operations.md).
     scraper = Scraper(max_body_bytes=max_bytes, key_policy=KeyPolicy.unrestricted())
@@ -154,7 +164,11 @@ async def check_endpoint(
             signals = mapping.read(fetched.body, fetched.content_type)
         report["parse_us"] = round((time.perf_counter() - parse_started) * 1e6, 1)
         report |= {"ok": True, "missing": [], "signals": _signal_values(signals)}
-        report["sources"] = signals.sources
+        if detect:
+            report["detected"] = True
+        report["sources"] = dict(signals.sources)
+        if not signals.models and mapping.spec.models_from_api:
+            await _models_from_api(report, scraper, endpoint, timeout_s)
     except ScrapeError as exc:
         report |= {"reason": exc.reason, "detail": exc.detail}
         report["missing"] = list(getattr(exc, "missing", ()))
@@ -166,6 +180,20 @@ async def check_endpoint(
         await scraper.aclose()
     report["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 2)
     return report
+
+
+async def _models_from_api(
+    report: dict[str, Any], scraper: Scraper, endpoint: Endpoint, timeout_s: float
+) -> None:
+    """The names the engine lists on /v1/models, as ``poller run`` adds them for an
+    engine whose page names no model (poller/service/names.py)."""
+    try:
+        names = await read_models(scraper, endpoint, timeout_s)
+    except ScrapeError as exc:
+        report["sources"]["models"] = f"{MODELS_PATH} not read: {exc.reason}: {exc.detail}"
+        return
+    report["signals"]["models"] = list(names) or None
+    report["sources"]["models"] = MODELS_PATH
 
 
 def _mapping(endpoint: Endpoint, engine: str, settings: ScrapeSettings | None) -> EngineMapping:
@@ -183,13 +211,15 @@ def format_report(report: dict[str, Any]) -> str:
         f"in {report['elapsed_ms']} ms"
         + (f" (parse {report['parse_us']} us)" if "parse_us" in report else "")
     )
+    engine = report["engine"]
     if report.get("detected"):
-        if report["ok"]:
-            out(f"engine: {report['engine']} (detected from the page)")
-        else:
-            out(f"engine: {report['engine']} (the default: the page matches no engine)")
+        out(f"engine: {engine} (detected from the page)")
+    elif "detected" not in report:
+        out(f"engine: {engine}")
+    elif "looks_like" in report:  # a page was read: it satisfies no engine's contract
+        out(f"engine: {engine} (the default: the page satisfies no engine's contract)")
     else:
-        out(f"engine: {report['engine']}")
+        out(f"engine: {engine} (the default: no page was read to tell it from)")
     for name, value in report.get("signals", {}).items():
         source = report["sources"].get(name, "")
         out(f"  {name:<22} {_shown(name, value):<40} {source}")
@@ -203,7 +233,9 @@ def format_report(report: dict[str, Any]) -> str:
             names = " or ".join(report["looks_like"])
             out(f"the page looks like {names}'s: try --engine {report['looks_like'][0]}")
         elif "looks_like" in report:
-            if report.get("detected"):
+            if report.get("missing"):
+                out(f"no other engine's contract fits either: the page lacks what {engine} needs")
+            elif "detected" in report:
                 out("the page satisfies no engine's contract: name one with --engine")
             else:
                 out("the page satisfies no other engine's contract either")

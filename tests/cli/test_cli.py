@@ -43,6 +43,7 @@ def test_check_example_page_for_every_engine() -> None:
         assert report["ok"] and report["engine"] == engine and report["missing"] == []
         assert isinstance(report["signals"]["running"], int)
         assert isinstance(report["signals"]["waiting"], int)
+        assert report["signals"]["models"], engine  # from the page, else /v1/models
 
 
 def test_check_json_speaks_json() -> None:
@@ -327,6 +328,37 @@ def test_check_reads_each_new_page_over_http(engine_server: str, page: str) -> N
     assert report["status"] == 200
     for name, value in expected.items():
         assert report["signals"][name] == value, name
+
+
+def test_check_reads_v1_models_where_the_page_names_no_model_as_run_does() -> None:
+    """llama-server's page names no model: check asks /v1/models as `poller run` does,
+    and says where the names came from, or why none were read."""
+    page = (DATA / "llamacpp-b11434-busy-handwritten.txt").read_bytes()
+    listed = json.dumps({"object": "list", "data": [{"id": "qwen3-8b", "aliases": ["q8"]}]})
+
+    def server(request: Request) -> bytes:
+        if request.path == "/metrics":
+            return answer(200, page)
+        if request.path == "/v1/models":
+            return answer(200, listed, content_type="application/json")
+        return answer(404)
+
+    with threaded(server) as url:
+        code, report = check_json(url, "--engine", "llamacpp")
+        text = CliRunner().invoke(cli, ["check", url, "--engine", "llamacpp"]).output
+    assert code == 0, report
+    assert report["signals"]["models"] == ["qwen3-8b", "q8"]
+    assert report["sources"]["models"] == "/v1/models"
+    assert "  models                 qwen3-8b, q8" in text and text.rstrip().endswith("contract")
+
+    def no_models(request: Request) -> bytes:
+        return answer(200, page) if request.path == "/metrics" else answer(404)
+
+    with threaded(no_models) as url:
+        code, report = check_json(url, "--engine", "llamacpp")
+    assert code == 0, report  # the page is fine: the names are what a registry entry adds
+    assert report["signals"]["models"] is None
+    assert report["sources"]["models"].startswith("/v1/models not read: http_status: ")
 
 
 @pytest.mark.parametrize(

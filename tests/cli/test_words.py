@@ -200,6 +200,33 @@ def test_check_without_engine_detects_it_from_the_page(sglang_engine: str) -> No
     assert wrong.stdout.splitlines()[-1] == "the page looks like sglang's: try --engine sglang"
 
 
+def test_check_without_engine_says_why_it_fell_back_to_the_default() -> None:
+    """A vLLM page lacking a metric satisfies no engine: the report is the default's and
+    says what it lacks; with no page at all, it says there was none to tell from."""
+    page = (DATA / "vllm-v1-dp-lora-handwritten.txt").read_text()
+    lacking = "".join(x for x in page.splitlines(True) if "kv_cache_usage" not in x)
+
+    def script(request: Request) -> bytes:
+        return answer(200, lacking.encode()) if request.path == "/metrics" else answer(404, "")
+
+    with threaded(script) as url:
+        text = poller("check", url)
+        as_json = poller("check", url, "--json")
+    assert text.returncode == 1, text.stdout
+    lines = text.stdout.splitlines()
+    assert lines[1] == "engine: vllm (the default: the page satisfies no engine's contract)"
+    assert lines[-3].startswith("missing: ") and "kv_cache_usage" in lines[-3], lines
+    assert lines[-1] == "no other engine's contract fits either: the page lacks what vllm needs"
+    assert json.loads(as_json.stdout)["detected"] is False
+
+    gone = poller("check", "http://127.0.0.1:9", "--timeout", "5")  # nothing listens
+    assert gone.returncode == 1, gone.stdout
+    assert gone.stdout.splitlines()[1] == (
+        "engine: vllm (the default: no page was read to tell it from)"
+    )
+    assert gone.stdout.splitlines()[-1].startswith("FAILED: unreachable: ")
+
+
 def test_a_running_poller_gives_the_hint_in_the_failure_and_once_in_the_log(
     redis_server: RedisProcess, redis_env: dict[str, str], sglang_engine: str, tmp_path: Path
 ) -> None:
