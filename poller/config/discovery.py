@@ -50,7 +50,7 @@ class DiscoverySource(BaseModel):
     answers give addresses; the port is the URI's). See ``parse_discovery_uri``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     uri: str
     kind: Literal["srv", "a"]

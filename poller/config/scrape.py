@@ -24,7 +24,7 @@ __all__ = [
     "key_directory",
 ]
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 #: The jitter when none is named (a quarter of the interval when that is less).
 DEFAULT_JITTER_S = 0.05
 #: The shortest scrape interval.

@@ -64,7 +64,7 @@ __all__ = [
     "parse_discovery_uri",
 ]
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 #: Poller ids appear in lease values and space-separated events.
 _ID_RE = re.compile(r"[A-Za-z0-9._:@/-]{1,200}")
 

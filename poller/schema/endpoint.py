@@ -181,7 +181,7 @@ def check_metrics_path(value: str) -> str:
 class Endpoint(BaseModel):
     """One registry entry. ``id`` is the hash field; the rest is its JSON value."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     id: str
     url: str

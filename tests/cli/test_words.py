@@ -267,6 +267,14 @@ def test_a_running_poller_gives_the_hint_in_the_failure_and_once_in_the_log(
             "scrape.interval_s: should be at least 0.05, got 0",
         ),
         (
+            ["run", "--check", "--interval", "nan"],
+            "scrape.interval_s: should be a finite number, got nan",
+        ),
+        (
+            ["endpoints", "add", "a", "http://10.0.0.1:8000", "--interval", "inf"],
+            "endpoint 'a' interval_s: should be a finite number, got inf",
+        ),
+        (
             ["run", "--check", "--id", "has space"],
             "id: poller id 'has space' must be 1-200 characters from A-Z a-z 0-9 . _ : @ / - "
             "(no spaces), e.g. the pod name",
