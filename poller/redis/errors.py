@@ -12,6 +12,8 @@
     ResponseError "unknown command 'SENTINEL'" (a           StoreError ("not a Sentinel")
       redis+sentinel:// URL at a plain Redis)
     ResponseError (anything else Redis refused)             StoreError ("rejected")
+    InvalidResponse "Protocol error" (a port that is not    StoreError ("does not speak
+      Redis's: an HTTP server)                                Redis's protocol")
     any other RedisError; UnicodeDecodeError                StoreError
 
 Every caller (store, discovery, reader, worker, CLI) goes through ``redis_call``,
@@ -84,6 +86,12 @@ def store_error(exc: BaseException, what: str) -> StoreError:
         )
     if isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
         return _auth(str(exc), what)
+    if isinstance(exc, rexc.InvalidResponse) and str(exc).lower().startswith("protocol error"):
+        http = "'H'" in str(exc) or '"H"' in str(exc) or "HTTP/" in str(exc)
+        return StoreError(
+            f"the server at the Redis URL does not speak Redis's protocol (during {what}: "
+            f"{exc})" + (": it answers HTTP; check the URL's port" if http else "")
+        )
     if isinstance(exc, rexc.ResponseError):
         return reply_error(str(exc), what)
     if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError | OSError):

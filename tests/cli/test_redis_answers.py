@@ -6,7 +6,7 @@ each answer checked as the exact line and exit status.
 - a namespace nothing wrote: the reader and ``status`` say so;
 - read-only commands write nothing, and run as the ``gateway`` ACL user;
 - Redis mistakes named by their cause: no password, TLS at a plain port, a Sentinel
-  URL at a plain Redis, a trailing space in the URL;
+  URL at a plain Redis, a web server's port, a trailing space in the URL;
 - ``run --check`` notices a health port in use.
 """
 
@@ -16,6 +16,7 @@ import json
 import logging
 import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -256,6 +257,43 @@ def test_a_sentinel_url_at_a_plain_redis_says_it_is_not_a_sentinel(
         "SENTINEL; during snapshot): use redis://HOST:PORT/DB for a plain Redis, or the "
         "Sentinels' port (26379) with the master's name"
     )
+
+
+@pytest.fixture
+def web_port() -> Iterator[int]:
+    """A loopback port whose server answers whatever it is sent as a web server would."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return  # closed: the test is over
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (a close alone does not)
+    listener.close()
+    thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("command", [["status"], ["run", "--check", "--health-port", "0"]])
+def test_a_url_at_a_web_server_says_it_does_not_speak_redis(
+    web_port: int, command: list[str]
+) -> None:
+    result = poller(*command, env={"POLLER_REDIS_URL": f"redis://127.0.0.1:{web_port}/0"})
+    line = error_line(result, 1)
+    assert line.startswith("Error: the server at the Redis URL does not speak Redis's protocol"), (
+        line
+    )
+    assert line.endswith(": it answers HTTP; check the URL's port"), line
 
 
 @pytest.mark.parametrize("command", [["status"], ["run", "--check"]])
