@@ -198,6 +198,12 @@ async def test_fault_flag_starts_an_endpoint_faulted(
             + ", ".join(FAULT_MODES),
         ),
         (
+            ["--engines", "vlm,sglang"],
+            "error: engines: unknown engine 'vlm' (did you mean 'vllm'?); accepted: "
+            + ", ".join(ENGINES),
+        ),
+        (["--engines", ","], "error: engines: name at least one engine"),
+        (
             ["--model", 'bad"name'],
             "error: endpoint 'vllm-0': model name 'bad\"name' has unsupported characters",
         ),

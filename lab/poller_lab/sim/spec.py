@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from poller.errors import ConfigError
+from poller.util.messages import closest
 from poller_lab.sim.engines import ENGINES, SAFE_LABEL
 from poller_lab.sim.model import LoadParams
 
@@ -108,10 +109,16 @@ class EndpointSpec:
         return self.model if self.model is not None else ENGINES[self.engine].model
 
 
+def _unknown_engine(name: str) -> str:
+    guess = closest(name, ENGINES)
+    hint = f" (did you mean {guess!r}?)" if guess else ""
+    return f"unknown engine {name!r}{hint}; accepted: {', '.join(ENGINES)}"
+
+
 def _engine_problem(spec: EndpointSpec) -> str | None:
     engine = ENGINES.get(spec.engine)
     if engine is None:
-        return f"unknown engine {spec.engine!r}; accepted: {', '.join(ENGINES)}"
+        return _unknown_engine(spec.engine)
     if spec.style not in STYLES:
         return f"style must be 'path' or 'port', got {spec.style!r}"
     if spec.dp != 1 and engine.rank_label is None:
@@ -177,7 +184,10 @@ def fleet(
     """
     names = engines.split(",") if isinstance(engines, str) else list(engines)
     if not names:
-        raise ConfigError("fleet needs at least one engine")
+        raise ConfigError("engines: name at least one engine")
+    unknown = [name for name in names if name not in ENGINES]
+    if unknown:
+        raise ConfigError(f"engines: {_unknown_engine(unknown[0])}")
     specs: Iterable[EndpointSpec] = (
         EndpointSpec(
             f"{prefix}{names[i % len(names)]}-{i}",
