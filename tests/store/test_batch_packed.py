@@ -1,4 +1,4 @@
-"""WriteBatcher's hiredis-packed send (issue 13) against redis-py's Pipeline: the same
+"""WriteBatcher's hiredis-packed send against redis-py's Pipeline: the same
 replies, per-command errors kept per command, and a connection never reused mid-reply."""
 
 from __future__ import annotations

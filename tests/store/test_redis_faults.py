@@ -1,4 +1,4 @@
-"""Redis faults against real processes (issue 7): empty restarts, outages, a flaky network.
+"""Redis faults against real processes: empty restarts, outages, a flaky network.
 
 Every test runs real `poller run` processes, a private redis-server and the engine
 simulator; all are stopped by pid at the end whatever happens. Figures measured on a
