@@ -271,6 +271,21 @@ def test_a_page_older_than_one_seen_says_nothing_of_a_reset() -> None:
     assert table.matches(ids) == [] and table.invalidated == 1
 
 
+def test_a_page_dated_ahead_does_not_hide_the_next_reset() -> None:
+    """A page dated far ahead (a failover to a Redis whose clock is behind, a poller's
+    bad clock) is not the reference for ever: a page more than an hour older than it
+    becomes the reference, voiding nothing, and the restart after it is seen."""
+    table = Placements()
+    ids = block_ids(text(BLOCK_BYTES * 3))
+    table.record("e", ids)
+    assert not table.observe("e", 100.0, 50.0, 1_000_000)
+    assert not table.observe("e", 101.0, 51.0, 10**15)  # dated ahead
+    assert not table.observe("e", 102.0, 52.0, 2_000_000)  # the next real page
+    assert table.matches(ids) == [("e", 3)] and table.invalidated == 0
+    assert table.observe("e", 0.0, 0.0, 3_000_000)  # restarted
+    assert table.matches(ids) == [] and table.invalidated == 1
+
+
 def test_the_others_placements_are_judged_by_the_engine_s_capacity() -> None:
     """A replica that never sent to an endpoint judges the placements it reads there by
     the capacity the endpoint's page shows (``capacity``, from the exchange), as the
