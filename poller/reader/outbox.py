@@ -5,15 +5,29 @@ write.
 An entry's body is ``<endpoint id> <ids> <endpoint id> <ids> ...``: the ids of blocks
 placed on that endpoint, as base64 of their 8 big-endian bytes each. The queue holds at
 most ``OUT_MAX`` ids (more are dropped, and counted); one exchange takes at most
-``ENTRY_MAX`` of them, the endpoint queued first first.
+``ENTRY_MAX`` of them, the endpoint queued first first. An id is written within
+``hold_s`` of its queueing or not at all (the queue turns over in two halves: one not
+written when its half turns over, Redis away meanwhile, is dropped, and counted), rather
+than written late as new, which the other replicas would count for a whole age from its
+late write; a block still in use is written again anyway.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 
-__all__ = ["ENTRY_MAX", "OUT_MAX", "READ_COUNT", "STREAM_MAXLEN", "Outbox", "entries", "pack"]
+__all__ = [
+    "ENTRY_MAX",
+    "HOLD_S",
+    "OUT_MAX",
+    "READ_COUNT",
+    "STREAM_MAXLEN",
+    "Outbox",
+    "entries",
+    "pack",
+]
 
 #: Block ids waiting to be written, at most (more are dropped, counted in ``dropped``).
 OUT_MAX = 8192
@@ -27,58 +41,90 @@ STREAM_MAXLEN = 1024
 #: replicas at most 48 between two calls 300 ms apart, the slowest pace; a backlog is
 #: caught up at 64 a call, so one call never absorbs more than ~64,000 ids).
 READ_COUNT = 64
+#: How long an id may wait to be written (the table's ``REWRITE_AGE`` of its age: a
+#: block in use is written again by then).
+HOLD_S = 300.0
 
 
 class Outbox:
     """Block ids waiting to be written, per endpoint. Not locked: the placements table
     calls it under its own lock."""
 
-    def __init__(self) -> None:
-        self._out: dict[str, list[int]] = {}
+    def __init__(
+        self, hold_s: float = HOLD_S, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        # Two halves: ids queued since the last turn, and those queued in the half before
+        # it, written first; at each turn (every ``hold_s`` / 2) what is left of the
+        # older half has waited that long at least, and is dropped.
+        self._new: dict[str, list[int]] = {}
+        self._old: dict[str, list[int]] = {}
         self._n = 0
-        self.dropped = 0  # block ids never written (the queue was full)
+        self._half_s = hold_s / 2
+        self._clock = clock
+        self._turned = clock()
+        self.dropped = 0  # block ids never written (the queue was full, or they waited)
         self.ids_written = 0
         self.bytes_written = 0
 
     def add(self, endpoint_id: str, ids: list[int]) -> None:
         """Queue ``ids`` placed on ``endpoint_id``, as room allows."""
+        self._turn()
+        self._queue(self._new, endpoint_id, ids)
+
+    def _queue(self, half: dict[str, list[int]], endpoint_id: str, ids: list[int]) -> None:
         room = max(0, OUT_MAX - self._n)
         if room < len(ids):
             self.dropped += len(ids) - room
             ids = ids[:room]
         if ids:
-            self._out.setdefault(endpoint_id, []).extend(ids)
+            half.setdefault(endpoint_id, []).extend(ids)
             self._n += len(ids)
+
+    def _turn(self) -> None:
+        now = self._clock()
+        if now - self._turned < self._half_s:
+            return
+        n = sum(map(len, self._old.values()))
+        if now - self._turned >= 2 * self._half_s:  # no turn for a whole hold: all waited
+            n += sum(map(len, self._new.values()))
+            self._new = {}
+        self._old, self._new = self._new, {}
+        self._turned = now
+        self._n -= n
+        self.dropped += n
 
     def take(self) -> str:
         """The body of this exchange's entry (at most ``ENTRY_MAX`` ids, taken from the
-        queue), "" when nothing waits."""
+        queue, the older half first), "" when nothing waits."""
+        self._turn()
         parts: list[str] = []
         room = ENTRY_MAX
-        for endpoint_id in list(self._out):
-            if room <= 0:
-                break
-            ids = self._out[endpoint_id]
-            taken, rest = ids[:room], ids[room:]
-            if rest:
-                self._out[endpoint_id] = rest
-            else:
-                del self._out[endpoint_id]
-            parts += (endpoint_id, pack(taken))
-            room -= len(taken)
-            self._n -= len(taken)
-            self.ids_written += len(taken)
+        for half in (self._old, self._new):
+            for endpoint_id in list(half):
+                if room <= 0:
+                    break
+                ids = half[endpoint_id]
+                taken, rest = ids[:room], ids[room:]
+                if rest:
+                    half[endpoint_id] = rest
+                else:
+                    del half[endpoint_id]
+                parts += (endpoint_id, pack(taken))
+                room -= len(taken)
+                self._n -= len(taken)
+                self.ids_written += len(taken)
         body = " ".join(parts)
         self.bytes_written += len(body)
         return body
 
     def put_back(self, body: str) -> None:
         """The exchange carrying ``body`` failed: its ids go back to the queue (as room
-        allows), for the next call."""
+        allows), for the next call, with the older half (they may have waited that
+        long)."""
         self.bytes_written -= len(body)
         for endpoint_id, ids in entries(body):
             self.ids_written -= len(ids)
-            self.add(endpoint_id, ids)
+            self._queue(self._old, endpoint_id, ids)
 
 
 def entries(body: str) -> Iterator[tuple[str, list[int]]]:

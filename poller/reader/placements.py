@@ -25,7 +25,7 @@ from typing import Any
 
 from poller.reader.outbox import Outbox, entries
 from poller.reader.share import LOST_AFTER_MS
-from poller.reader.table import AGE_S, MAX_BLOCKS, BlockTable, Found, Value
+from poller.reader.table import AGE_S, MAX_BLOCKS, REWRITE_AGE, BlockTable, Found, Value
 from poller.util.text import digits
 
 __all__ = ["FORKS_MAX", "LOST_AFTER_MS", "Found", "Placements"]
@@ -55,7 +55,8 @@ class Placements(BlockTable):
         super().__init__(max_blocks, age_s, clock=clock)
         #: Written to Redis by the exchange (set by a cached reader that shares them).
         self.sharing = False
-        self.outbox = Outbox()  # this replica's placements yet to write
+        # this replica's placements yet to write, for at most when it rewrites a block
+        self.outbox = Outbox(age_s * REWRITE_AGE, clock=clock)
         #: Monotonic seconds of the last exchange that carried placements; None: never.
         self.exchanged_at: float | None = None
         self.last_id = ""  # the stream entry read last

@@ -407,6 +407,30 @@ def test_the_queue_to_send_is_bounded_and_one_entry_carries_at_most_entry_max() 
     assert sent == OUT_MAX
 
 
+def test_placements_not_written_within_the_hold_are_dropped_not_sent_late() -> None:
+    """Redis away: what waits is written within 300 s of its queueing (half the table's
+    age, when a block in use is written again anyway) or dropped, counted; never
+    written an hour late as new, which the others would count for another 600 s."""
+    now = [0.0]
+    a = Placements(clock=lambda: now[0])
+    a.sharing = True
+    old, recent = block_ids(text(BLOCK_BYTES * 3, seed=1)), block_ids(text(BLOCK_BYTES * 2))
+    a.record("e", old)
+    now[0] = 100.0
+    a.unsent(a.outgoing())  # the call failed: back in the queue
+    now[0] = 120.0  # the next call: written
+    body = a.outgoing()
+    assert [(e, ids) for e, ids in entries(body)] == [("e", old)] and a.dropped == 0
+    a.unsent(body)
+    now[0] = 3600.0  # an hour of outage
+    a.record("e", recent)  # placed just now: written
+    assert [(e, ids) for e, ids in entries(a.outgoing())] == [("e", recent)]
+    assert a.dropped == 3 and a.outgoing() == ""
+    b = Placements(clock=lambda: now[0])
+    b.absorb(["9-0", "3600000-0", body], now_ms=3_600_000)  # had it been sent late
+    assert b.matches(old) == [("e", 3)]  # it would have counted as new
+
+
 # --- the pick rule ---------------------------------------------------------------------------
 
 PROMPT = text(4000, seed=7)
