@@ -105,7 +105,12 @@ def _split(value: str | None) -> tuple[str, ...]:
 
 
 def _float(value: str | None) -> float | None:
-    return None if value is None or value == "" else float(value)
+    if value is None or value == "":
+        return None
+    number = float(value)
+    if not math.isfinite(number):  # never written by a poller: engines' NaN is absent
+        raise ValueError(f"expected a finite number, got {value[:20]!r}")
+    return number
 
 
 def _int(value: str | None) -> int | None:

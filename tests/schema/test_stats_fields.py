@@ -63,6 +63,16 @@ def test_a_malformed_map_is_an_error_naming_it(bad: str) -> None:
         EndpointStats.from_hash(h)
 
 
+@pytest.mark.parametrize("field", ["kv_cache_usage", "prefix_cache_queries_total"])
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
+def test_a_number_that_is_not_finite_is_malformed(field: str, bad: str) -> None:
+    """No poller writes one (an engine's NaN is absent): another writer's would make
+    the counters' reset check and the load compare with NaN, always false."""
+    h = {**hash_of(Signals("vllm", 0, 0)), field: bad}
+    with pytest.raises(ValueError, match="finite number"):
+        EndpointStats.from_hash(h)
+
+
 @pytest.mark.parametrize("digit", ["\u00b2", "\u0663", "\uff11"])  # superscript, Arabic, fullwidth
 def test_numbers_in_other_scripts_are_malformed_not_fatal(digit: str) -> None:
     """Another writer's header or map with a character ``str.isdigit`` takes: the
