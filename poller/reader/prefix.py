@@ -26,7 +26,7 @@ BYTES_PER_TOKEN = 4
 #: tokens as of 16; a shared prefix shorter than a block saves little prefill), and the
 #: pick's cost is per block: 7 blocks for a 4,000-character prompt.
 BLOCK_BYTES = 512
-#: Blocks of one prompt looked at (2 MiB of text, beyond any context window).
+#: Blocks of one prompt looked at (4 MiB of text, beyond any context window).
 MAX_BLOCKS = 8192
 
 
@@ -36,7 +36,9 @@ def block_ids(prompt: str, model: str | None = None) -> list[int]:
     (and per LoRA adapter), so the ids are too."""
     if not isinstance(prompt, str):
         raise TypeError(f"prompt must be a str (the text to prefill), got {type(prompt).__name__}")
-    data = prompt.encode("utf-8", "surrogatepass")
+    # No more characters than the bytes looked at (a character is 1 to 4 of them): a
+    # huge prompt is not encoded whole for its first blocks.
+    data = prompt[: MAX_BLOCKS * BLOCK_BYTES].encode("utf-8", "surrogatepass")
     seed = b"" if not model else model.encode("utf-8", "surrogatepass") + b"\0"
     crc, adler = zlib.crc32(seed), zlib.adler32(seed)
     crc32, adler32 = zlib.crc32, zlib.adler32

@@ -71,6 +71,12 @@ def test_two_prompts_share_ids_exactly_as_far_as_they_share_a_prefix() -> None:
     assert block_ids(base, "m1") != block_ids(base, "m2")  # a cache is per model
     assert len(block_ids("é" * BLOCK_BYTES)) == 2  # UTF-8 bytes, not characters
     assert len(block_ids("a" * BLOCK_BYTES * (MAX_BLOCKS + 5))) == MAX_BLOCKS
+    # past the limit in characters of several bytes: the same ids as the whole text's
+    huge = "é€" * (BLOCK_BYTES * MAX_BLOCKS // 2 + 7)
+    data = huge.encode()
+    ends = range(BLOCK_BYTES, BLOCK_BYTES * MAX_BLOCKS + 1, BLOCK_BYTES)
+    spec = [zlib.crc32(data[:e]) << 32 | zlib.adler32(data[:e]) for e in ends[-3:]]
+    assert len(block_ids(huge)) == MAX_BLOCKS and block_ids(huge)[-3:] == spec
 
 
 def test_block_ids_are_the_same_in_another_process() -> None:
