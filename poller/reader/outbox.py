@@ -66,18 +66,16 @@ class Outbox:
         self.ids_written = 0
         self.bytes_written = 0
 
-    def add(self, endpoint_id: str, ids: list[int]) -> None:
-        """Queue ``ids`` placed on ``endpoint_id``, as room allows."""
-        self._turn()
-        self._queue(self._new, endpoint_id, ids)
-
-    def _queue(self, half: dict[str, list[int]], endpoint_id: str, ids: list[int]) -> None:
+    def add(self, endpoint_id: str, ids: list[int], *, older: bool = False) -> None:
+        """Queue ``ids`` placed on ``endpoint_id``, as room allows, with the newer half
+        (``older``: the older one). On the pick path: the halves turn over on ``take``,
+        which the exchange calls at least every 300 ms while it runs, Redis there or not."""
         room = max(0, OUT_MAX - self._n)
         if room < len(ids):
             self.dropped += len(ids) - room
             ids = ids[:room]
         if ids:
-            half.setdefault(endpoint_id, []).extend(ids)
+            (self._old if older else self._new).setdefault(endpoint_id, []).extend(ids)
             self._n += len(ids)
 
     def _turn(self) -> None:
@@ -124,7 +122,7 @@ class Outbox:
         self.bytes_written -= len(body)
         for endpoint_id, ids in entries(body):
             self.ids_written -= len(ids)
-            self._queue(self._old, endpoint_id, ids)
+            self.add(endpoint_id, ids, older=True)
 
 
 def entries(body: str) -> Iterator[tuple[str, list[int]]]:

@@ -28,6 +28,7 @@ BYTES_PER_TOKEN = 4
 BLOCK_BYTES = 512
 #: Blocks of one prompt looked at (4 MiB of text, beyond any context window).
 MAX_BLOCKS = 8192
+_MAX_BYTES = MAX_BLOCKS * BLOCK_BYTES
 
 
 def block_ids(prompt: str, model: str | None = None) -> list[int]:
@@ -38,11 +39,11 @@ def block_ids(prompt: str, model: str | None = None) -> list[int]:
         raise TypeError(f"prompt must be a str (the text to prefill), got {type(prompt).__name__}")
     # No more characters than the bytes looked at (a character is 1 to 4 of them): a
     # huge prompt is not encoded whole for its first blocks.
-    data = prompt[: MAX_BLOCKS * BLOCK_BYTES].encode("utf-8", "surrogatepass")
+    data = prompt[:_MAX_BYTES].encode("utf-8", "surrogatepass")
     seed = b"" if not model else model.encode("utf-8", "surrogatepass") + b"\0"
     crc, adler = zlib.crc32(seed), zlib.adler32(seed)
     crc32, adler32 = zlib.crc32, zlib.adler32
-    end = min(len(data), MAX_BLOCKS * BLOCK_BYTES) // BLOCK_BYTES * BLOCK_BYTES
+    end = min(len(data), _MAX_BYTES) // BLOCK_BYTES * BLOCK_BYTES
     ids: list[int] = []
     add = ids.append
     for at in range(BLOCK_BYTES, end + 1, BLOCK_BYTES):

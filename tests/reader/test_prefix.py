@@ -428,7 +428,10 @@ def test_placements_not_written_within_the_hold_are_dropped_not_sent_late() -> N
     body = a.outgoing()
     assert [(e, ids) for e, ids in entries(body)] == [("e", old)] and a.dropped == 0
     a.unsent(body)
-    now[0] = 3600.0  # an hour of outage
+    for t in range(200, 3600, 100):  # an hour of outage: the exchange tries on
+        now[0] = float(t)
+        a.unsent(a.outgoing())
+    now[0] = 3600.0
     a.record("e", recent)  # placed just now: written
     assert [(e, ids) for e, ids in entries(a.outgoing())] == [("e", recent)]
     assert a.dropped == 3 and a.outgoing() == ""
