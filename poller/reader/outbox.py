@@ -83,7 +83,7 @@ class Outbox:
         if now - self._turned < self._half_s:
             return
         n = sum(map(len, self._old.values()))
-        if now - self._turned >= 2 * self._half_s:  # no turn for a whole hold: all waited
+        if now - self._turned >= 2 * self._half_s:  # no take for a whole hold: drop it all
             n += sum(map(len, self._new.values()))
             self._new = {}
         self._old, self._new = self._new, {}
