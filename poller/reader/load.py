@@ -142,7 +142,9 @@ class LocalLoad:
         flight counts as ended: the newer ones, which the view is least likely to show,
         stay counted. An end reported twice (a gateway's retry path may) is no error and
         ends nothing more: an endpoint with nothing in flight is left alone, and a
-        ``started_at`` of a request already ended (within ``DONE_S``) is ignored; an
+        ``started_at`` of a request already ended (within ``DONE_S``) is ignored (a
+        request is told by its start time: where the clock gave two requests on one
+        endpoint the same reading, a coarse clock, an end reported twice ends both); an
         unknown ``started_at`` ends the oldest, as without one. ``ok=False`` (an error answer,
         a broken connection) counts the request as taking ``FAILED_TIMES`` the usual
         time: an endpoint that fails fast must not look fast until the view shows it
