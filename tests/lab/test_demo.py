@@ -26,24 +26,36 @@ REBALANCED = re.compile(
 )
 
 
-def run_demo(tmp_path: Path, path_env: str | None) -> str:
+def demo(
+    tmp_path: Path, *args: str, path_env: str | None = None, timeout_s: float = 240
+) -> tuple[subprocess.CompletedProcess[str], list[int]]:
+    """``poller demo ARGS`` as a user runs it, a marker in its environment; its result and
+    the pids of the processes it left behind (killed, so a failing test leaves none)."""
     marker = f"LLMGW_DEMO_TEST={uuid.uuid4().hex}"
     env = {**os.environ, marker.split("=")[0]: marker.split("=")[1], "TMPDIR": str(tmp_path)}
     if path_env is not None:
         env["PATH"] = path_env
-    # The story's steps wait for the state they narrate (a loaded machine starts pollers
-    # late); --exit-after-story ends the demo when it is told, the duration is only a cap
-    # (a quiet machine takes ~25 s) and exit 1 names the step still awaited.
     result = subprocess.run(
-        [sys.executable, "-m", "poller", "demo", "--exit-after-story", "--duration", "150"],
+        [sys.executable, "-m", "poller", "demo", *args],
         capture_output=True,
         text=True,
         env=env,
-        timeout=240,
+        timeout=timeout_s,
         stdin=subprocess.DEVNULL,
     )
+    left = leftovers(marker)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return result, left
+
+
+def run_demo(tmp_path: Path, path_env: str | None) -> str:
+    # The story's steps wait for the state they narrate (a loaded machine starts pollers
+    # late); --exit-after-story ends the demo when it is told, the duration is only a cap
+    # (a quiet machine takes ~25 s) and exit 1 names the step still awaited.
+    result, left = demo(tmp_path, "--exit-after-story", "--duration", "150", path_env=path_env)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert leftovers(marker) == [], "the demo left processes behind"
+    assert left == [], "the demo left processes behind"
     assert list(tmp_path.iterdir()) == [], "the demo left temporary files behind"
     return result.stdout
 
@@ -148,23 +160,11 @@ def test_demo_stops_what_it_started_when_redis_is_unreachable(tmp_path: Path) ->
     ends the demo with the reason, and the simulator with it."""
     from tests.support.redisproc import free_port
 
-    marker = f"LLMGW_DEMO_TEST={uuid.uuid4().hex}"
-    env = {**os.environ, marker.split("=")[0]: marker.split("=")[1], "TMPDIR": str(tmp_path)}
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    result = subprocess.run(
-        [sys.executable, "-m", "poller", "demo", "--redis-url", url, "--duration", "5"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    result, left = demo(tmp_path, "--redis-url", url, "--duration", "5", timeout_s=120)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Redis unreachable" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
-    left = leftovers(marker)
-    for pid in left:  # not left running by a failing test either
-        os.kill(pid, signal.SIGKILL)
     assert left == [], "the demo left its simulator running"
     assert list(tmp_path.iterdir()) == [], "the demo left temporary files behind"
 
