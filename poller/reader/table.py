@@ -62,9 +62,8 @@ TOKENS_PER_BLOCK = BLOCK_BYTES // BYTES_PER_TOKEN
 MAX_ENDPOINTS = 1 << 16
 #: Endpoints one block is remembered on at most.
 MAX_HOLDERS = 4
-#: How much older than the newest page seen an endpoint's page may be and still be a
-#: page behind it (an index one scrape behind the exchange: at most an interval, which
-#: is at most an hour); more, and the page seen was dated ahead.
+#: A page older than the newest seen by more than this (the longest interval) shows
+#: that one was dated ahead, not that it is a page behind.
 BEHIND_MAX_MS = 3_600_000
 #: A block used again where it is held is moved up (an LRU's move to the front) and
 #: written again, for the other replicas, whose tables see only what is written, once
@@ -376,11 +375,8 @@ class BlockTable:
         ``hits_total``) as its page scraped at ``scraped_ms`` shows them; either below
         what was seen before (the engine restarted or reset its cache): its placements
         are void (returns True). A page older than one seen already (a pick on an index
-        a page behind the exchange's) says nothing, unless it is more than
-        ``BEHIND_MAX_MS`` older: the page seen was then dated ahead (a Redis failover to a
-        clock behind, a poller's bad clock), and this one becomes the reference, without
-        voiding anything (what came between is not known), so that a page dated ahead
-        does not hide the next reset."""
+        a page behind the exchange's) says nothing; one over ``BEHIND_MAX_MS`` older
+        becomes the reference, voiding nothing (the one seen was dated ahead: a clock)."""
         if queries is None or hits is None:
             return False
         code, seens = self._codes.get(endpoint_id), self._seen
