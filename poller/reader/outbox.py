@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterator, Sequence
 
 __all__ = [
     "ENTRY_MAX",
-    "HOLD_S",
     "OUT_MAX",
     "READ_COUNT",
     "STREAM_MAXLEN",
@@ -41,18 +40,15 @@ STREAM_MAXLEN = 1024
 #: replicas at most 48 between two calls 300 ms apart, the slowest pace; a backlog is
 #: caught up at 64 a call, so one call never absorbs more than ~64,000 ids).
 READ_COUNT = 64
-#: How long an id may wait to be written (the table's ``REWRITE_AGE`` of its age: a
-#: block in use is written again by then).
-HOLD_S = 300.0
 
 
 class Outbox:
     """Block ids waiting to be written, per endpoint. Not locked: the placements table
     calls it under its own lock."""
 
-    def __init__(
-        self, hold_s: float = HOLD_S, *, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, hold_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        """``hold_s``: how long an id may wait to be written (the placements table's
+        ``REWRITE_AGE`` of its age: a block in use is written again by then)."""
         # Two halves: ids queued since the last turn, and those queued in the half before
         # it, written first; at each turn (every ``hold_s`` / 2) what is left of the
         # older half has waited that long at least, and is dropped.
