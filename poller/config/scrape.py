@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from poller.config.allowlist import HostAllowlist
+from poller.schema.endpoint import MIN_INTERVAL_S
 from poller.util.messages import closest
 
 __all__ = [
@@ -27,8 +28,6 @@ __all__ = [
 _FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 #: The jitter when none is named (a quarter of the interval when that is less).
 DEFAULT_JITTER_S = 0.05
-#: The shortest scrape interval.
-MIN_INTERVAL_S = 0.05
 
 
 def _hint(engine: str) -> str:

@@ -178,6 +178,11 @@ def check_metrics_path(value: str) -> str:
     return value
 
 
+#: The shortest scrape interval, an entry's or the pollers' (a typo such as 0.001 would
+#: scrape an engine hundreds of times a second).
+MIN_INTERVAL_S = 0.05
+
+
 class Endpoint(BaseModel):
     """One registry entry. ``id`` is the hash field; the rest is its JSON value."""
 
@@ -189,7 +194,7 @@ class Endpoint(BaseModel):
     metrics_path: str | None = None
     api_key_env: str | None = None
     api_key_file: str | None = None
-    interval_s: float | None = Field(default=None, gt=0, le=3600)
+    interval_s: float | None = Field(default=None, ge=MIN_INTERVAL_S, le=3600)
     timeout_s: float | None = Field(default=None, gt=0, le=600)
     overrides: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)

@@ -61,6 +61,8 @@ def _bad_entries(url: str) -> dict[str, tuple[str, str]]:
         "wrong-type-url": (json.dumps({"url": 123}), "url: should be a valid string, got 123"),
         "wrong-type-interval": (entry(interval_s="fast"), "interval_s: should be a valid number"),
         "nan-interval": (entry(interval_s=math.nan), "interval_s"),
+        # A typo that would scrape the engine hundreds of times a second.
+        "tiny-interval": (entry(interval_s=0.001), "interval_s: should be at least 0.05"),
         "wrong-type-labels": (entry(labels={"k": 1}), "labels.k"),
         "unknown-engine": (entry(engine="gpt-5"), "unknown engine 'gpt-5'"),
         "unknown-field": (entry(colour="blue"), "unknown key `colour`"),
