@@ -98,6 +98,19 @@ def _gzip_zeros(size: int) -> bytes:
 
 
 GZIP_BOMB = _gzip_zeros(64 * MiB)  # ~64 KB on the wire, 64 MiB decoded
+
+
+ENGINES_RUNNING = b"".join(b'vllm:num_requests_running{engine="%d"} 5\n' % i for i in range(8))
+
+
+def _gzip_cut(page: bytes) -> bytes:
+    """``page`` gzipped, the stream stopped at a flush point after its first half: a
+    writer that died mid-body. The cut ends on a line, so what arrived parses."""
+    half = page.index(b"\n", len(page) // 2) + 1
+    compressor = zlib.compressobj(wbits=31)
+    return compressor.compress(page[:half]) + compressor.flush(zlib.Z_SYNC_FLUSH)
+
+
 RETYPED = (
     b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n"
     b"# TYPE vllm:num_requests_running counter\n"
@@ -120,6 +133,7 @@ STATIC: dict[str, tuple[bytes, dict[str, str]]] = {
     "retyped": (RETYPED, {}),
     "duplicated": (DUPLICATED, {}),
     "gzip-bomb": (GZIP_BOMB, {"Content-Encoding": "gzip"}),
+    "gzip-cut": (_gzip_cut(VLLM_REST + ENGINES_RUNNING), {"Content-Encoding": "gzip"}),
 }
 
 
@@ -148,6 +162,7 @@ async def hostile() -> AsyncIterator[str]:
         ("html", "parse", "not Prometheus text"),
         ("endless", "timeout", "within 1s"),
         ("gzip-bomb", "too_large", "cap"),
+        ("gzip-cut", "parse", "truncated gzip body"),
     ],
 )
 async def test_hostile_pages_end_in_their_failure_reason(

@@ -37,6 +37,7 @@ class Decoder:
         self.encoding = encoding.strip().lower()
         self.endpoint_id = endpoint_id
         self._zlib: Any = None
+        self._fed = False  # compressed bytes came in
         if self.encoding in ("gzip", "x-gzip", "deflate"):
             self._zlib = zlib.decompressobj(wbits=47)  # gzip or zlib header, detected
         elif self.encoding not in ("", "identity"):
@@ -48,6 +49,7 @@ class Decoder:
         """Decoded pieces of ``raw``, stopping once more than ``room`` bytes came out."""
         if self._zlib is None:
             return [raw]
+        self._fed = self._fed or bool(raw)
         out: list[bytes] = []
         try:
             data = raw
@@ -63,5 +65,9 @@ class Decoder:
         return out
 
     def finish(self) -> None:
-        if self._zlib is not None and not self._zlib.eof and self._zlib.unconsumed_tail:
+        """``parse`` failure when a compressed body ended before its stream did: a page
+        cut short (an engine or proxy that died mid-body after a flush) would parse
+        cleanly and sum only the series that arrived. An empty body is left to the
+        parser, which names it."""
+        if self._zlib is not None and self._fed and not self._zlib.eof:
             raise FetchError("parse", f"truncated {self.encoding} body", endpoint=self.endpoint_id)
