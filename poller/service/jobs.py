@@ -137,10 +137,10 @@ class JobRunner:
     def replace(self, record: Owned, spec: JobSpec) -> None:
         """A changed entry under the same lease: a new job on the old job's rhythm."""
         old, record.spec = record.spec, spec
-        if old is None or old.engine != spec.engine:
-            record.window = Window()  # another engine's counters
-        elif _url(old) != _url(spec):
-            record.window.models = None  # another engine's names: ask it again
+        if old is None or old.engine != spec.engine or _target(old) != _target(spec):
+            # Another engine's (or model's) counters and names: its hit-rate window and
+            # its failures start over, and /v1/models is asked again.
+            record.window = Window()
         job = None if self._scheduler is None else self._scheduler.get_job(spec.endpoint_id)
         first_run = job.next_run_time if job is not None else None
         self._schedule(spec, first_run or datetime.now(UTC))
@@ -359,5 +359,7 @@ class JobRunner:
         self._wake()  # a pass now, to take what rendezvous still gives us
 
 
-def _url(spec: JobSpec) -> str | None:
-    return spec.endpoint.url if spec.endpoint is not None else None
+def _target(spec: JobSpec) -> tuple[str, str | None] | None:
+    """What a job scrapes: the entry's URL and metrics path."""
+    endpoint = spec.endpoint
+    return None if endpoint is None else (endpoint.url, endpoint.metrics_path)

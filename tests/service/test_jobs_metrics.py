@@ -10,8 +10,10 @@ from typing import Any, cast
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, EVENT_JOB_SUBMITTED
 
 from poller.config import Settings
+from poller.schema.endpoint import endpoint_from_dict
 from poller.service.jobs import JobRunner
 from poller.service.metrics import PollerMetrics, Surprises
+from poller.service.owned import JobSpec, job_spec
 
 
 def runner() -> tuple[JobRunner, PollerMetrics]:
@@ -59,3 +61,28 @@ def test_cached_children_count_per_label() -> None:
     assert value(metrics, "poller_scrapes_total", engine="sglang", result="ok") == 1
     assert value(metrics, "poller_scrapes_missed_total", why="misfire") == 1
     assert value(metrics, "poller_scrapes_missed_total", why="still_running") == 2
+
+
+def test_an_entry_pointed_at_another_engine_starts_its_window_over() -> None:
+    # Another vLLM's counters are not the continuation of the old one's: a hit rate over
+    # both would be the difference of two unrelated engines' totals.
+    jobs, _ = runner()
+    scrape = Settings(id="p1").scrape
+    holdings = jobs.holdings
+    record = holdings.hold("e1", 1, confirmed_at=0.0)
+
+    def entry(**changes: object) -> JobSpec:
+        data = {"url": "http://10.0.0.1:8000", "engine": "vllm", **changes}
+        return job_spec("e1", 1, endpoint_from_dict("e1", data), None, scrape)
+
+    jobs.add(record, entry(), datetime.now(UTC), None)
+    window = record.window
+    window.prev_hits, window.prev_queries, window.models = 0.0, 900_000.0, ("m",)
+    jobs.replace(record, entry(labels={"zone": "a"}))  # the same engine: carried on
+    assert record.window is window
+    for changed in ({"url": "http://10.0.0.2:8000"}, {"metrics_path": "/metrics?model=m"}):
+        jobs.replace(record, entry(**changed))
+        assert record.window is not window
+        assert (record.window.prev_hits, record.window.models) == (None, None)
+        window = record.window
+        window.prev_hits = 1.0
