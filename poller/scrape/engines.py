@@ -4,8 +4,9 @@ The names and fold rules per engine live in ``specs.py``. Here a spec gets an en
 (and the settings') overrides and reads a page: counts are summed over engines (vLLM's
 and LMDeploy's ``engine``, SGLang's ``dp_rank``) but not over ranks that repeat one batch
 (SGLang's ``tp_rank``/``pp_rank``/``moe_ep_rank``: max) or over a breakdown of a total
-(SGLang's ``priority``, ``cache_source``: the total only); usage takes the max, and
-``vllm:lora_requests_info`` takes the series with the largest value (a timestamp).
+(SGLang's ``priority``: the total only); usage takes the max, and
+``vllm:lora_requests_info`` takes the series with the largest value (a timestamp) and
+those set within ``LORA_RECENT_S`` of it (data-parallel engines each set their own).
 NaN and negative sentinels (vLLM V0's -1 hit rate with prefix caching off) are absent,
 never numbers. Sources for every name: docs/engines.md.
 """
@@ -48,6 +49,13 @@ _NOT_A_MODEL = frozenset({"", "undefined", "unknown"})
 # Larger values are not counts or fractions an engine could mean (and 2**53 is where
 # floats stop being exact integers, which readers in other languages rely on).
 _MAX_VALUE = float(2**53)
+
+#: vLLM's LoRA series set within this many seconds of the newest one are read with it.
+#: A busy engine sets its series at every step (tens of milliseconds; a long prefill
+#: chunk, up to about a second), so each data-parallel engine's is this recent; an idle
+#: engine's is older and runs no adapter. An adapter that left in the last LORA_RECENT_S
+#: still counts as running: it is still loaded.
+LORA_RECENT_S = 2.0
 
 
 Overrides = tuple[tuple[str, tuple[str, ...]], ...]
@@ -280,12 +288,18 @@ class EngineMapping:
         series = [s for s in by_name.get(self.lora.name, ()) if not math.isnan(s.value)]
         if not series:
             return (), (), None
-        # Every adapter combination ever seen lingers as a series; the newest is the max.
-        latest = max(series, key=lambda s: s.value)
+        # Every adapter combination ever seen lingers as a series, set to the time it was
+        # last seen. Data-parallel engines each set theirs at every step, on one family
+        # without an engine label: the series set within LORA_RECENT_S of the newest are
+        # read together, newest first.
+        series.sort(key=lambda s: s.value, reverse=True)
+        latest = series[0]
+        recent = [s for s in series if s.value >= latest.value - LORA_RECENT_S]
         sources["lora"] = self.lora.name
 
         def names(label: str) -> tuple[str, ...]:
-            return tuple(a for a in latest.labels.get(label, "").split(",") if a)
+            found = (a for s in recent for a in s.labels.get(label, "").split(","))
+            return tuple(dict.fromkeys(a for a in found if a))
 
         max_lora = latest.labels.get("max_lora", "")
         return (

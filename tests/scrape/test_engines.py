@@ -101,14 +101,14 @@ EXPECTED = {
     ),
     "tgi-handwritten.txt": ("tgi", 12, 4, None, None, None, None, ()),
     "tgi-datadog-payload-excerpt.txt": ("tgi", 0, 0, None, None, None, None, ()),
-    # priority="" totals only, tp_rank max, dp_rank summed; cache_source="total" only
+    # priority="" totals only, tp_rank max, dp_rank summed; every cache_source summed
     "sglang-0.5.23-priority-tp-dp-handwritten.txt": (
         "sglang",
         7,
         4,
         0.41,
         None,
-        4500.0,
+        5500.0,
         20000.0,
         ("Qwen/Qwen3-8B",),
     ),
@@ -177,6 +177,27 @@ def test_vllm_lora_takes_the_newest_series() -> None:
         4,
     )
     assert dp.sources["lora"] == "vllm:lora_requests_info"
+
+
+def test_vllm_lora_reads_every_data_parallel_engines_series() -> None:
+    # Each engine sets its own combination at every step, on one family without an engine
+    # label: engine 0 runs a, engine 1 runs b and waits for c, 10 ms apart. A combination
+    # last set 5 s before the newest is no engine's now.
+    page = "\n".join(
+        [
+            *(f'vllm:num_requests_running{{engine="{e}"}} 2' for e in "01"),
+            *(f'vllm:num_requests_waiting{{engine="{e}"}} 0' for e in "01"),
+            *(f'vllm:kv_cache_usage_perc{{engine="{e}"}} 0.1' for e in "01"),
+            'vllm:lora_requests_info{max_lora="4",running_lora_adapters="old",'
+            'waiting_lora_adapters=""} 1761200060.0',
+            'vllm:lora_requests_info{max_lora="4",running_lora_adapters="a",'
+            'waiting_lora_adapters=""} 1761200065.00',
+            'vllm:lora_requests_info{max_lora="4",running_lora_adapters="b,a",'
+            'waiting_lora_adapters="c"} 1761200065.01',
+        ]
+    )
+    s = mapping_for("vllm").read((page + "\n").encode())
+    assert (s.lora_running, s.lora_waiting, s.lora_max) == (("b", "a"), ("c",), 4)
 
 
 def test_vllm_lora_disabled_means_no_adapters() -> None:
@@ -398,6 +419,23 @@ def test_sglang_priority_breakdown_is_not_added_to_its_total() -> None:
         ]
     )
     assert (s.running, s.waiting) == (5, 4)  # summing every series read 10 and 8
+
+
+def test_sglang_cache_sources_are_disjoint_and_summed() -> None:
+    # "total" holds the requests that came without a breakdown, the others are split by
+    # where their cached tokens were: no request is in two series.
+    s = _sglang(
+        [
+            "sglang:num_running_reqs 1",
+            "sglang:num_queue_reqs 0",
+            "sglang:token_usage 0.5",
+            "sglang:prompt_tokens_total 100",
+            'sglang:cached_tokens_total{cache_source="total"} 40',
+            'sglang:cached_tokens_total{cache_source="device"} 20',
+            'sglang:cached_tokens_total{cache_source="storage_mooncake"} 5',
+        ]
+    )
+    assert (s.prefix_cache_hits_total, s.prefix_cache_queries_total) == (65.0, 100.0)
 
 
 def test_sglang_breakdown_without_its_total_is_summed() -> None:
