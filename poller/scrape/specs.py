@@ -121,7 +121,7 @@ class EngineSpec:
     #: Waiting requests broken down by a reason label (vLLM): (metric, label).
     waiting_by_reason: tuple[Metric, str] | None = None
     #: (label, value of the total): where a series carries the label, only the total
-    #: is read (SGLang's ``priority=""``, ``cache_source="total"``).
+    #: is read (SGLang's ``priority=""``).
     totals: tuple[tuple[str, str], ...] = ()
     #: Labels whose series repeat one batch (tensor/pipeline/expert parallel ranks).
     replicas: tuple[str, ...] = ()
@@ -193,9 +193,11 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
                 (Metric("sglang_cached_tokens_total"), Metric("sglang_prompt_tokens_total")),
             ),
             hits_absent_is_zero=True,
-            model_labels=("model_name", "name"),
+            model_labels=("model_name",),
             kv_capacity_tokens=_m("sglang:max_total_num_tokens", "sglang_max_total_num_tokens"),
-            totals=(("priority", ""), ("cache_source", "total")),
+            # cache_source="total" is not a total: it holds the requests without a cache
+            # breakdown, beside device/host/storage_<backend> for the others (engines.md).
+            totals=(("priority", ""),),
             replicas=("tp_rank", "pp_rank", "moe_ep_rank"),
         ),
         EngineSpec(

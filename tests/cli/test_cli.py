@@ -291,7 +291,7 @@ def check_json(*args: str) -> tuple[int, dict]:  # type: ignore[type-arg]
 CHECKED_PAGES = {
     "sglang-0.5.23-priority-tp-dp-handwritten.txt": (
         "sglang",
-        {"running": 7, "waiting": 4, "kv_cache_usage": 0.41, "prefix_cache_hit_rate": 0.225},
+        {"running": 7, "waiting": 4, "kv_cache_usage": 0.41, "prefix_cache_hit_rate": 0.275},
     ),
     "lmdeploy-0.18-dp2-handwritten.txt": (
         "lmdeploy",
