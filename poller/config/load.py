@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from poller.errors import ConfigError
-from poller.util.messages import closest, locate_unknown
+from poller.util.messages import closest, locate_unknown, not_utf8
 
 __all__ = [
     "FLAT_ENV",
@@ -49,6 +49,8 @@ def read_toml(config_file: str | Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} {not_utf8(exc)}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from poller.errors import ConfigError
 from poller.schema.endpoint import Endpoint, url_conflicts
-from poller.util.messages import closest, describe_errors
+from poller.util.messages import closest, describe_errors, not_utf8
 
 __all__ = ["endpoints_from_file", "endpoints_from_items"]
 
@@ -80,6 +80,8 @@ def endpoints_from_file(path: str | Path, check: Check | None = None) -> dict[st
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read endpoints file {str(path)!r}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"endpoints file {str(path)!r} {not_utf8(exc)}") from None
     data: Any
     kind = {".toml": "TOML", ".json": "JSON"}.get(path.suffix.lower(), "YAML")
     try:

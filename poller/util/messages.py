@@ -15,7 +15,18 @@ from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-__all__ = ["closest", "describe_errors", "locate_unknown"]
+__all__ = ["closest", "describe_errors", "locate_unknown", "not_utf8"]
+
+
+def not_utf8(exc: UnicodeDecodeError) -> str:
+    """What a file that is not UTF-8 text gets told: where, and the usual cause."""
+    byte = exc.object[exc.start : exc.start + 1].hex()
+    hint = (
+        "a UTF-16 file (PowerShell's `>` writes one)? "
+        if exc.object[:2] in (b"\xff\xfe", b"\xfe\xff")
+        else ""
+    )
+    return f"is not UTF-8 text (byte 0x{byte} at offset {exc.start}); {hint}save it as UTF-8"
 
 
 def closest(name: str, candidates: Iterable[str]) -> str | None:

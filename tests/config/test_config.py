@@ -12,6 +12,7 @@ from poller.config import (
     key_directory,
     load_settings,
 )
+from poller.config.registry_file import endpoints_from_file
 from poller.errors import ConfigError
 from tests.support.redisproc import RedisProcess
 
@@ -63,6 +64,18 @@ def test_bad_config_files(tmp_path: Path) -> None:
     bad.write_text("[scrape\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_settings(bad, environ={})
+
+
+@pytest.mark.parametrize("name", ["endpoints.yaml", "endpoints.json", "config.toml"])
+def test_a_file_that_is_not_utf8_is_named_so(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_bytes("[scrape]\n".encode("utf-16"))  # what PowerShell's `>` writes
+    read = endpoints_from_file if name.startswith("endpoints") else load_settings
+    with pytest.raises(ConfigError) as raised:
+        read(path)
+    message = str(raised.value)
+    assert f"{str(path)!r} is not UTF-8 text (byte 0xff at offset 0)" in message, message
+    assert "UTF-16" in message
 
 
 def test_scrape_defaults_are_the_go_pollers() -> None:
