@@ -68,6 +68,7 @@ class ReconcileResult:
     #: Contested, and the holder is no longer a live member (it died): its lease lapses
     #: within a TTL, and retrying soon beats waiting for the next reconcile.
     orphaned: list[str] = field(default_factory=list)
+    renewed: int = 0  # leases renewed
     duration_s: float = 0.0
 
 
@@ -163,6 +164,7 @@ class Coordinator:
         renewed = await self.store.renew_leases(self.poller_id, held, ttl)
         for e, ok in renewed.items():
             if ok:
+                result.renewed += 1
                 record = self.holdings.current(e, held[e])
                 if record is not None:  # not discarded while the renewal was in flight
                     record.confirmed_at = sent

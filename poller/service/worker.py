@@ -81,6 +81,14 @@ class Worker:
         )
         self.redis_ok = False
         self._redis_known = False  # no Redis call made yet: the first outcome is logged
+        self._first_pass: float | None = None  # monotonic time of the first whole pass
+        self._settled = False  # past start: a refusal no longer stops the poller
+        self._broken = ""  # the unexpected error the last coordination pass ended in
+        self._refused_at = -math.inf  # monotonic time of the last refusal
+        # A refusal holds this long: a command refused every time it runs (a lease's
+        # renewal) runs at least once in 1.5 lease TTLs (lapse, acquire, renew), and
+        # the calls between must not read as Redis being fine again.
+        self._refusal_hold_s = 3 * self.settings.coordination.lease_ttl_ms / 1000
         self._redis_problem = "Redis not reached yet"  # why not redis_ok, for /readyz
         self._refused = False  # the last Redis error was a refusal of our credentials
         self.last_heartbeat = 0.0  # monotonic time of the last successful heartbeat
@@ -133,7 +141,7 @@ class Worker:
         """Redis reachable and our membership fresh (and not stopped for good)."""
         fresh_s = self.settings.coordination.member_ttl_ms / 1000
         fresh = time.monotonic() - self.last_heartbeat < fresh_s
-        return self.fatal is None and self.redis_ok and fresh
+        return self.fatal is None and self.redis_ok and fresh and not self._broken
 
     def unready_reason(self) -> str:
         """Why the poller is not ready ("" when it is), for ``/readyz``'s body."""
@@ -141,6 +149,8 @@ class Worker:
             return f"stopped: {self.fatal}"
         if not self.redis_ok:
             return self._redis_problem
+        if self._broken:
+            return self._broken
         age_s = time.monotonic() - self.last_heartbeat
         fresh_s = self.settings.coordination.member_ttl_ms / 1000
         if age_s >= fresh_s:
@@ -194,6 +204,8 @@ class Worker:
                     self._started = True
                 result = await self.coordinator.reconcile(self.follower.ids())
                 self.metrics.reconcile_duration.observe(result.duration_s)
+                if result.renewed:
+                    self._settled = True  # every call the leases need was allowed
                 if result.orphaned:
                     # A dead poller's leases lapse at most a lease TTL after its last
                     # renewal: try again shortly instead of a whole reconcile later.
@@ -265,11 +277,23 @@ class Worker:
         self.metrics.draining.set(1 if self.draining else 0)
         return changed
 
+    def _starting(self) -> bool:
+        """Not yet past start: no lease renewed yet (the calls a poller makes, all made
+        once), and the first whole coordination pass less than a refusal's hold ago."""
+        if not self._settled and self._first_pass is not None:
+            self._settled = time.monotonic() - self._first_pass >= self._refusal_hold_s
+        return not self._settled
+
     def _redis_state(self, error: StoreError | None = None) -> None:
         """Log once per change of Redis's state (reachable, unreachable, refusing our
-        credentials), not once per retry."""
+        credentials), not once per retry. A refusal holds until none came for
+        ``_refusal_hold_s``: the calls the ACL allows succeed in between."""
         ok = error is None
         refused = isinstance(error, StoreAuthError)
+        if refused:
+            self._refused_at = time.monotonic()
+        elif ok and self._refused and time.monotonic() - self._refused_at < self._refusal_hold_s:
+            return
         if ok != self.redis_ok or not self._redis_known or refused != self._refused:
             self._redis_known = True
             if ok:
@@ -300,7 +324,11 @@ class Worker:
                 await self._pass(full=full)
                 if full:
                     last_full = time.monotonic()
+                    if self._first_pass is None:
+                        self._first_pass = last_full
+                    self._redis_state()  # a refusal's hold may have passed
                 failures = 0
+                self._broken = ""
             except SchemaMismatch as exc:
                 self._fail(exc)
                 return
@@ -309,9 +337,10 @@ class Worker:
                 self._fail(exc)
                 return
             except StoreError as exc:
-                if isinstance(exc, StoreAuthError) and not self._redis_known:
-                    # Refused at the first contact: a wrong password or user in the
-                    # settings; stop with that one line rather than retry forever.
+                if isinstance(exc, StoreAuthError) and self._starting():
+                    # Refused at start: a wrong password or user in the settings, or an
+                    # ACL without a command the poller uses; stop with that one line
+                    # rather than retry forever.
                     self._fail(exc)
                     return
                 failures += 1
@@ -323,6 +352,7 @@ class Worker:
                 # (leases would lapse while the process looks alive).
                 failures += 1
                 self.surprises.report("coordination", exc)
+                self._broken = f"coordination failing: {type(exc).__name__}: {exc}"[:300]
                 delay = backoff_s(failures, cap_s=self._retry_cap_s)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)

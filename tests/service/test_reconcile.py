@@ -27,6 +27,7 @@ from poller.service.worker import Worker
 from poller.store.store import RedisStore
 from poller.util.backoff import backoff_s, member_ttl_cap_s
 from tests.support.paths import DATA
+from tests.support.procs import until
 
 VLLM = (DATA / "vllm-v1-synthetic-61k.txt").read_bytes()
 T = TypeVar("T")
@@ -417,3 +418,32 @@ async def test_unexpected_errors_in_the_events_loop_are_warned_once_and_counted(
     ]
     assert len(warnings) == 1 and "ValueError in events" in warnings[0].getMessage()
     assert worker.metrics.unexpected.labels("events", "ValueError")._value.get() == 3
+
+
+async def test_a_coordination_pass_that_keeps_failing_unexpectedly_is_not_ready(
+    fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The heartbeat still beats, but no lease is renewed: /readyz must not say ready.
+    worker = make_worker(fake)
+    monkeypatch.setattr(worker_module, "backoff_s", lambda failures, **kw: 0.01)
+    broken = True
+    real_reconcile = worker.coordinator.reconcile
+
+    async def reconcile(endpoint_ids: Any) -> Any:
+        if broken:
+            raise ValueError("a library surprise")
+        return await real_reconcile(endpoint_ids)
+
+    monkeypatch.setattr(worker.coordinator, "reconcile", reconcile)
+    await worker.store.ensure_schema()
+    await worker.start()
+    try:
+        failed = worker.metrics.unexpected.labels("coordination", "ValueError")._value.get
+        await until(lambda: failed() >= 2, 30, "two failed passes", interval_s=0.01)
+        assert not worker.ready
+        assert worker.unready_reason() == "coordination failing: ValueError: a library surprise"
+        broken = False
+        await until(lambda: worker.ready, 30, "ready once a pass succeeds", interval_s=0.01)
+        assert worker.unready_reason() == ""
+    finally:
+        await worker.stop(timeout_s=0.5)

@@ -107,15 +107,45 @@ def test_run_with_a_wrong_password_stops_with_one_line_and_exit_2(
     assert "unreachable" not in log
 
 
+def _past_start(proc: PollerProc) -> bool:
+    """Ready, with a lease held through two reconciles: renewed once, so a refusal from
+    now on is not one at start (which stops the poller)."""
+    return (
+        proc.get("/readyz")[0] == 200
+        and proc.metric("poller_leases_held") == 1
+        and proc.metric("poller_reconcile_duration_seconds_count") >= 3
+    )
+
+
+async def _register_one(admin: aioredis.Redis) -> None:
+    await admin.hset(f"{{{NS}}}:endpoints", "e1", '{"url": "http://127.0.0.1:9"}')
+    await admin.incr(f"{{{NS}}}:endpoints:rev")
+
+
+def _acl_user(name: str, *, allowed: bool) -> dict[str, object]:
+    """A user with every right but PEXPIRE (the lease scripts' renewal) unless ``allowed``."""
+    commands = ["+@all"] if allowed else ["+@all", "-pexpire"]
+    return dict(
+        enabled=True,
+        passwords=[f"+{name}-pw"],
+        commands=commands,
+        keys=["*"],
+        channels=["*"],
+        reset_channels=True,
+        reset_keys=True,
+    )
+
+
 @pytest.mark.redis_server
 async def test_a_password_changed_under_a_running_poller_is_an_error_and_readyz_says_so(
     tmp_path: Path,
 ) -> None:
     server = RedisProcess(extra_args=["--requirepass", PASSWORD]).start()
     admin = aioredis.Redis(port=server.port, password=PASSWORD, decode_responses=True)
+    await _register_one(admin)
     proc = PollerProc("p0", url(server, f":{PASSWORD}"), NS, tmp_path).start()
     try:
-        await until(lambda: proc.get("/readyz")[0] == 200, 30, "ready")
+        await until(lambda: _past_start(proc), 30, "ready, a lease renewed")
         await admin.config_set("requirepass", "rotated")
         await admin.client_kill_filter(_type="normal", skipme=True)  # force a new login
 
@@ -131,7 +161,7 @@ async def test_a_password_changed_under_a_running_poller_is_an_error_and_readyz_
         logged = [
             ln
             for ln in proc.log().splitlines()
-            if "refused authentication" in ln and "DEBUG" not in ln
+            if "refused authentication" in ln and "logger=poller.service.worker" in ln
         ]
         assert len(logged) == 1 and "level=ERROR" in logged[0], logged  # once, not per retry
     finally:
@@ -258,3 +288,66 @@ async def test_writes_an_acl_refuses_are_one_error_in_the_log(
         await worker.stop()
         await admin.delete(f"{{{NS}}}:endpoints", f"{{{NS}}}:endpoints:rev")
         await admin.aclose()
+
+
+@pytest.mark.redis_server
+async def test_run_without_a_command_the_leases_need_stops_with_one_line_and_exit_2(
+    locked: RedisProcess, tmp_path: Path
+) -> None:
+    # The heartbeat passes; renewing a lease is refused: a settings problem, found at start.
+    admin = aioredis.Redis(port=locked.port, password=PASSWORD, decode_responses=True)
+    try:
+        await admin.acl_setuser("nopexpire", **_acl_user("nopexpire", allowed=False))
+        await _register_one(admin)
+        proc = PollerProc("p0", url(locked, "nopexpire:nopexpire-pw"), NS, tmp_path).start()
+        try:
+            assert proc.wait(60) == 2
+        finally:
+            proc.cleanup()
+    finally:
+        await admin.delete(f"{{{NS}}}:endpoints", f"{{{NS}}}:endpoints:rev")
+        await admin.aclose()
+    log = proc.log()
+    refused = [ln for ln in log.splitlines() if "refused permission" in ln and "DEBUG" not in ln]
+    assert len(refused) == 1 and "level=ERROR" in refused[0], log
+    assert "Traceback" not in log
+
+
+@pytest.mark.redis_server
+async def test_a_right_taken_away_under_a_running_poller_keeps_it_unready_until_restored(
+    tmp_path: Path,
+) -> None:
+    # Each heartbeat still succeeds: it must not say "redis reachable" (and ready) between
+    # two refused passes.
+    server = RedisProcess().start()
+    admin = aioredis.Redis(port=server.port, decode_responses=True)
+    await admin.acl_setuser("ops", **_acl_user("ops", allowed=True))
+    await _register_one(admin)
+    proc = PollerProc("p0", url(server, "ops:ops-pw"), NS, tmp_path).start()
+    try:
+        await until(lambda: _past_start(proc), 30, "ready, a lease renewed")
+        await admin.acl_setuser("ops", **_acl_user("ops", allowed=False))
+        await until(lambda: "refused permission" in proc.log(), 60, "the refusal logged")
+        errors = proc.metric("poller_redis_errors_total")
+        await until(
+            lambda: proc.metric("poller_redis_errors_total") >= errors + 3,
+            60,
+            "three more refused passes",
+        )
+        status, body = proc.get("/readyz")
+        assert status == 503 and "refused permission" in body, body
+        after = proc.log().split("refused permission", 1)[1]
+        assert "redis reachable" not in after, after
+        await admin.acl_setuser("ops", **_acl_user("ops", allowed=True))
+        await until(lambda: proc.get("/readyz")[0] == 200, 60, "ready again")
+        assert proc.running()
+        logged = [
+            ln
+            for ln in proc.log().splitlines()
+            if "refused permission" in ln and "logger=poller.service.worker" in ln
+        ]
+        assert len(logged) == 1 and "level=ERROR" in logged[0], logged
+    finally:
+        proc.cleanup()
+        await admin.aclose()
+        server.cleanup()
