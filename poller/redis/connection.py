@@ -319,7 +319,9 @@ async def pubsub_client(client: Any, shard_channels: tuple[str, ...] = ()) -> As
         yield client
         return
     # Cluster PUBLISH reaches every node, SPUBLISH only the shard owning the channel's
-    # slot: listen on that node (every key of a namespace shares one slot).
+    # slot: listen on that node (every key of a namespace shares one slot). The slot map
+    # is read at the client's first call: this may be it.
+    await redis_call(client.initialize(), "the Cluster's slot map")
     owner = client.get_node_from_key(shard_channels[0]) if shard_channels else None
     node = owner or client.get_random_node()
     own = aioredis.Redis(host=node.host, port=int(node.port), **_pubsub_options(client))

@@ -14,6 +14,8 @@
     ResponseError (anything else Redis refused)             StoreError ("rejected")
     InvalidResponse "Protocol error" (a port that is not    StoreError ("does not speak
       Redis's: an HTTP server)                                Redis's protocol")
+    RedisClusterException "Cluster mode is not enabled"     StoreError ("not a Cluster")
+    RedisClusterException (no node answered)                StoreUnreachable
     any other RedisError; UnicodeDecodeError                StoreError
 
 Every caller (store, discovery, reader, worker, CLI) goes through ``redis_call``,
@@ -41,8 +43,14 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: What a Redis call may raise before it is mapped.
-REDIS_ERRORS: tuple[type[BaseException], ...] = (rexc.RedisError, OSError, UnicodeDecodeError)
+#: What a Redis call may raise before it is mapped (redis-py's Cluster client raises
+#: RedisClusterException, which is not a RedisError).
+REDIS_ERRORS: tuple[type[BaseException], ...] = (
+    rexc.RedisError,
+    rexc.RedisClusterException,
+    OSError,
+    UnicodeDecodeError,
+)
 
 # Error replies (or their start) that mean the ACL or the credentials, not the call.
 _AUTH_PREFIXES = ("WRONGPASS", "NOAUTH", "invalid username-password pair", "invalid password")
@@ -96,6 +104,14 @@ def store_error(exc: BaseException, what: str) -> StoreError:
         return reply_error(str(exc), what)
     if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError | OSError):
         return StoreUnreachable(f"Redis unreachable during {what}: {exc or type(exc).__name__}")
+    if isinstance(exc, rexc.RedisClusterException):
+        if "cluster mode is not enabled" in str(exc).lower():
+            return StoreError(
+                f"the Redis at the URL is not a Cluster (during {what}): unset "
+                "redis.cluster (POLLER_REDIS__CLUSTER) for a single Redis or Sentinel"
+            )
+        # "cannot be connected": no node answered (the cause follows the colon).
+        return StoreUnreachable(f"Redis Cluster unreachable during {what}: {exc}")
     if isinstance(exc, UnicodeDecodeError):
         # Only with a client of the caller's that decodes strictly; connect() replaces.
         return StoreError(

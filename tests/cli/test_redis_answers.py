@@ -6,7 +6,8 @@ each answer checked as the exact line and exit status.
 - a namespace nothing wrote: the reader and ``status`` say so;
 - read-only commands write nothing, and run as the ``gateway`` ACL user;
 - Redis mistakes named by their cause: no password, TLS at a plain port, a Sentinel
-  URL at a plain Redis, a web server's port, a trailing space in the URL;
+  URL at a plain Redis, Cluster mode at a plain Redis, a web server's port, a trailing
+  space in the URL;
 - ``run --check`` notices a health port in use.
 """
 
@@ -256,6 +257,20 @@ def test_a_sentinel_url_at_a_plain_redis_says_it_is_not_a_sentinel(
         "Error: the server a redis+sentinel:// URL names is not a Sentinel (it does not know "
         "SENTINEL; during snapshot): use redis://HOST:PORT/DB for a plain Redis, or the "
         "Sentinels' port (26379) with the master's name"
+    )
+
+
+@pytest.mark.parametrize(
+    "command", [["status"], ["endpoints", "ls"], ["run", "--check", "--health-port", "0"]]
+)
+def test_cluster_mode_at_a_plain_redis_says_it_is_not_a_cluster(
+    own_redis: RedisProcess, command: list[str]
+) -> None:
+    env = {"POLLER_REDIS_URL": at(own_redis), "POLLER_REDIS__CLUSTER": "true"}
+    line = error_line(poller(*command, env=env), 1)
+    assert line.startswith("Error: the Redis at the URL is not a Cluster (during "), line
+    assert line.endswith(
+        "unset redis.cluster (POLLER_REDIS__CLUSTER) for a single Redis or Sentinel"
     )
 
 

@@ -187,6 +187,20 @@ async def test_a_password_changed_under_a_running_poller_is_an_error_and_readyz_
         (rexc.TimeoutError("Timeout reading from socket"), "down"),
         (ConnectionResetError(104, "Connection reset by peer"), "down"),
         (rexc.ResponseError("WRONGTYPE Operation against a key"), "rejected"),
+        (
+            rexc.RedisClusterException(
+                "Redis Cluster cannot be connected. Please provide at least one reachable "
+                "node: Cluster mode is not enabled on this node"
+            ),
+            "rejected",
+        ),
+        (
+            rexc.RedisClusterException(
+                "Redis Cluster cannot be connected. Please provide at least one reachable "
+                "node: Error 111 connecting to 127.0.0.1:1. Connect call failed"
+            ),
+            "down",
+        ),
         (rexc.DataError("Invalid input"), "error"),
     ],
 )
