@@ -7,11 +7,14 @@ re-exports it as the ``[redis]`` section)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from redis.connection import URL_QUERY_ARGUMENT_PARSERS
 
+from poller.util.messages import closest
 from poller.util.text import digits
 from poller.util.urls import redact_url
 
@@ -130,6 +133,31 @@ def _check_host_url(url: str) -> None:
         _check_db(db, url)
 
 
+def _check_query(query: dict[str, list[str]], sentinel: bool, shown: str) -> None:
+    """Only the parameters the client reads, each with a value it can use: redis-py
+    passes any other name to its connection class (a TypeError at the first call) and
+    parses a bad value there too (a bare ValueError)."""
+    parsers: Mapping[str, Callable[[str], object]] = URL_QUERY_ARGUMENT_PARSERS  # type: ignore[assignment]
+    known = ("sentinel_password",) if sentinel else tuple(sorted(parsers))
+    for key, values in query.items():
+        if key not in known:
+            near = closest(key, known)
+            hint = f" (did you mean {near!r}?)" if near else f"; known: {', '.join(known)}"
+            if key.startswith("ssl_") and not near:
+                hint = ": TLS is set by redis.tls_ca_file, redis.tls_insecure and the like"
+            raise ValueError(f"unknown parameter {key!r} in the Redis URL {shown!r}{hint}")
+        parse = parsers.get(key)
+        if parse is None:  # ours: sentinel_password
+            continue
+        for value in values:
+            try:
+                parse(value)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"{key}={value!r} in the Redis URL {shown!r} is not a value redis-py takes"
+                ) from None
+
+
 def check_redis_url(url: str) -> str:
     """The Redis URL if redis-py (or our sentinel form) can use it as meant; else a
     ValueError naming the part that is wrong. redis-py itself raises a bare ValueError at
@@ -152,6 +180,7 @@ def check_redis_url(url: str) -> str:
     query = parse_qs(parts.query)
     for value in query.get("db", []):
         _check_db(value, url)
+    _check_query(query, parts.scheme.endswith("+sentinel"), shown)
     if parts.scheme == "unix":
         if not parts.path:
             raise ValueError(f"{shown!r} names no socket: use unix:///PATH/TO/redis.sock")

@@ -206,6 +206,11 @@ def test_endpoints_add_and_sync_say_when_a_timeout_is_lowered(
         ("redis+sentinel://a:26379", "names the service"),
         ("redis+sentinel://a:26379/m/x", "database 'x'"),
         ("redis://u:pw@h:x/0", "'redis://u:***@h:x/0'"),
+        ("redis://h:6379/0?foo=bar", "unknown parameter 'foo' in the Redis URL"),
+        ("redis://h:6379/0?socket_timout=1", "(did you mean 'socket_timeout'?)"),
+        ("redis://h:6379/0?socket_timeout=abc", "socket_timeout='abc' in the Redis URL"),
+        ("redis://h:6379/0?ssl_cert_reqs=none", "TLS is set by redis.tls_ca_file"),
+        ("redis+sentinel://a:26379/m?db=1", "unknown parameter 'db'"),
     ],
 )
 def test_malformed_redis_urls_are_refused_at_load(url: str, words: str) -> None:
