@@ -85,18 +85,20 @@ async def store_session(
     namespace: str | None,
     config: str | None = None,
     *,
-    read_only: bool = False,
+    claim: bool = True,
 ) -> AsyncIterator[RedisStore]:
-    """The store of the settings. A command that changes the registry claims the schema
-    version first (``ensure_schema``); a ``read_only`` one only checks it and writes
-    nothing, so it runs as a read-only ACL user (deploy/redis/users.acl: ``gateway``)."""
+    """The store of the settings. A command that adds to the registry claims the schema
+    version first (``ensure_schema``); with ``claim`` False (reads, and commands that act
+    only on what is there: a removal, a drain, a dry run) it is only checked, so a
+    refused command leaves a namespace nothing wrote as it was, and a read runs as a
+    read-only ACL user (deploy/redis/users.acl: ``gateway``)."""
     settings = load(config, {"redis.url": redis_url, "redis.namespace": namespace})
     store = RedisStore.from_settings(settings.redis)
     try:
-        if read_only:
-            await store.check_schema()
-        else:
+        if claim:
             await store.ensure_schema()
+        else:
+            await store.check_schema()
         yield store
     finally:
         await store.close()

@@ -53,7 +53,7 @@ def drain(
     its health port (SIGUSR1 to the process does the same); --undo ends the drain."""
 
     async def go() -> int:
-        async with store_session(redis_url, namespace) as store:
+        async with store_session(redis_url, namespace, claim=False) as store:
             if undo:
                 return await _undo(store, poller_id)
             return await _drain(store, poller_id, force, wait_s)

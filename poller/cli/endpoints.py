@@ -235,7 +235,7 @@ def endpoints_rm(endpoint_id: str, redis_url: str | None, namespace: str | None)
         raise BadInput(str(exc)) from None
 
     async def go() -> int | None:
-        async with store_session(redis_url, namespace) as store:
+        async with store_session(redis_url, namespace, claim=False) as store:
             return await store.remove_endpoint(endpoint_id)
 
     rev = run_store_command(go())
@@ -262,7 +262,7 @@ def endpoints_ls(as_json: bool, redis_url: str | None, namespace: str | None) ->
     settings = load(None, {"redis.url": redis_url, "redis.namespace": namespace})
 
     async def go() -> Any:
-        async with store_session(redis_url, namespace, read_only=True) as store:
+        async with store_session(redis_url, namespace, claim=False) as store:
             return await store.read_registry()
 
     registry = run_store_command(go())
@@ -310,7 +310,7 @@ def endpoints_sync(
     wanted = entries or {}
 
     async def go() -> tuple[int, list[str], list[str], list[str]]:
-        async with store_session(redis_url, namespace, config_file) as store:
+        async with store_session(redis_url, namespace, config_file, claim=not dry_run) as store:
             if dry_run:
                 current = await store.read_registry()
                 diff = sync_diff(current, {e.id: e.to_json() for e in wanted.values()})

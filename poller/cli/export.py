@@ -83,7 +83,7 @@ def endpoints_export(
     settings = load(None, {"redis.url": redis_url, "redis.namespace": namespace})
 
     async def go() -> Any:
-        async with store_session(redis_url, namespace, read_only=True) as store:
+        async with store_session(redis_url, namespace, claim=False) as store:
             return await store.read_registry()
 
     registry = run_store_command(go())

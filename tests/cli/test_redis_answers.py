@@ -19,6 +19,7 @@ import socket
 import subprocess
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -179,11 +180,14 @@ async def _follow_a_namespace_without_schema(
 
 
 def test_read_only_commands_run_as_the_gateway_acl_user_and_write_nothing(
-    acl_redis: RedisProcess,
+    acl_redis: RedisProcess, tmp_path: Path
 ) -> None:
     admin = redis.Redis.from_url(at(acl_redis, ADMIN), decode_responses=True)
     gateway = {"POLLER_REDIS_URL": at(acl_redis, GATEWAY)}
+    wanted = tmp_path / "endpoints.yaml"
+    wanted.write_text("endpoints:\n  - {id: b, url: 'http://10.0.0.2:8000'}\n")
     read_only = [
+        ["endpoints", "sync", str(wanted), "--dry-run"],
         ["status"],
         ["status", "--json"],
         ["endpoints", "ls"],
@@ -217,6 +221,25 @@ def test_read_only_commands_run_as_the_gateway_acl_user_and_write_nothing(
 
         refused = poller("endpoints", "add", "b", "http://10.0.0.2:8000", env=gateway)
         assert error_line(refused, 2).startswith("Error: Redis refused permission (ACL)")
+    finally:
+        admin.close()
+
+
+def test_refused_changes_leave_a_namespace_nothing_wrote_as_it_was(
+    acl_redis: RedisProcess,
+) -> None:
+    # A claimed schema key would hide status's "wrong namespace?" warning.
+    admin = redis.Redis.from_url(at(acl_redis, ADMIN), decode_responses=True)
+    env = {"POLLER_REDIS_URL": at(acl_redis, POLLER)}
+    try:
+        for command, status in (
+            (["endpoints", "rm", "nope"], 1),
+            (["drain", "ghost"], 2),
+            (["drain", "ghost", "--undo"], 0),
+        ):
+            result = poller(*command, env=env)
+            assert result.returncode == status, (command, result.stderr)
+            assert admin.dbsize() == 0, (command, admin.keys("*"))
     finally:
         admin.close()
 
