@@ -39,14 +39,21 @@ def export_document(entries: list[Endpoint]) -> dict[str, Any]:
 
 
 def _format_of(output: str | None, chosen: str | None) -> str:
-    if chosen:
-        return chosen
+    """The format to write: ``chosen``, else the file's suffix's. ``sync`` reads a file
+    by its suffix (.json: JSON, .toml: TOML, else YAML, which reads JSON too), so YAML
+    into a .json file is refused: it could not be read back."""
     suffix = Path(output).suffix.lower() if output else ""
     if suffix == ".toml":
         raise BadInput(
             f"{output}: export writes YAML or JSON (sync reads both); use .yaml or .json"
         )
-    return "json" if suffix == ".json" else "yaml"
+    by_suffix = "json" if suffix == ".json" else "yaml"
+    if chosen == "yaml" and by_suffix == "json":
+        raise BadInput(
+            f"{output}: --format yaml into a file `sync` reads as JSON (by its suffix); "
+            "name it .yaml or leave --format out"
+        )
+    return chosen or by_suffix
 
 
 @click.command("export")

@@ -10,12 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import redis
 import yaml
 
 from poller.config import RedisSettings
 from poller.schema.endpoint import endpoint_from_dict
 from poller.store.store import RedisStore
+from tests.support.procs import poller_cli
 from tests.support.redisproc import RedisProcess
 
 NS = "export"
@@ -131,3 +133,21 @@ def test_sync_given_ls_json_output_points_at_export(
         f"Error: {listed}: this looks like `poller endpoints ls --json` output; write a file "
         "sync reads with `poller endpoints export`"
     ]
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt", "words"),
+    [
+        ("out.toml", None, "out.toml: export writes YAML or JSON (sync reads both)"),
+        ("out.json", "yaml", "out.json: --format yaml into a file `sync` reads as JSON"),
+    ],
+)
+def test_export_refuses_a_file_sync_could_not_read_back(
+    tmp_path: Path, name: str, fmt: str | None, words: str
+) -> None:
+    # Refused before Redis is asked: no server is needed, and nothing is written.
+    output = tmp_path / name
+    args = ["endpoints", "export", "-o", str(output), *(["--format", fmt] if fmt else [])]
+    result = poller_cli(*args, env={"POLLER_REDIS_URL": "redis://127.0.0.1:1/0"})
+    assert result.returncode == 2 and words in result.stderr, result.stderr
+    assert not output.exists()
