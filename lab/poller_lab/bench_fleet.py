@@ -77,9 +77,13 @@ class Fleet:
         self.sim, self.admin, registry = start_sim(
             work, cfg.endpoints, "vllm", extra=PAGES[cfg.page]
         )
-        self.registry_file = registry
-        self.ids = [e["id"] for e in json.loads(registry.read_text())]
-        asyncio.run(sync_registry(redis_url, NS, registry))
+        try:
+            self.registry_file = registry
+            self.ids = [e["id"] for e in json.loads(registry.read_text())]
+            asyncio.run(sync_registry(redis_url, NS, registry))
+        except BaseException:  # Redis refused or unreachable: leave no simulator behind
+            self.close()
+            raise
 
     def close(self) -> None:
         self.sim.stop()

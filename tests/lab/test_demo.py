@@ -26,17 +26,21 @@ REBALANCED = re.compile(
 )
 
 
-def demo(
-    tmp_path: Path, *args: str, path_env: str | None = None, timeout_s: float = 240
+def marked(
+    tmp_path: Path,
+    command: str,
+    *args: str,
+    path_env: str | None = None,
+    timeout_s: float = 240,
 ) -> tuple[subprocess.CompletedProcess[str], list[int]]:
-    """``poller demo ARGS`` as a user runs it, a marker in its environment; its result and
-    the pids of the processes it left behind (killed, so a failing test leaves none)."""
+    """``poller COMMAND ARGS`` as a user runs it, a marker in its environment; its result
+    and the pids of the processes it left behind (killed, so a failing test leaves none)."""
     marker = f"LLMGW_DEMO_TEST={uuid.uuid4().hex}"
     env = {**os.environ, marker.split("=")[0]: marker.split("=")[1], "TMPDIR": str(tmp_path)}
     if path_env is not None:
         env["PATH"] = path_env
     result = subprocess.run(
-        [sys.executable, "-m", "poller", "demo", *args],
+        [sys.executable, "-m", "poller", command, *args],
         capture_output=True,
         text=True,
         env=env,
@@ -53,7 +57,9 @@ def run_demo(tmp_path: Path, path_env: str | None) -> str:
     # The story's steps wait for the state they narrate (a loaded machine starts pollers
     # late); --exit-after-story ends the demo when it is told, the duration is only a cap
     # (a quiet machine takes ~25 s) and exit 1 names the step still awaited.
-    result, left = demo(tmp_path, "--exit-after-story", "--duration", "150", path_env=path_env)
+    result, left = marked(
+        tmp_path, "demo", "--exit-after-story", "--duration", "150", path_env=path_env
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert left == [], "the demo left processes behind"
     assert list(tmp_path.iterdir()) == [], "the demo left temporary files behind"
@@ -161,12 +167,23 @@ def test_demo_stops_what_it_started_when_redis_is_unreachable(tmp_path: Path) ->
     from tests.support.redisproc import free_port
 
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    result, left = demo(tmp_path, "--redis-url", url, "--duration", "5", timeout_s=120)
+    result, left = marked(tmp_path, "demo", "--redis-url", url, "--duration", "5", timeout_s=120)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Redis unreachable" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert left == [], "the demo left its simulator running"
     assert list(tmp_path.iterdir()) == [], "the demo left temporary files behind"
+
+
+def test_bench_stops_its_simulator_when_redis_is_unreachable(tmp_path: Path) -> None:
+    from tests.support.redisproc import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    args = ("--redis-url", url, "--quick", "--section", "scrape")
+    result, left = marked(tmp_path, "bench", *args, timeout_s=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Redis unreachable" in result.stderr and "Traceback" not in result.stderr
+    assert left == [], "the bench left its simulator running"
 
 
 class _Proc:
