@@ -127,3 +127,16 @@ def _response(status: int) -> Any:
     import httpx
 
     return httpx.Response(status, request=httpx.Request("POST", "http://engine/v1"))
+
+
+async def test_a_task_that_routes_request_after_request_keeps_no_closed_tickets() -> None:
+    # An SDK worker loop: one task, many requests, each ended by its callback.
+    local = LocalLoad()
+    tickets = Tickets(local)
+    task = asyncio.current_task()
+    assert task is not None
+    for i in range(1000):
+        tickets.open("e1", (f"t{i}", "d1"), stream=False)
+        assert tickets.close_key((f"t{i}", "d1"))
+    assert len(tickets._by_task[task]) == 1  # its last pick only, which the task's end reads
+    assert local.in_flight("e1") == 0 and tickets.in_flight() == 0

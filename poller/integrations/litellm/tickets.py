@@ -40,6 +40,7 @@ class Ticket:
     stream: bool
     started_at: float
     open: bool = field(default=True)
+    task: asyncio.Task[object] | None = None  # the task that picked it
 
 
 class Tickets:
@@ -57,11 +58,11 @@ class Tickets:
 
     def open(self, endpoint_id: str, key: Key, *, stream: bool) -> Ticket:
         self._expire()
-        ticket = Ticket(endpoint_id, key, stream, self.local.started(endpoint_id))
         try:
             task: asyncio.Task[object] | None = asyncio.current_task()
         except RuntimeError:  # no event loop: a sync Router call
             task = None
+        ticket = Ticket(endpoint_id, key, stream, self.local.started(endpoint_id), task=task)
         first = False
         with self._lock:
             self._by_key.setdefault(key, deque()).append(ticket)
@@ -72,6 +73,8 @@ class Tickets:
                 if held is None:
                     self._by_task[task] = [ticket]
                 else:
+                    if held and not held[-1].open:  # closed, kept only as the last pick
+                        held.pop()
                     held.append(ticket)
         if first:
             assert task is not None
@@ -84,6 +87,9 @@ class Tickets:
                 return
             ticket.open = False
             self._unqueue(ticket)
+            held = self._by_task.get(ticket.task) if ticket.task is not None else None
+            if held and held[-1] is not ticket:  # the last pick stays: _task_done reads it
+                held.remove(ticket)  # (a task routing request after request keeps none)
         self.local.finished(ticket.endpoint_id, ticket.started_at, ok=ok)
 
     def _unqueue(self, ticket: Ticket) -> None:
