@@ -35,6 +35,7 @@ from poller.reader.scores import (
 )
 from poller.reader.share import FleetLoad
 from poller.reader.view import EndpointView, View
+from poller.util.text import is_number
 
 __all__ = ["SCAN_MAX", "Picker", "WhenSaturated", "check_arguments"]
 
@@ -112,20 +113,19 @@ class Picker(Draws, Indexes):
     ) -> None:
         if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
             raise ConfigError(f"max_waiting must be an integer >= 1, got {max_waiting!r}")
-        if not 0.0 < max_kv_cache_usage <= 1.0:
+        if not (is_number(max_kv_cache_usage) and 0.0 < max_kv_cache_usage <= 1.0):
             raise ConfigError(f"max_kv_cache_usage must be in (0, 1], got {max_kv_cache_usage!r}")
         if when_saturated not in ("least_loaded", "none"):
             raise ConfigError(
                 f"when_saturated must be 'least_loaded' or 'none', got {when_saturated!r}"
             )
-        if not (stale_grace_s >= 0.0 and math.isfinite(stale_grace_s)):
+        if not (is_number(stale_grace_s) and stale_grace_s >= 0.0 and math.isfinite(stale_grace_s)):
             raise ConfigError(f"stale_grace_s must be >= 0 seconds, got {stale_grace_s!r}")
         for name, value, least in (
             ("prefix_load_factor", prefix_load_factor, 1.0),
             ("prefix_load_slack", prefix_load_slack, 0.0),
         ):
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            if not (number and value >= least and math.isfinite(value)):
+            if not (is_number(value) and value >= least and math.isfinite(value)):
                 raise ConfigError(f"{name} must be a number >= {least:g}, got {value!r}")
         self.max_waiting = max_waiting
         self.max_kv_cache_usage = max_kv_cache_usage
