@@ -55,7 +55,9 @@ class Indexes:
         if given is not self._view or self._view_index is None:
             fresh_until = as_judged if view.healthy else timed
             self._view_index = self._index(view.endpoints.values(), fresh_until)
-            self._view = given
+            # A View is kept with its index; a bare mapping may change in place (a
+            # dict the caller updates), so it is indexed again at every pick.
+            self._view = given if given is view else None
         return self._view_index, judge_ms, view.offset_ms
 
     def _from_cache(self, cache: ViewCache) -> tuple[Index, float, float | None] | None:

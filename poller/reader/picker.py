@@ -88,11 +88,11 @@ class Picker(Draws, Indexes):
       (default 5 s: a Sentinel failover) after that answer, then None.
 
     Pass the ``ViewCache`` itself for speed: the picker keeps its index current from the
-    cache's change log, as each change is applied while it picks on the cache
-    (``ViewCache.follow``: the decode and upkeep run in the reader's task, not in a
-    pick; a pick costs a few microseconds at any fleet size). A ``View``
+    cache's change log as each change is applied (``ViewCache.follow``: in the reader's
+    task, not in a pick; a pick costs a few microseconds at any fleet size). A ``View``
     gets an index built on first pick (linear in its size) and kept while it is the one
-    given. ``rng``: a ``random.Random`` of the caller's (seeded in tests).
+    given; a bare mapping, which may change in place, at every pick. ``rng``: a
+    ``random.Random`` of the caller's (seeded in tests).
 
     Threads may share one picker: a pick holds the picker's lock (a few microseconds).
     """

@@ -211,24 +211,6 @@ def test_an_unknown_option_is_a_type_error_and_a_bad_value_a_config_error() -> N
     client.close()
 
 
-@pytest.mark.parametrize(
-    ("option", "value"),
-    [
-        ("max_waiting", 0),
-        ("max_kv_cache_usage", "0.8"),  # a number as a config file's string
-        ("max_kv_cache_usage", 1.5),
-        ("stale_grace_s", "5"),
-        ("stale_grace_s", None),
-        ("stale_grace_s", float("inf")),
-        ("prefix_load_factor", True),
-        ("prefix_load_slack", -1),
-    ],
-)
-def test_a_bad_picker_option_is_a_config_error_naming_it(option: str, value: object) -> None:
-    with pytest.raises(ConfigError, match=f"^{option} must be"):
-        Picker(**{option: value})  # type: ignore[arg-type]
-
-
 @pytest.mark.parametrize("reader", [StatsReader, SyncStatsReader])
 def test_a_bad_url_is_a_config_error_with_the_url_check_message(reader: Any) -> None:
     with pytest.raises(ConfigError) as raised:

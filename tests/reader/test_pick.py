@@ -154,6 +154,25 @@ def test_options_are_checked() -> None:
         Picker(when_saturated="random")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="stale_grace_s"):
         Picker(stale_grace_s=-1)
+    # A config file's string or None is named too, not a bare comparison TypeError.
+    for option, value in (
+        ("max_kv_cache_usage", "0.8"),
+        ("stale_grace_s", "5"),
+        ("stale_grace_s", None),
+        ("prefix_load_factor", True),
+    ):
+        with pytest.raises(ConfigError, match=f"^{option} must be"):
+            Picker(**{option: value})  # type: ignore[arg-type]
+
+
+def test_a_mapping_changed_in_place_is_read_again_at_the_next_pick() -> None:
+    endpoints = {"a": entry("a"), "b": entry("b", running="30")}
+    picker = Picker(rng=random.Random(1))
+    assert picks(picker, endpoints, 20) == {"a": 20}
+    endpoints["a"] = entry("a", state="failing")  # the caller's dict, updated
+    assert picks(picker, endpoints, 20) == {"b": 20}
+    del endpoints["b"]
+    assert picker.pick(endpoints) is None
 
 
 # --- unknown signals ---------------------------------------------------------------------------
