@@ -32,7 +32,7 @@ from poller.reader.placements import Placements
 from poller.reader.share import REFUSED_RETRY_S, FleetLoad, pages_of
 from poller.redis.errors import store_error
 
-__all__ = ["LISTEN_S", "Exchange"]
+__all__ = ["LISTEN_S", "Exchange", "raise_if_cancelled"]
 
 log = logging.getLogger(__name__)
 
@@ -339,6 +339,7 @@ class Exchange:
         self._install(waker)
         try:
             while not stop.is_set():
+                raise_if_cancelled()
                 wake.clear()
                 self.listen()
                 now = self.clock()
@@ -387,3 +388,13 @@ class Exchange:
                 wake.wait(self.wait_s(now, call_in))
         finally:
             self._install(None)
+
+
+def raise_if_cancelled() -> None:
+    """Raise CancelledError if this task was asked to stop and the request was lost on
+    the way (Python 3.11: a timeout or a library's ``wait_for`` that met the cancel can
+    swallow it). A loop that checks only its stop flag would then outlive its event
+    loop: ``asyncio.run`` cancels a leftover task once, then waits for it."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

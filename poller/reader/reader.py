@@ -36,7 +36,7 @@ from redis.asyncio.cluster import RedisCluster
 from poller.errors import SchemaMismatch
 from poller.reader.base import READ_MEMBERS, STOP_BOUND_S, ReaderBase
 from poller.reader.cache import ViewCache
-from poller.reader.exchange import Exchange
+from poller.reader.exchange import Exchange, raise_if_cancelled
 from poller.reader.feed import open_feed
 from poller.reader.protocol import Action, Protocol
 from poller.reader.view import EndpointView, View
@@ -162,6 +162,7 @@ class StatsReader(ReaderBase):
         # The loop checks ``stop`` at least every MAX_WAIT_S: on Python 3.11 a cancel can be
         # swallowed by the asyncio.wait_for inside redis-py, and must not keep us running.
         while not stop.is_set():
+            raise_if_cancelled()
             try:
                 async with self._updates(also) as updates:
                     # Subscribed first, then snapshot: no update can fall between them.
@@ -170,6 +171,7 @@ class StatsReader(ReaderBase):
                     if exchange is not None and also:
                         exchange.subscribed(True)
                     while not stop.is_set():
+                        raise_if_cancelled()
                         for data in await updates(proto.wait_s(time.monotonic())):
                             await self._perform(proto, proto.message(data, time.monotonic()))
                         await self._perform(proto, proto.due(time.monotonic()))

@@ -418,6 +418,39 @@ def _run_busy(script: _Script, clock: Clock, seconds: float, *, listening: bool)
     exchange.run_sync(stop, Wake())
 
 
+async def test_an_exchange_whose_cancel_a_call_swallowed_still_ends() -> None:
+    """Python 3.11: a library's wait_for that meets a cancel may swallow it. The loop
+    must end anyway, or ``asyncio.run`` (which cancels a leftover task once, then waits
+    for it) never returns."""
+    from poller.reader.cache import ViewCache
+    from poller.reader.exchange import Exchange
+
+    called = asyncio.Event()
+
+    class Swallowing:
+        def register_script(self, source: str) -> Swallowing:
+            return self
+
+        async def __call__(self, keys: list[str], args: list[object]) -> list[object]:
+            called.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                pass  # swallowed, as the library did
+            raise redis.ConnectionError("away")
+
+    cache = ViewCache()
+    fleet = cache.fleet = FleetLoad("g1")
+    local = LocalLoad()
+    fleet.attach(local)
+    local.started("a")
+    task = asyncio.create_task(Exchange(Swallowing(), "P:gw", cache, fleet).run(asyncio.Event()))
+    await asyncio.wait_for(called.wait(), 30)
+    task.cancel()  # once, as asyncio.run does
+    await asyncio.wait({task}, timeout=30)
+    assert task.cancelled()
+
+
 def _most_in_a_second(times: list[float]) -> int:
     return max(bisect.bisect_left(times, t + 1.0) - i for i, t in enumerate(times))
 
