@@ -17,6 +17,7 @@ from tests.support.redisproc import RedisProcess
 # isort: off
 # litellm_fleet first: it sets LITELLM_LOCAL_MODEL_COST_MAP before litellm loads.
 import poller.integrations.litellm as integration
+import poller.integrations.litellm.source as source_module
 from poller.integrations.litellm import LoadAwareFilter
 from poller.reader import Picker
 from poller.store.store import RedisStore
@@ -134,6 +135,40 @@ async def test_redis_absent_then_present_then_lost(
             assert warnings_of(caplog, "longer than stale_grace_s)") == 1
     finally:
         await f.aclose()
+        server.cleanup()
+
+
+@pytest.mark.redis_server
+async def test_a_redis_of_another_schema_is_tried_again_after_a_while_not_per_request(
+    no_env: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = RedisProcess().start()
+    admin = aioredis.Redis.from_url(server.url, decode_responses=True)
+    await admin.set(f"{{{NS}}}:schema", "99")
+    f = LoadAwareFilter(redis_url=server.url, namespace=NS)
+    given = deployments()
+    try:
+        with caplog.at_level(logging.INFO):
+            for _ in range(20):
+                assert await f.async_filter_deployments("chat", given, None) == given
+            opened = sum(1 for r in caplog.records if "cannot read this Redis" in r.getMessage())
+            assert opened == 1  # one reader opened, its ERROR said once
+            assert warnings_of(caplog, "cannot be read (SchemaMismatch") == 1
+            assert f.fail_open_total == 20
+            # The failed open closed what it had opened: only our admin connection is left.
+            clients = await admin.client_list()
+            assert len(clients) == 1, clients
+            # RETRY_OPEN_S later, it is opened again (the clock moved on by hand).
+            source = f.routing.source
+            assert source._failed is not None
+            retry_at, why = source._failed
+            source._failed = (retry_at - source_module.RETRY_OPEN_S, why)
+            assert await f.async_filter_deployments("chat", given, None) == given
+            opened = sum(1 for r in caplog.records if "cannot read this Redis" in r.getMessage())
+            assert opened == 2
+    finally:
+        await f.aclose()
+        await admin.aclose()
         server.cleanup()
 
 

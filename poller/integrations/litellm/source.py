@@ -20,9 +20,13 @@ from poller.reader.cache import ViewCache
 from poller.reader.reader import StatsReader
 from poller.util.urls import redact_url
 
-__all__ = ["ViewSource"]
+__all__ = ["RETRY_OPEN_S", "ViewSource"]
 
 log = logging.getLogger(__name__)
+
+#: A reader that could not open (a Redis of another schema version, a bad URL) is
+#: opened again this long after, not at every request (each open logs its error).
+RETRY_OPEN_S = 10.0
 
 
 class ViewSource:
@@ -51,6 +55,7 @@ class ViewSource:
         self._lock: asyncio.Lock | None = None
         self._index: UrlIndex | None = None
         self._index_rev: int | None = None
+        self._failed: tuple[float, Exception] | None = None  # (retry at, why) in its loop
 
     @property
     def cache(self) -> ViewCache | None:
@@ -69,7 +74,8 @@ class ViewSource:
 
     async def open(self) -> ViewCache:
         """The cache, opening the reader in this event loop on first use. Raises what
-        opening raises (a bad URL); an unreachable Redis is not an error here: the cache
+        opening raises (a bad URL, a Redis of another schema version), again without
+        trying for ``RETRY_OPEN_S``; an unreachable Redis is not an error here: the cache
         then stays unloaded and the reader keeps retrying in the background."""
         if not self._own:
             assert self._cache is not None
@@ -78,15 +84,24 @@ class ViewSource:
         if self._cache is not None and self._loop is loop:
             return self._cache
         if self._lock is None or self._loop is not loop:
+            # A new loop (the old one ended with its reader's tasks, cancelled by it).
             self._lock, self._loop, self._cache, self._stack = asyncio.Lock(), loop, None, None
+            self._failed = None
         async with self._lock:
+            if self._failed is not None and loop.time() < self._failed[0]:
+                raise self._failed[1].with_traceback(None)
             if self._cache is None:
                 url, namespace = self.settings()
                 stack = contextlib.AsyncExitStack()
-                reader = StatsReader.from_url(url, namespace, **self._options)
-                stack.push_async_callback(reader.aclose)
-                self._cache = await stack.enter_async_context(reader.cached())
-                self._stack = stack
+                try:
+                    reader = StatsReader.from_url(url, namespace, **self._options)
+                    stack.push_async_callback(reader.aclose)
+                    self._cache = await stack.enter_async_context(reader.cached())
+                except Exception as exc:
+                    await stack.aclose()  # its connections too
+                    self._failed = (loop.time() + RETRY_OPEN_S, exc)
+                    raise
+                self._stack, self._failed = stack, None
                 log.info(
                     "reading the shared view from %s (namespace %s)", redact_url(url), namespace
                 )
