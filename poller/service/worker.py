@@ -75,7 +75,7 @@ class Worker:
             self.scraper,
             self.metrics,
             self.surprises,
-            ready=lambda: self.ready,
+            ready=lambda: self.writable,
             holdings=self.holdings,
             wake=lambda: self._wake.set(),
         )
@@ -137,11 +137,17 @@ class Worker:
         await self.store.close()
 
     @property
-    def ready(self) -> bool:
-        """Redis reachable and our membership fresh (and not stopped for good)."""
+    def writable(self) -> bool:
+        """Redis reachable and our membership fresh (and not stopped for good): the
+        scrapes of the leases we hold may run and write."""
         fresh_s = self.settings.coordination.member_ttl_ms / 1000
         fresh = time.monotonic() - self.last_heartbeat < fresh_s
-        return self.fatal is None and self.redis_ok and fresh and not self._broken
+        return self.fatal is None and self.redis_ok and fresh
+
+    @property
+    def ready(self) -> bool:
+        """``writable``, and the last whole coordination pass did not fail unexpectedly."""
+        return self.writable and not self._broken
 
     def unready_reason(self) -> str:
         """Why the poller is not ready ("" when it is), for ``/readyz``'s body."""
@@ -326,9 +332,8 @@ class Worker:
                     last_full = time.monotonic()
                     if self._first_pass is None:
                         self._first_pass = last_full
-                    self._redis_state()  # a refusal's hold may have passed
+                    self._broken = ""
                 failures = 0
-                self._broken = ""
             except SchemaMismatch as exc:
                 self._fail(exc)
                 return

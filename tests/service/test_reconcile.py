@@ -442,6 +442,7 @@ async def test_a_coordination_pass_that_keeps_failing_unexpectedly_is_not_ready(
         await until(lambda: failed() >= 2, 30, "two failed passes", interval_s=0.01)
         assert not worker.ready
         assert worker.unready_reason() == "coordination failing: ValueError: a library surprise"
+        assert worker.writable  # the scrapes of leases still confirmed go on
         broken = False
         await until(lambda: worker.ready, 30, "ready once a pass succeeds", interval_s=0.01)
         assert worker.unready_reason() == ""
