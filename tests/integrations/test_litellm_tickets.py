@@ -136,7 +136,8 @@ async def test_a_task_that_routes_request_after_request_keeps_no_closed_tickets(
     task = asyncio.current_task()
     assert task is not None
     for i in range(1000):
-        tickets.open("e1", (f"t{i}", "d1"), stream=False)
+        ticket = tickets.open("e1", (f"t{i}", "d1"), stream=False)
         assert tickets.close_key((f"t{i}", "d1"))
+        assert ticket.task is None  # closed: keeps no task (and its result) alive
     assert len(tickets._by_task[task]) == 1  # its last pick only, which the task's end reads
     assert local.in_flight("e1") == 0 and tickets.in_flight() == 0

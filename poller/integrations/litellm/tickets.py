@@ -90,6 +90,7 @@ class Tickets:
             held = self._by_task.get(ticket.task) if ticket.task is not None else None
             if held and held[-1] is not ticket:  # the last pick stays: _task_done reads it
                 held.remove(ticket)  # (a task routing request after request keeps none)
+            ticket.task = None  # a closed ticket waiting in _order keeps no task alive
         self.local.finished(ticket.endpoint_id, ticket.started_at, ok=ok)
 
     def _unqueue(self, ticket: Ticket) -> None:
