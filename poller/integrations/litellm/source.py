@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,7 +56,9 @@ class ViewSource:
         self._lock: asyncio.Lock | None = None
         self._index: UrlIndex | None = None
         self._index_rev: int | None = None
-        self._failed: tuple[float, Exception] | None = None  # (retry at, why) in its loop
+        #: (monotonic time to retry at, why): kept across event loops, since an app may
+        #: run one loop per request.
+        self._failed: tuple[float, Exception] | None = None
 
     @property
     def cache(self) -> ViewCache | None:
@@ -86,20 +89,19 @@ class ViewSource:
         if self._lock is None or self._loop is not loop:
             # A new loop (the old one ended with its reader's tasks, cancelled by it).
             self._lock, self._loop, self._cache, self._stack = asyncio.Lock(), loop, None, None
-            self._failed = None
         async with self._lock:
-            if self._failed is not None and loop.time() < self._failed[0]:
+            if self._failed is not None and time.monotonic() < self._failed[0]:
                 raise self._failed[1].with_traceback(None)
             if self._cache is None:
-                url, namespace = self.settings()
                 stack = contextlib.AsyncExitStack()
                 try:
+                    url, namespace = self.settings()
                     reader = StatsReader.from_url(url, namespace, **self._options)
                     stack.push_async_callback(reader.aclose)
                     self._cache = await stack.enter_async_context(reader.cached())
                 except Exception as exc:
                     await stack.aclose()  # its connections too
-                    self._failed = (loop.time() + RETRY_OPEN_S, exc)
+                    self._failed = (time.monotonic() + RETRY_OPEN_S, exc)
                     raise
                 self._stack, self._failed = stack, None
                 log.info(
