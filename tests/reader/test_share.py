@@ -444,11 +444,16 @@ async def test_an_exchange_whose_cancel_a_call_swallowed_still_ends() -> None:
     local = LocalLoad()
     fleet.attach(local)
     local.started("a")
-    task = asyncio.create_task(Exchange(Swallowing(), "P:gw", cache, fleet).run(asyncio.Event()))
-    await asyncio.wait_for(called.wait(), 30)
-    task.cancel()  # once, as asyncio.run does
-    await asyncio.wait({task}, timeout=30)
-    assert task.cancelled()
+    stop = asyncio.Event()
+    task = asyncio.create_task(Exchange(Swallowing(), "P:gw", cache, fleet).run(stop))
+    try:
+        await asyncio.wait_for(called.wait(), 30)
+        task.cancel()  # once, as asyncio.run does
+        await asyncio.wait({task}, timeout=30)
+        assert task.cancelled()
+    finally:  # a failing run must not leave the loop behind for the test's teardown
+        stop.set()
+        task.cancel()
 
 
 def _most_in_a_second(times: list[float]) -> int:

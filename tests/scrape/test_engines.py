@@ -192,7 +192,7 @@ def test_vllm_lora_reads_every_data_parallel_engines_series() -> None:
             'waiting_lora_adapters=""} 1761200060.0',
             'vllm:lora_requests_info{max_lora="4",running_lora_adapters="a",'
             'waiting_lora_adapters=""} 1761200065.00',
-            'vllm:lora_requests_info{max_lora="4",running_lora_adapters="b,a",'
+            'vllm:lora_requests_info{max_lora="4",running_lora_adapters="b",'
             'waiting_lora_adapters="c"} 1761200065.01',
         ]
     )
