@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from redis.connection import URL_QUERY_ARGUMENT_PARSERS
+from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
 
 from poller.util.messages import closest
 from poller.util.text import digits
@@ -133,12 +133,17 @@ def _check_host_url(url: str) -> None:
         _check_db(db, url)
 
 
+#: Connection arguments a URL may give as plain strings, beside those redis-py parses.
+_QUERY_STRINGS = ("client_name", "lib_name", "lib_version")
+
+
 def _check_query(query: dict[str, list[str]], sentinel: bool, shown: str) -> None:
     """Only the parameters the client reads, each with a value it can use: redis-py
     passes any other name to its connection class (a TypeError at the first call) and
-    parses a bad value there too (a bare ValueError)."""
-    parsers: Mapping[str, Callable[[str], object]] = URL_QUERY_ARGUMENT_PARSERS  # type: ignore[assignment]
-    known = ("sentinel_password",) if sentinel else tuple(sorted(parsers))
+    parses a bad value there too (a bare ValueError). The asyncio client's table: the
+    blocking client's ``retry_on_error`` breaks the asyncio one at its first outage."""
+    parsers: Mapping[str, Callable[[str], object]] = URL_QUERY_ARGUMENT_PARSERS
+    known = ("sentinel_password",) if sentinel else tuple(sorted([*parsers, *_QUERY_STRINGS]))
     for key, values in query.items():
         if key not in known:
             near = closest(key, known)
@@ -147,7 +152,7 @@ def _check_query(query: dict[str, list[str]], sentinel: bool, shown: str) -> Non
                 hint = ": TLS is set by redis.tls_ca_file, redis.tls_insecure and the like"
             raise ValueError(f"unknown parameter {key!r} in the Redis URL {shown!r}{hint}")
         parse = parsers.get(key)
-        if parse is None:  # ours: sentinel_password
+        if parse is None:  # a plain string: sentinel_password, client_name, ...
             continue
         for value in values:
             try:

@@ -211,6 +211,7 @@ def test_endpoints_add_and_sync_say_when_a_timeout_is_lowered(
         ("redis://h:6379/0?socket_timeout=abc", "socket_timeout='abc' in the Redis URL"),
         ("redis://h:6379/0?ssl_cert_reqs=none", "TLS is set by redis.tls_ca_file"),
         ("redis+sentinel://a:26379/m?db=1", "unknown parameter 'db'"),
+        ("redis://h:6379/0?retry_on_error=TimeoutError", "unknown parameter 'retry_on_error'"),
     ],
 )
 def test_malformed_redis_urls_are_refused_at_load(url: str, words: str) -> None:
