@@ -159,8 +159,9 @@ class StatsReader(ReaderBase):
         also: dict[str, Callable[[str], None]],
         exchange: Exchange | None,
     ) -> None:
-        # The loop checks ``stop`` at least every MAX_WAIT_S: on Python 3.11 a cancel can be
-        # swallowed by the asyncio.wait_for inside redis-py, and must not keep us running.
+        # On Python 3.11 a cancel can be swallowed by the asyncio.wait_for inside redis-py:
+        # each turn checks for one (raise_if_cancelled), and ``stop`` at least every
+        # MAX_WAIT_S, so neither keeps us running.
         while not stop.is_set():
             raise_if_cancelled()
             try:

@@ -160,7 +160,8 @@ class RedisStore:
 
     async def ensure_schema(self) -> None:
         """Claim schema v1 in an empty Redis; refuse to run against another version.
-        Commands that change the registry call this; read-only ones ``check_schema``."""
+        Commands that add to the registry call this; the others (reads, a removal, a
+        drain: they act only on what is there) ``check_schema``."""
         await self._call(self.client.set(self.keys.schema, SCHEMA_VERSION, nx=True), "SET schema")
         found = await self._call(self.client.get(self.keys.schema), "GET schema")
         if found != SCHEMA_VERSION:
