@@ -106,6 +106,7 @@ class Exchange:
         self.publish = True
         self._publish_suspect = False  # refused while publishing: the channel's rights?
         self._channel_refused = False
+        self._said = threading.Lock()
         self._wake: Callable[[], None] = _nothing
         self._listen_failed = False  # said once
         self._prepare_failed = False  # said once
@@ -135,9 +136,10 @@ class Exchange:
         """This user may not use ``channel``: the others' writes read on each call, ours
         not published; said once."""
         self.publish = False
-        if self._channel_refused:
-            return
-        self._channel_refused = True
+        with self._said:  # the follower's thread and the exchange's may both find it
+            if self._channel_refused:
+                return
+            self._channel_refused = True
         log.warning(
             "Redis refused the gateway's user the channel %s: the other replicas' counts "
             "are read on each call instead of heard as they change (up to 20 calls/s). "
