@@ -106,6 +106,7 @@ class Exchange:
         self.publish = True
         self._publish_suspect = False  # refused while publishing: the channel's rights?
         self._channel_refused = False
+        self._published = False  # whether the call in flight publishes
         self._said = threading.Lock()
         self._wake: Callable[[], None] = _nothing
         self._listen_failed = False  # said once
@@ -264,6 +265,7 @@ class Exchange:
         self._asked_at = now
         self._resync = False
         keys: list[str] = [self.key, self.channel]
+        self._published = self.publish  # what this call does: another thread may change it
         args: list[Any] = [fleet.replica_id, fleet.ttl_ms, outgoing, int(self.publish)]
         if self.carrier is not None:
             self.carrier.add_to(keys, args, now)
@@ -291,16 +293,20 @@ class Exchange:
         self.fleet.forget_written()
         changed, self._changed = self._changed, set()
         self.fleet.absorb([], pages, self.cache.offset_ms, shared=False, changed=changed)
-        if self.carrier is not None and self.carrier.failed(_refused(exc)):
+        refused = _refused(exc)
+        # One suspect at a time, the channel first: the next call, not publishing, tells
+        # whether it was the channel's right; then, without the stream, the stream's.
+        if refused and self._published and not self._publish_suspect:
+            if self.carrier is not None:
+                self.carrier.failed(False)  # its body goes back, unsuspected
+            self._publish_suspect, self.publish = True, False
+            return self.fleet.retry_s
+        if self._publish_suspect:  # refused without publishing too: not the channel's
+            self._publish_suspect, self.publish = False, not self._channel_refused
+        if self.carrier is not None and self.carrier.failed(refused):
             # The stream's rights, or the hash's: the next call, without the stream,
             # tells which (``Carrier.answered`` or below).
             return self.fleet.retry_s
-        if _refused(exc) and self.publish and not self._publish_suspect:
-            # The channel's right, or the hash's: the next call, not publishing, tells.
-            self._publish_suspect, self.publish = True, False
-            return self.fleet.retry_s
-        if self._publish_suspect:  # refused without publishing too: the hash's rights
-            self._publish_suspect, self.publish = False, not self._channel_refused
         if _refused(exc):
             self.fleet.exchanged_at = None  # not shared from now: the health says so
             if not self._refused:
