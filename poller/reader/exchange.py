@@ -31,8 +31,9 @@ from poller.reader.pacer import Pacer
 from poller.reader.placements import Placements
 from poller.reader.share import REFUSED_RETRY_S, FleetLoad, pages_of
 from poller.redis.errors import store_error
+from poller.util.tasks import raise_if_cancelled
 
-__all__ = ["LISTEN_S", "Exchange", "raise_if_cancelled"]
+__all__ = ["LISTEN_S", "Exchange"]
 
 log = logging.getLogger(__name__)
 
@@ -396,13 +397,3 @@ class Exchange:
                 wake.wait(self.wait_s(now, call_in))
         finally:
             self._install(None)
-
-
-def raise_if_cancelled() -> None:
-    """Raise CancelledError if this task was asked to stop and the request was lost on
-    the way (Python 3.11: a timeout or a library's ``wait_for`` that met the cancel can
-    swallow it). A loop that checks only its stop flag would then outlive its event
-    loop: ``asyncio.run`` cancels a leftover task once, then waits for it."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError

@@ -36,7 +36,7 @@ from redis.asyncio.cluster import RedisCluster
 from poller.errors import SchemaMismatch
 from poller.reader.base import READ_MEMBERS, STOP_BOUND_S, ReaderBase
 from poller.reader.cache import ViewCache
-from poller.reader.exchange import Exchange, raise_if_cancelled
+from poller.reader.exchange import Exchange
 from poller.reader.feed import open_feed
 from poller.reader.protocol import Action, Protocol
 from poller.reader.view import EndpointView, View
@@ -48,6 +48,7 @@ from poller.redis.connection import (
 )
 from poller.redis.errors import redis_call
 from poller.redis.settings import RedisSettings
+from poller.util.tasks import raise_if_cancelled
 
 __all__ = ["StatsReader"]
 
