@@ -4,9 +4,8 @@ The names and fold rules per engine live in ``specs.py``. Here a spec gets an en
 (and the settings') overrides and reads a page: counts are summed over engines (vLLM's
 and LMDeploy's ``engine``, SGLang's ``dp_rank``) but not over ranks that repeat one batch
 (SGLang's ``tp_rank``/``pp_rank``/``moe_ep_rank``: max) or over a breakdown of a total
-(SGLang's ``priority``: the total only); usage takes the max, and
-``vllm:lora_requests_info`` takes the series with the largest value (a timestamp) and
-those set within ``LORA_RECENT_S`` of it (data-parallel engines each set their own).
+(SGLang's ``priority``: the total only); usage takes the max, and vLLM's LoRA info
+the newest series and those within ``LORA_RECENT_S`` of it (one per data-parallel engine).
 NaN and negative sentinels (vLLM V0's -1 hit rate with prefix caching off) are absent,
 never numbers. Sources for every name: docs/engines.md.
 """
@@ -24,7 +23,7 @@ from poller.schema.endpoint import Endpoint
 from poller.schema.stats import Signals
 from poller.scrape import sizing
 from poller.scrape.parse import Sample, Selector, decode_body, looks_like_exposition, parse
-from poller.scrape.specs import ENGINE_SPECS, EngineSpec, Metric, Ratio, Source
+from poller.scrape.specs import ENGINE_SPECS, LORA_RECENT_S, EngineSpec, Metric, Ratio, Source
 from poller.util.text import digits
 
 if TYPE_CHECKING:
@@ -49,13 +48,6 @@ _NOT_A_MODEL = frozenset({"", "undefined", "unknown"})
 # Larger values are not counts or fractions an engine could mean (and 2**53 is where
 # floats stop being exact integers, which readers in other languages rely on).
 _MAX_VALUE = float(2**53)
-
-#: vLLM's LoRA series set within this many seconds of the newest one are read with it.
-#: A busy engine sets its series at every step (tens of milliseconds; a long prefill
-#: chunk, up to about a second), so each data-parallel engine's is this recent; an idle
-#: engine's is older and runs no adapter. An adapter that left in the last LORA_RECENT_S
-#: still counts as running: it is still loaded.
-LORA_RECENT_S = 2.0
 
 
 Overrides = tuple[tuple[str, tuple[str, ...]], ...]
@@ -289,9 +281,7 @@ class EngineMapping:
         if not series:
             return (), (), None
         # Every adapter combination ever seen lingers as a series, set to the time it was
-        # last seen. Data-parallel engines each set theirs at every step, on one family
-        # without an engine label: the series set within LORA_RECENT_S of the newest are
-        # read together, newest first.
+        # last seen; each data-parallel engine sets its own (LORA_RECENT_S).
         series.sort(key=lambda s: s.value, reverse=True)
         latest = series[0]
         recent = [s for s in series if s.value >= latest.value - LORA_RECENT_S]

@@ -18,6 +18,7 @@ from poller.scrape.parse import Sample
 
 __all__ = [
     "ENGINE_SPECS",
+    "LORA_RECENT_S",
     "Capacity",
     "EngineSpec",
     "InfoTokens",
@@ -142,6 +143,13 @@ _TRITON_HINT = (
     "(all_models/llmapi) registers no load metrics; serve the model with the tensorrt_llm "
     "C++ backend (all_models/inflight_batcher_llm), or run trtllm-serve and use engine trtllm"
 )
+
+#: vLLM's LoRA series set within this many seconds of the newest one are read with it.
+#: A busy engine sets its series at every step (tens of milliseconds; a long prefill
+#: chunk, up to about a second), so each data-parallel engine's is this recent; an idle
+#: engine's is older and runs no adapter. An adapter that left in the last LORA_RECENT_S
+#: still counts as running: it is still loaded.
+LORA_RECENT_S = 2.0
 
 ENGINE_SPECS: dict[str, EngineSpec] = {
     spec.name: spec
