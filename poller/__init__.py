@@ -5,17 +5,21 @@ are all here); the service (``poller run``) lives in the modules behind the ``se
 extra.
 """
 
+from typing import Any
+
 from poller._version import __version__
 from poller.reader import (
+    DEPRECATED,
     ConfigError,
     Endpoint,
     EndpointStats,
     EndpointView,
     Failure,
-    LocalLoad,
-    Picker,
     PollerError,
     RedisSettings,
+    Refusal,
+    Router,
+    RoutingOptions,
     SchemaMismatch,
     State,
     StatsReader,
@@ -23,11 +27,12 @@ from poller.reader import (
     StoreError,
     StoreUnreachable,
     SyncStatsReader,
+    Ticket,
     Timing,
     View,
     ViewCache,
     WhenSaturated,
-    pick,
+    deprecated,
     prompt_of,
 )
 
@@ -37,10 +42,11 @@ __all__ = [
     "EndpointStats",
     "EndpointView",
     "Failure",
-    "LocalLoad",
-    "Picker",
     "PollerError",
     "RedisSettings",
+    "Refusal",
+    "Router",
+    "RoutingOptions",
     "SchemaMismatch",
     "State",
     "StatsReader",
@@ -48,11 +54,17 @@ __all__ = [
     "StoreError",
     "StoreUnreachable",
     "SyncStatsReader",
+    "Ticket",
     "Timing",
     "View",
     "ViewCache",
     "WhenSaturated",
     "__version__",
-    "pick",
     "prompt_of",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in DEPRECATED:
+        return deprecated(__name__, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

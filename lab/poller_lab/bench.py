@@ -212,12 +212,12 @@ def bench_reader(fleet: Fleet) -> dict[str, Any]:
                 t = time.perf_counter()
                 await reader.snapshot()
                 latencies.append((time.perf_counter() - t) * 1000)
-            async with reader.cached() as cache:
-                ids = cache.ids() or ["none"]
+            async with reader.router() as router:
+                ids = router.cache.ids() or ["none"]
                 n = 20000
                 t = time.perf_counter()
                 for i in range(n):
-                    cache.get(ids[i % len(ids)])
+                    router.get(ids[i % len(ids)])
                 lookup_us = (time.perf_counter() - t) / n * 1e6
             return {
                 "endpoints": len(fleet.ids),

@@ -1,7 +1,7 @@
 """``poller bench --section readers``: what cached readers cost Redis and themselves.
 
 One ``poller run`` writes N simulated endpoints at the interval; then 0, 1, 8 and 24
-cached readers (``StatsReader.cached()``, one process each) follow the view for one
+gateway replicas (``StatsReader.router()``, one process each) follow the view for one
 window each. Measured per reader count: Redis CPU s/s (``INFO cpu`` of the embedded
 redis-server, the poller's writes included), Redis commands/s, scripts/s (EVALSHA: the
 poller's writes, so how much the poller kept up, and the readers' reads), each reader's
@@ -45,7 +45,7 @@ def _hook_cache(seen: list[float]) -> None:
 
 
 def _reader_process(url: str, namespace: str, ready: Any, go: Any, done: Any, out: Any) -> None:
-    """One gateway replica: a cached reader, measured over the window [go, done]."""
+    """One gateway replica: a Router, measured over the window [go, done]."""
     from poller.reader import StatsReader
 
     seen: list[float] = []
@@ -54,7 +54,7 @@ def _reader_process(url: str, namespace: str, ready: Any, go: Any, done: Any, ou
     async def run() -> None:
         reader = StatsReader.from_url(url, namespace)
         try:
-            async with reader.cached():
+            async with reader.router():
                 ready.set()
                 await asyncio.to_thread(go.wait)  # the loop keeps following meanwhile
                 cpu0, n0 = time.process_time(), len(seen)

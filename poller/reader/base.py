@@ -1,10 +1,11 @@
 """What both reader flavours share (``StatsReader`` in reader.py, ``SyncStatsReader`` in
-sync.py): keys, options, the three scripts, reply decoding, and the gateway exchange."""
+sync.py): keys, options, the three scripts, reply decoding, and a Router's parts."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import random
 import re
 import time
 from collections.abc import Callable
@@ -13,10 +14,14 @@ from typing import Any, Self
 from pydantic import ValidationError
 
 from poller.errors import ConfigError
-from poller.reader.cache import ViewCache
-from poller.reader.exchange import Exchange
-from poller.reader.protocol import Protocol
-from poller.reader.replies import (
+from poller.reader.exchange.exchange import Exchange
+from poller.reader.load.fleet import FleetLoad
+from poller.reader.load.local import LocalLoad
+from poller.reader.prefix.placements import Placements
+from poller.reader.router import Router
+from poller.reader.routing.options import RoutingOptions
+from poller.reader.view.cache import ViewCache
+from poller.reader.view.decode import (
     Held,
     build_view,
     check_schema,
@@ -25,8 +30,9 @@ from poller.reader.replies import (
     records_call,
     snapshot_call,
 )
-from poller.reader.share import FleetLoad
-from poller.reader.view import EndpointView, View
+from poller.reader.view.follow import FollowProtocol
+from poller.reader.view.records import EndpointView
+from poller.reader.view.snapshot import View
 from poller.redis.settings import NAMESPACE_PATTERN, RedisSettings
 from poller.schema.keys import Keys
 from poller.schema.lua import lua
@@ -167,39 +173,57 @@ class ReaderBase:
         check_schema(reply[1])
         return sorted(str(m) for m in reply[3:])
 
-    def _protocol(self) -> Protocol:
-        cache = ViewCache(
+    def _router(
+        self,
+        options: RoutingOptions | None,
+        replica_id: str | None,
+        rng: random.Random | None,
+        cache: ViewCache | None = None,
+    ) -> Router:
+        """A Router on a new cache of this reader's view, with the exchange its options
+        share through (the follower and the exchange are started by the caller)."""
+        options = RoutingOptions() if options is None else options
+        if not isinstance(options, RoutingOptions):
+            raise TypeError(f"options must be a RoutingOptions, got {type(options).__name__}")
+        if cache is None:
+            cache = self._cache()
+        fleet = FleetLoad(replica_id) if options.share else None
+        placements = Placements()
+        exchange = None
+        if options.share or options.share_placements:
+            keys = self.keys
+            exchange = Exchange(
+                self.client,
+                keys.gateways_inflight,
+                cache,
+                fleet if fleet is not None else FleetLoad(replica_id),
+                placements if options.share_placements else None,
+                keys.gateways_placements,
+                keys.gateways_updates,
+                share_load=options.share,
+            )
+        return Router(
+            cache,
+            options,
+            local=LocalLoad(),
+            fleet=fleet,
+            placements=placements,
+            exchange=exchange,
+            rng=rng,
+        )
+
+    def _cache(self) -> ViewCache:
+        return ViewCache(
             self.stale_after_intervals, self.stale_after_ms, namespace=self.keys.namespace
         )
-        return Protocol(cache, self.resync_s)
 
-    def _exchange(
-        self, cache: ViewCache, share: bool, replica_id: str | None, share_placements: bool
-    ) -> Exchange | None:
-        """The gateway sharing of ``cached(share=..., share_placements=...)``
-        (poller/reader/share.py, placements.py): the same calls carry both."""
-        if not share and not share_placements:
-            return None
-        fleet = FleetLoad(replica_id)
-        if share:
-            cache.fleet = fleet  # else its counts are never used (nor written: none attached)
-        keys = self.keys
-        placements = cache.placements if share_placements else None
-        cache.exchange = Exchange(
-            self.client,
-            keys.gateways_inflight,
-            cache,
-            fleet,
-            placements,
-            keys.gateways_placements,
-            keys.gateways_updates,
-        )
-        return cache.exchange
+    def _protocol(self, cache: ViewCache) -> FollowProtocol:
+        return FollowProtocol(cache, self.resync_s)
 
     @staticmethod
     def _heard(exchange: Exchange | None) -> dict[str, Callable[[str], None]]:
         """The channels the follower subscribes to beside ``P:updates``: the gateways'
-        shared counts, when this cache shares them."""
-        if exchange is None or exchange.cache.fleet is not exchange.fleet:
+        shared counts, when the exchange shares them."""
+        if exchange is None or not exchange.share_load:
             return {}
         return {exchange.channel: exchange.heard}

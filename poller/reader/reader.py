@@ -4,20 +4,21 @@ Importable without httpx or APScheduler (the package's public API). Two flavours
 with the same methods, arguments and client set-up (Sentinel and Cluster included):
 
 - ``StatsReader`` (asyncio, here) and ``SyncStatsReader`` (threaded gateways, sync.py;
-  what both share is in base.py); each is a
-  context manager that closes its client on exit (``async with`` / ``with``).
+  what both share is in base.py); each is a context manager that closes its client on
+  exit (``async with`` / ``with``).
 - ``snapshot()`` reads the whole view in one round trip at one moment of the Redis clock;
   ``get(id)`` reads one endpoint exactly as a snapshot would show it (the same records,
   the same decode). Both raise ``StoreError`` if Redis is unreachable.
-- ``cached()`` keeps a local ``ViewCache`` that follows ``P:updates`` (each update carries
-  its record: no read per update; ``protocol.py``), resyncs fully on every (re)connect
-  and every ``resync_s`` because pub/sub drops messages while disconnected, and never
-  raises into the routing path: while Redis is away it serves the last view, marked
-  stale, ``healthy`` False. Leaving the block always ends the follower within a bound.
+- ``router()`` opens the replica's ``Router``: a local ``ViewCache`` that follows
+  ``P:updates`` (each update carries its record: no read per update; view/follow.py),
+  resyncs fully on every (re)connect and every ``resync_s`` because pub/sub drops
+  messages while disconnected, and never raises into the routing path (while Redis is
+  away it serves the last view, marked stale); beside it the exchange with the other
+  replicas. Leaving the block always ends both within a bound.
 
     async with StatsReader.from_url("redis://redis:6379/0") as reader:
-        async with reader.cached() as cache:
-            target = pick(cache, "meta-llama/Llama-3.1-8B-Instruct")
+        async with reader.router() as router:
+            ticket = router.pick("meta-llama/Llama-3.1-8B-Instruct")
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -35,11 +38,15 @@ from redis.asyncio.cluster import RedisCluster
 
 from poller.errors import SchemaMismatch
 from poller.reader.base import READ_MEMBERS, STOP_BOUND_S, ReaderBase
-from poller.reader.cache import ViewCache
-from poller.reader.exchange import Exchange
-from poller.reader.feed import open_feed
-from poller.reader.protocol import Action, Protocol
-from poller.reader.view import EndpointView, View
+from poller.reader.exchange.exchange import Exchange
+from poller.reader.legacy import LegacyCache
+from poller.reader.router import Router
+from poller.reader.routing.options import RoutingOptions
+from poller.reader.view.cache import ViewCache
+from poller.reader.view.feed import open_feed
+from poller.reader.view.follow import Action, FollowProtocol
+from poller.reader.view.records import EndpointView
+from poller.reader.view.snapshot import View
 from poller.redis.connection import (
     close_client,
     connect,
@@ -117,6 +124,24 @@ class StatsReader(ReaderBase):
         return self._pollers(await redis_call(call, "members"))
 
     @asynccontextmanager
+    async def router(
+        self,
+        options: RoutingOptions | None = None,
+        *,
+        replica_id: str | None = None,
+        rng: random.Random | None = None,
+    ) -> AsyncIterator[Router]:
+        """This gateway replica's ``Router``, its view kept current in the background
+        and its state shared with the other replicas as ``options`` say (docs/reader.md,
+        "The Router"). ``replica_id``: its id in the shared counts (default hostname,
+        pid and a random suffix); ``rng``: the picks' random source (seeded in tests).
+        Entering waits up to 2 s for the first view, never fails over it, and raises
+        ``SchemaMismatch`` when Redis holds another schema version."""
+        router = self._router(options, replica_id, rng)
+        async with self._following(router):
+            yield router
+
+    @asynccontextmanager
     async def cached(
         self,
         *,
@@ -124,15 +149,28 @@ class StatsReader(ReaderBase):
         replica_id: str | None = None,
         share_placements: bool = True,
     ) -> AsyncIterator[ViewCache]:
-        """A local cache kept current in the background; reads never touch Redis.
-        ``share``: exchange this replica's requests in flight with the other gateway
-        replicas (``cache.fleet``; docs/reader.md), under ``replica_id`` (default
-        hostname, pid and a random suffix). ``share_placements``: exchange the prefix
-        placements of picks with a prompt too (``cache.placements``), on the same call;
-        False: each replica uses and records its own only."""
-        proto = self._protocol()
+        """Deprecated: ``router()`` (``router.view()``, ``router.get(id)``). A cache kept
+        current in the background, sharing as ``share`` and ``share_placements`` say."""
+        warnings.warn(
+            "StatsReader.cached() is deprecated: open a Router with reader.router() "
+            "(router.view(), router.get(id), router.pick())",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        options = RoutingOptions(share=share, share_placements=share_placements)
+        cache = LegacyCache(
+            self.stale_after_intervals, self.stale_after_ms, namespace=self.keys.namespace
+        )
+        cache.router = self._router(options, replica_id, None, cache)
+        async with self._following(cache.router):
+            yield cache
+
+    @asynccontextmanager
+    async def _following(self, router: Router) -> AsyncIterator[None]:
+        """The router's view followed and its exchange run until the block ends."""
+        proto = self._protocol(router.cache)
+        exchange = router.exchange
         first, stop = asyncio.Event(), asyncio.Event()
-        exchange = self._exchange(proto.cache, share, replica_id, share_placements)
         also = self._heard(exchange)
         follow = self._follow(proto, first, stop, also, exchange)
         task = asyncio.create_task(follow, name="reader-cache")
@@ -145,7 +183,7 @@ class StatsReader(ReaderBase):
                 pass
             if isinstance(proto.error, SchemaMismatch):
                 raise proto.error  # a reader of another schema version must not start
-            yield proto.cache
+            yield
         finally:
             stop.set()
             await _end(task)
@@ -154,7 +192,7 @@ class StatsReader(ReaderBase):
 
     async def _follow(
         self,
-        proto: Protocol,
+        proto: FollowProtocol,
         first: asyncio.Event,
         stop: asyncio.Event,
         also: dict[str, Callable[[str], None]],
@@ -223,7 +261,7 @@ class StatsReader(ReaderBase):
 
             yield next_messages
 
-    async def _perform(self, proto: Protocol, action: Action | None) -> None:
+    async def _perform(self, proto: FollowProtocol, action: Action | None) -> None:
         if action is None:
             return
         if action.kind == "probe":

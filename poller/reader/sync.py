@@ -1,12 +1,15 @@
 """``SyncStatsReader``: the reader for threaded gateways (redis-py's blocking client), the
-twin of ``StatsReader`` (reader.py) with the same methods and arguments, not coroutines; its
-cache is followed by a daemon thread, and the exchange with the other replicas by a second."""
+twin of ``StatsReader`` (reader.py) with the same methods and arguments, not coroutines; a
+Router's view is followed by a daemon thread, and its exchange with the other replicas by
+a second."""
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
@@ -17,10 +20,14 @@ import redis.cluster
 
 from poller.errors import SchemaMismatch
 from poller.reader.base import READ_MEMBERS, STOP_BOUND_S, ReaderBase
-from poller.reader.cache import ViewCache
-from poller.reader.exchange import Exchange
-from poller.reader.protocol import Action, Protocol
-from poller.reader.view import EndpointView, View
+from poller.reader.exchange.exchange import Exchange
+from poller.reader.legacy import LegacyCache
+from poller.reader.router import Router
+from poller.reader.routing.options import RoutingOptions
+from poller.reader.view.cache import ViewCache
+from poller.reader.view.follow import Action, FollowProtocol
+from poller.reader.view.records import EndpointView
+from poller.reader.view.snapshot import View
 from poller.redis.connection import close_client_sync, connect_sync, pubsub_client_sync
 from poller.redis.errors import redis_call_sync
 from poller.redis.settings import RedisSettings
@@ -91,6 +98,20 @@ class SyncStatsReader(ReaderBase):
         return self._pollers(self._call(self._members, "members", keys=keys, args=READ_MEMBERS))
 
     @contextmanager
+    def router(
+        self,
+        options: RoutingOptions | None = None,
+        *,
+        replica_id: str | None = None,
+        rng: random.Random | None = None,
+    ) -> Iterator[Router]:
+        """This gateway replica's ``Router``, as ``StatsReader.router`` (the view and the
+        exchange each followed by a daemon thread); stopped when the block ends."""
+        router = self._router(options, replica_id, rng)
+        with self._following(router):
+            yield router
+
+    @contextmanager
     def cached(
         self,
         *,
@@ -98,12 +119,26 @@ class SyncStatsReader(ReaderBase):
         replica_id: str | None = None,
         share_placements: bool = True,
     ) -> Iterator[ViewCache]:
-        """A cache kept current by a daemon thread; stopped when the block ends.
-        ``share``, ``replica_id``, ``share_placements``: as ``StatsReader.cached`` (a
-        second daemon thread)."""
-        proto = self._protocol()
+        """Deprecated: ``router()``, as ``StatsReader.cached``."""
+        warnings.warn(
+            "SyncStatsReader.cached() is deprecated: open a Router with reader.router() "
+            "(router.view(), router.get(id), router.pick())",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        options = RoutingOptions(share=share, share_placements=share_placements)
+        cache = LegacyCache(
+            self.stale_after_intervals, self.stale_after_ms, namespace=self.keys.namespace
+        )
+        cache.router = self._router(options, replica_id, None, cache)
+        with self._following(cache.router):
+            yield cache
+
+    @contextmanager
+    def _following(self, router: Router) -> Iterator[None]:
+        proto = self._protocol(router.cache)
+        exchange = router.exchange
         stop, first = threading.Event(), threading.Event()
-        exchange = self._exchange(proto.cache, share, replica_id, share_placements)
         also = self._heard(exchange)
         thread = threading.Thread(
             target=self._follow,
@@ -122,7 +157,7 @@ class SyncStatsReader(ReaderBase):
             first.wait(2.0)
             if isinstance(proto.error, SchemaMismatch):
                 raise proto.error  # a reader of another schema version must not start
-            yield proto.cache
+            yield
         finally:
             stop.set()
             thread.join(STOP_BOUND_S)
@@ -131,7 +166,7 @@ class SyncStatsReader(ReaderBase):
 
     def _follow(
         self,
-        proto: Protocol,
+        proto: FollowProtocol,
         stop: threading.Event,
         first: threading.Event,
         also: dict[str, Callable[[str], None]],
@@ -156,7 +191,7 @@ class SyncStatsReader(ReaderBase):
     def _follow_on(
         self,
         own: Any,
-        proto: Protocol,
+        proto: FollowProtocol,
         stop: threading.Event,
         first: threading.Event,
         also: dict[str, Callable[[str], None]],
@@ -186,7 +221,7 @@ class SyncStatsReader(ReaderBase):
             except Exception:
                 log.debug("pubsub close failed", exc_info=True)
 
-    def _perform(self, proto: Protocol, action: Action | None) -> None:
+    def _perform(self, proto: FollowProtocol, action: Action | None) -> None:
         if action is not None and action.kind == "probe":
             rev = self._call(self.client.get, "probe", name=self.keys.endpoints_rev)
             action = proto.probed(int(rev or 0))

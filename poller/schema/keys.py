@@ -43,7 +43,7 @@ class Keys:
         # Discovery: source name -> JSON status (owner, last resolution, targets, failure).
         self.discovery = f"{self.prefix}:discovery"
         # Gateway replica id -> "<expiry ms> <JSON>": each replica's requests in flight per
-        # endpoint, written and read by the gateways (poller/reader/share.py), pruned by
+        # endpoint, written and read by the gateways (poller/reader/load/fleet.py), pruned by
         # the share script at its expiry (docs/schema.md).
         self.gateways_inflight = f"{self.prefix}:gateways:inflight"
         # A shard channel carrying each write of that hash as it happens ("<expiry ms>

@@ -4,12 +4,13 @@ Usage: python tests/bench/bench_litellm.py [--deployments 8] [--picks 20000] [--
 
 A real ``litellm.Router`` with N deployments of one group, one per endpoint; the
 endpoints registered and scraped-looking (``RedisStore.write_stats``) in a redis-server of
-its own, read through ``StatsReader.cached()``. Per request the strategy adds, on top of
-LiteLLM's own healthy list (which any strategy gets): the choice (deployments to
-endpoints, the picker with ``LocalLoad``), opening the request's ticket at the pick, and
-closing it in the success callback. This times exactly those, each request separately
-(``perf_counter_ns``; the thread's CPU clock is a syscall of ~17 us in some sandboxes,
-more than what it would measure), and LiteLLM's ``simple_shuffle`` on the same list for scale.
+its own, read through a poller ``Router`` (``reader.router()``). Per request the strategy
+adds, on top of LiteLLM's own healthy list (which any strategy gets): the choice
+(deployments to endpoints, the Router's pick, whose ticket opens the request's count),
+holding the ticket for its attempt, and ending it in the success callback. This times
+exactly those, each request separately (``perf_counter_ns``; the thread's CPU clock is
+a syscall of ~17 us in some sandboxes, more than what it would measure), and LiteLLM's
+``simple_shuffle`` on the same list for scale.
 Timings come from whatever machine runs it, often shared and noisy.
 """
 
@@ -83,18 +84,18 @@ async def _measure(url: str, n: int, picks: int) -> dict[str, Any]:
     router = litellm.Router(model_list=model_list)
     healthy = router.get_model_list(model_name="chat")
     reader = StatsReader.from_url(url, "bench")
-    async with reader.cached() as cache:
-        strategy = LoadAwareStrategy(router, cache=cache, rng=random.Random(2))
-        assert await strategy.routing.cache() is cache
+    async with reader.router(rng=random.Random(2)) as gateway:
+        strategy = LoadAwareStrategy(router, poller_router=gateway, rng=random.Random(2))
+        assert await strategy.routing.router() is gateway
         added: list[int] = []
         shuffle: list[int] = []
         chosen: dict[str, int] = {}
         for i in range(picks):
             kwargs = {"litellm_trace_id": f"t{i}", "stream": False}
             t0 = time.perf_counter_ns()
-            deployment = strategy.choose(cache, "chat", healthy, kwargs)
+            deployment, ticket = strategy.choose(gateway, "chat", healthy, kwargs)
             assert deployment is not None
-            strategy._opened(deployment, kwargs)
+            strategy._opened(deployment, kwargs, ticket)
             t1 = time.perf_counter_ns()
             ended = {
                 "litellm_trace_id": f"t{i}",

@@ -1,4 +1,4 @@
-"""Time a pick on a cached view of N endpoints (in-process, no Redis).
+"""Time a Router's pick on a cached view of N endpoints (in-process, no Redis).
 
 Usage: python tests/bench/bench_pick.py [--endpoints 1000] [--picks 20000] [--json]
 
@@ -8,18 +8,20 @@ as strings) with a mixed fleet: 8 models, a third of the engines without a KV fi
 (wall clock and this thread's CPU time around each, garbage collector off) and prints
 p50/p99/max in us:
 
-- ``Picker.pick(cache)`` with a ``LocalLoad`` holding requests in flight, on a steady
-  cache, without and with ``model=``;
+- ``router.pick()`` on a Router that shares nothing (``RoutingOptions(share=False)``:
+  the load model corrected by this replica's own requests), without and with
+  ``model=``; each pick's ticket is ended before the next pick, untimed, so a third of
+  the endpoints keep a request in flight throughout;
 - the same with one stats update applied to the cache before every pick (the index is
   kept current from the change log: this is the cost of that upkeep, per update);
-- ``Picker.pick(view)`` on one ``View`` object given again and again;
-- ``pick(cache.view())``, the one-call form on a view built per request (for contrast);
-- the shared counts (poller/reader/share.py): ``Picker.pick(cache)`` with a ``LocalLoad``
-  when the cache holds the fleet's counts of 7 other gateway replicas, without and with
-  ``model=``, one background exchange call's CPU (``Exchange``: the pages a 1 s interval
-  brings in 50 ms applied before it, the record written and the replies absorbed,
-  Redis's round trip left out), one peer's pushed write heard, and the CPU per second
-  of both at the cap (20 calls a second, every peer's writes heard);
+- ``ticket.done()``: the end of a request, counted;
+- ``router.view()``: every endpoint as of now (for contrast: linear in the fleet);
+- the shared counts (poller/reader/load/fleet.py): ``router.pick()`` on a Router whose
+  fleet holds the counts of 7 other gateway replicas, without and with ``model=``, one
+  background exchange call's CPU (``Exchange``: the pages a 1 s interval brings in
+  50 ms applied before it, the record written and the replies taken in, Redis's round
+  trip left out), one peer's pushed write heard, and the CPU per second of both at the
+  cap (20 calls a second, every peer's writes heard);
 - constant work calibrated to the shared pick's CPU p50, timed the same way: its p99 is
   the machine's own tail at that duration, the floor under any pick's p99.
 
@@ -44,12 +46,13 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))
 
-from poller.reader import LocalLoad, Picker, ViewCache, pick  # noqa: E402
-from poller.reader.exchange import Exchange  # noqa: E402
-from poller.reader.pacer import BURST, RATE_PER_S  # noqa: E402
-from poller.reader.replies import LazyEndpoints  # noqa: E402
-from poller.reader.share import FleetLoad, pages_of  # noqa: E402
+from poller.reader import Router, RoutingOptions, Ticket, ViewCache  # noqa: E402
+from poller.reader.exchange.exchange import Exchange  # noqa: E402
+from poller.reader.exchange.pacer import BURST, RATE_PER_S  # noqa: E402
+from poller.reader.load.fleet import FleetLoad, pages_of  # noqa: E402
+from poller.reader.load.local import LocalLoad  # noqa: E402
 from poller.reader.view import View  # noqa: E402
+from poller.reader.view.decode import LazyEndpoints  # noqa: E402
 
 MODELS = [f"org/model-{i}" for i in range(8)]
 
@@ -177,21 +180,37 @@ class _Client:
         return _Script(self.fields)
 
 
+class Picks:
+    """A Router's picks as a gateway makes them: each ticket ended before the next pick
+    (``end``, untimed), so what is in flight stays as the bench set it up."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.held: Ticket | None = None
+
+    def end(self, k: int = 0) -> None:
+        held, self.held = self.held, None
+        if held is not None:
+            held.done()
+
+    def pick(self, model: str | None = None, prompt: str | None = None) -> object:
+        self.held = self.router.pick(model, prompt=prompt)
+        return self.held
+
+
 def shared(
     cache: ViewCache,
     local: LocalLoad,
-    picker: Picker,
     n: int,
     count: int,
     results: dict[str, dict[str, float]],
 ) -> None:
     """The pick and the background exchange with the fleet's shared counts present."""
     fleet = FleetLoad("bench", clock=repeat(0.0).__next__)  # answered as of every pick
-    cache.fleet = fleet
-    fleet.attach(local)
     rng = random.Random(4)
     fields = peer_fields(n, cache, rng)
     exchange = Exchange(_Client(fields), "{bench}:gateways:inflight", cache, fleet)
+    router = Router(cache, local=local, fleet=fleet, exchange=exchange, rng=random.Random(2))
 
     def once(k: int) -> object:
         keys, args, pages = exchange.prepare()
@@ -199,11 +218,13 @@ def shared(
         return args
 
     once(0)
-    assert len(fleet.extra) >= n // 2 and fleet.peers == PEERS
-    results["shared: pick(cache)"] = timed(lambda k: picker.pick(cache, local=local), count)
-    results["shared: pick(cache, model=)"] = timed(
-        lambda k: picker.pick(cache, MODELS[k % len(MODELS)], local=local), count
+    assert len(fleet.extra) >= n // 2 and fleet.peers == PEERS and router.load_shared
+    picks = Picks(router)
+    results["shared: router.pick()"] = timed(lambda k: picks.pick(), count, before=picks.end)
+    results["shared: router.pick(model=)"] = timed(
+        lambda k: picks.pick(MODELS[k % len(MODELS)]), count, before=picks.end
     )
+    picks.end()
     # Between two calls of a busy replica (the pacer's rate) a 1 s poller interval brings
     # that share of the pages.
     share_n = max(1, round(n / RATE_PER_S))
@@ -234,8 +255,7 @@ def shared(
         exchange.listen()
 
     results["shared: hear one write"] = timed(hear, rounds)
-    cache.fleet = None
-    local.fleet = None
+    fleet.detach(local)
 
 
 def main() -> None:
@@ -249,14 +269,16 @@ def main() -> None:
     local = LocalLoad()
     for i in range(0, n, 3):  # requests in flight, some after the scrape
         local.started(f"ep-{i}")
-    picker = Picker(rng=random.Random(2))
-    assert picker.pick(cache, local=local) is not None  # builds the index once
+    router = Router(cache, RoutingOptions(share=False), local=local, rng=random.Random(2))
+    picks = Picks(router)
+    assert picks.pick() is not None  # builds the index once
     for _ in range(2000):  # warm: the first timed row is not the interpreter's warm-up
-        picker.pick(cache, local=local)
+        picks.end()
+        picks.pick()
     results: dict[str, dict[str, float]] = {}
-    results["pick(cache)"] = timed(lambda k: picker.pick(cache, local=local), count)
-    results["pick(cache, model=)"] = timed(
-        lambda k: picker.pick(cache, MODELS[k % len(MODELS)], local=local), count
+    results["router.pick()"] = timed(lambda k: picks.pick(), count, before=picks.end)
+    results["router.pick(model=)"] = timed(
+        lambda k: picks.pick(MODELS[k % len(MODELS)]), count, before=picks.end
     )
     rng = random.Random(3)
     now_ms = cache.now_ms()
@@ -264,15 +286,16 @@ def main() -> None:
 
     def update_then_pick(k: int) -> object:
         cache.set_stats(*updates[k])
-        return picker.pick(cache, MODELS[k % len(MODELS)], local=local)
+        return picks.pick(MODELS[k % len(MODELS)])
 
-    results["update + pick(cache, model=)"] = timed(update_then_pick, count)
-    view = cache.view()
-    results["pick(view), same View"] = timed(lambda k: picker.pick(view, local=local), count)
-    results["pick(cache.view())"] = timed(lambda k: pick(cache.view()), max(20, count // 100))
-    shared(cache, local, picker, n, count, results)
+    results["update + router.pick(model=)"] = timed(update_then_pick, count, before=picks.end)
+    picks.end()
+    tickets = [router.pick() for _ in range(count)]
+    results["ticket.done()"] = timed(lambda k: tickets[k].done(), count)  # type: ignore[union-attr]
+    results["router.view()"] = timed(lambda k: router.view(), max(20, count // 100))
+    shared(cache, local, n, count, results)
     results["constant work, same cpu p50"] = steady(
-        results["shared: pick(cache)"]["cpu_p50_us"], count
+        results["shared: router.pick()"]["cpu_p50_us"], count
     )
     if args.json:
         print(json.dumps({"endpoints": n, "results": results}))

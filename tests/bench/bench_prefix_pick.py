@@ -1,4 +1,5 @@
-"""Time a pick with a prompt (prefix affinity) on a cached view of N endpoints, no Redis.
+"""Time a Router's pick with a prompt (prefix affinity) on a cached view of N endpoints,
+no Redis.
 
 Usage: python tests/bench/bench_prefix_pick.py [--endpoints 1000] [--picks 20000]
        [--chars 4000] [--json]
@@ -9,7 +10,8 @@ as a gateway runs by default; the placement table already holding 2,000 conversa
 and ~500,000 blocks. It times one call at a time (wall clock and this thread's CPU,
 garbage collector off) and prints p50/p99/max in us:
 
-- ``pick(cache, model=)`` without a prompt (the reference);
+- ``router.pick(model)`` without a prompt (the reference); every pick's ticket is
+  ended before the next pick, untimed;
 - with a new ``--chars`` prompt each time (nothing matches; its blocks are recorded);
 - with a conversation's next turn (its previous turn placed: the prefix matches);
 - ``block_ids`` alone on such a prompt;
@@ -37,11 +39,13 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))
 
-from poller.reader import LocalLoad, Picker, ViewCache  # noqa: E402
-from poller.reader.outbox import pack  # noqa: E402
-from poller.reader.prefix import block_ids  # noqa: E402
-from poller.reader.share import FleetLoad, pages_of  # noqa: E402
-from tests.bench.bench_pick import MODELS, fleet, peer_fields, steady, timed  # noqa: E402
+from poller.reader import Router, ViewCache  # noqa: E402
+from poller.reader.load.fleet import FleetLoad, pages_of  # noqa: E402
+from poller.reader.load.local import LocalLoad  # noqa: E402
+from poller.reader.prefix.blocks import block_ids  # noqa: E402
+from poller.reader.prefix.outbox import pack  # noqa: E402
+from poller.reader.prefix.placements import Placements  # noqa: E402
+from tests.bench.bench_pick import MODELS, Picks, fleet, peer_fields, steady, timed  # noqa: E402
 
 CONVERSATIONS = 2000
 FILL_BLOCKS = 500_000
@@ -56,29 +60,28 @@ def new_prompt_text(base: str, k: int) -> str:
     return f"new {k:08d} " + base[13:]
 
 
-def gateway(
-    n: int, rng: random.Random, fill: int = FILL_BLOCKS
-) -> tuple[ViewCache, LocalLoad, Picker]:
-    """The cache of ``n`` endpoints with 7 peers' shared counts, a ``LocalLoad`` with
-    requests in flight, a picker, and the placement table filled as a busy fleet's."""
+def gateway(n: int, rng: random.Random, fill: int = FILL_BLOCKS) -> tuple[ViewCache, Router]:
+    """The cache of ``n`` endpoints and a Router on it with 7 peers' shared counts,
+    requests in flight on a third of the endpoints, and the placement table filled as a
+    busy fleet's."""
     cache = fleet(n, int(time.time() * 1000))
     local = LocalLoad()
     for i in range(0, n, 3):
         local.started(f"ep-{i}")
     fleet_load = FleetLoad("bench", clock=repeat(0.0).__next__)  # answered as of every pick
-    cache.fleet = fleet_load
-    fleet_load.attach(local)
     pages = pages_of((i, cache.base(i)) for i in cache.ids())
-    fleet_load.absorb(peer_fields(n, cache, rng), pages, cache.offset_ms)
+    fleet_load.take(peer_fields(n, cache, rng), pages, cache.offset_ms)
     assert fleet_load.peers == 7
-    table = cache.placements
+    table = Placements()
     table.sharing = True
     table.exchanged_at = math.inf  # shared: an exchange answered as of every pick
     for i in range(fill // 100):  # blocks of other prompts on every endpoint
         table.record(f"ep-{i % n}", [rng.getrandbits(64) for _ in range(100)])
-    while table.outgoing():
+    while table.take_outbox():
         pass
-    return cache, local, Picker(rng=random.Random(2))
+    router = Router(cache, local=local, fleet=fleet_load, placements=table, rng=random.Random(2))
+    assert router.load_shared and router.placements_shared
+    return cache, router
 
 
 def report(results: dict[str, dict[str, float]], title: str) -> None:
@@ -91,18 +94,11 @@ def report(results: dict[str, dict[str, float]], title: str) -> None:
         )
 
 
-def picks_only(
-    row: str,
-    count: int,
-    cache: ViewCache,
-    local: LocalLoad,
-    picker: Picker,
-    new: list[str],
-    turns: list[str],
-) -> None:
+def picks_only(row: str, count: int, router: Router, new: list[str], turns: list[str]) -> None:
     """``count`` picks of one row (``none``, ``new`` or ``turn``), after 200 more to warm,
     in one ``itertools.starmap`` (``valgrind --tool=callgrind --collect-atstart=no
-    --toggle-collect=starmap_next`` counts exactly them)."""
+    --toggle-collect=starmap_next`` counts exactly them: each pick with its ticket's
+    start and the prompt's placement, not the tickets' ends, made after it)."""
     total = count + 200
     if row == "none":
         calls = [(MODELS[k % len(MODELS)], None) for k in range(total)]
@@ -113,11 +109,12 @@ def picks_only(
         calls = [(MODELS[k % c % len(MODELS)], turns[k % c]) for k in range(total)]
 
     def one(model: str, prompt: str | None) -> object:
-        return picker.pick(cache, model, prompt=prompt, local=local)
+        return router.pick(model, prompt=prompt)
 
     for model, prompt in calls[:200]:
-        one(model, prompt)
-    list(starmap(one, calls[200:]))
+        one(model, prompt).done()  # type: ignore[attr-defined]
+    for ticket in list(starmap(one, calls[200:])):
+        ticket.done()  # type: ignore[attr-defined]
 
 
 def main() -> None:
@@ -136,45 +133,47 @@ def main() -> None:
     args = parser.parse_args()
     n, count, chars = args.endpoints, args.picks, args.chars
     rng = random.Random(1)
-    cache, local, picker = gateway(n, rng, args.fill)
-    table = cache.placements
+    cache, router = gateway(n, rng, args.fill)
+    table = router.placements
     base = text(rng, chars)
     turns = [f"{c:06d}" + base[6 : chars - 200] for c in range(CONVERSATIONS)]
     for c, prompt in enumerate(turns):
-        picker.pick(cache, MODELS[c % len(MODELS)], prompt=prompt, local=local)
-    while table.outgoing():
+        router.pick(MODELS[c % len(MODELS)], prompt=prompt).done()  # type: ignore[union-attr]
+    while table.take_outbox():
         pass
     tail = text(rng, 200)
     if args.only:
         new_prompts = [new_prompt_text(base, k) for k in range(count + 200)]
-        picks_only(args.only, count, cache, local, picker, new_prompts, [t + tail for t in turns])
+        picks_only(args.only, count, router, new_prompts, [t + tail for t in turns])
         return
+    picks = Picks(router)
     results: dict[str, dict[str, float]] = {}
-    results["pick(cache, model=)"] = timed(
-        lambda k: picker.pick(cache, MODELS[k % len(MODELS)], local=local), count
+    results["router.pick(model)"] = timed(
+        lambda k: picks.pick(MODELS[k % len(MODELS)]), count, before=picks.end
     )
     current = [""]
 
     def new_prompt(k: int) -> None:
+        picks.end()
         current[0] = new_prompt_text(base, k)
         if k % 100 == 0:  # what the exchange takes meanwhile
-            table.outgoing()
+            table.take_outbox()
 
     new = f"pick, new {chars}-char prompt"
     results[new] = timed(
-        lambda k: picker.pick(cache, MODELS[k % len(MODELS)], prompt=current[0], local=local),
-        count,
-        before=new_prompt,
+        lambda k: picks.pick(MODELS[k % len(MODELS)], current[0]), count, before=new_prompt
     )
 
     def next_turn(k: int) -> None:
+        picks.end()
         current[0] = turns[k % CONVERSATIONS] + tail
 
     def pick_turn(k: int) -> object:
         c = k % CONVERSATIONS
-        return picker.pick(cache, MODELS[c % len(MODELS)], prompt=current[0], local=local)
+        return picks.pick(MODELS[c % len(MODELS)], current[0])
 
     results[f"pick, next turn ({chars} chars)"] = timed(pick_turn, count, before=next_turn)
+    picks.end()
     hits = 0
     for c in range(CONVERSATIONS):
         ids = block_ids(turns[c] + tail, MODELS[c % len(MODELS)])
@@ -187,8 +186,8 @@ def main() -> None:
         bodies += [f"1-{i}", f"ep-{rng.randrange(n)} {pack(ids)}"]
 
     def exchange(k: int) -> object:
-        table.absorb([f"{k}-9", *bodies])
-        return table.outgoing()
+        table.take_entries([f"{k}-9", *bodies])
+        return table.take_outbox()
 
     results["placements: one exchange"] = timed(exchange, max(20, count // 100))
     results["constant work, same cpu p50"] = steady(results[new]["cpu_p50_us"], count)

@@ -56,8 +56,8 @@ import redis.asyncio as aioredis  # noqa: E402
 
 from poller.config import RedisSettings  # noqa: E402
 from poller.reader import StatsReader, SyncStatsReader  # noqa: E402
-from poller.reader.replies import Held, build_view, held_after, snapshot_call  # noqa: E402
 from poller.reader.view import View  # noqa: E402
+from poller.reader.view.decode import Held, build_view, held_after, snapshot_call  # noqa: E402
 from poller.redis.connection import connect  # noqa: E402
 from poller.schema.endpoint import Endpoint  # noqa: E402
 from poller.schema.keys import Keys  # noqa: E402
@@ -594,7 +594,8 @@ async def run(n: int, server: RedisProcess) -> dict[str, Any]:
         rows, cpu, view = await bench_snapshots(server, client, reader)
         sync_row, cpu["client_process_ms_per_snapshot_sync"] = bench_sync(server.url)
         rows.append(sync_row)
-        async with reader.cached() as cache:
+        async with reader.router() as router:
+            cache = router.cache
             assert cache.healthy and len(cache.ids()) == n
             rows += lookup_rows(cache, data["ids"], rng)
             prop_rows, prop = await bench_propagation(server.url, cache, data, rng)

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from poller.reader import RedisSettings, StatsReader, pick
+from poller.reader import RedisSettings, StatsReader
+from poller.reader.legacy import pick
 from poller.store.store import RedisStore
 from tests.support.paths import REPO
 from tests.support.procs import poller_cli as poller
@@ -150,7 +151,8 @@ async def _follow_a_namespace_without_schema(
     try:
         view = await reader.snapshot()
         assert view.schema_missing and view.healthy and not view.endpoints
-        async with reader.cached() as cache:
+        async with reader.router() as router:
+            cache = router.cache
             assert cache.schema_missing and not cache.healthy
             assert cache.ids() == [] and pick(cache, "any-model") is None
             assert cache.view().schema_missing and not cache.view().healthy

@@ -360,13 +360,16 @@ def test_a_lab_that_fails_to_load_leaves_the_other_commands_working() -> None:
 
 
 GATEWAY = """\
-from poller import LocalLoad, Picker, StatsReader
+from poller import StatsReader
+from poller.reader.load.local import LocalLoad
+from poller.reader.legacy import Picker
 
 
 async def main() -> None:
     picker, local = Picker(), LocalLoad()
     async with StatsReader.from_url("redis://127.0.0.1:6379/0") as reader:
-        async with reader.cached() as cache:
+        async with reader.router() as router:
+            cache = router.cache
             endpoint: str | None = picker.pick(cache, "m", local=local)
             print(endpoint)
 """

@@ -214,7 +214,8 @@ def test_a_poller_and_a_reader_run_as_the_acl_users(acl_redis: _Redis, tmp_path:
                         break
                     assert time.monotonic() < deadline, f"never fresh: {view}"
                     await asyncio.sleep(0.1)
-                async with reader.cached() as cache:  # SSUBSCRIBE P:updates, probes
+                async with reader.router() as router:  # SSUBSCRIBE P:updates, probes
+                    cache = router.cache
                     seq = cache.get("acl-vllm").stats.seq  # type: ignore[union-attr]
                     while (e := cache.get("acl-vllm")) is None or e.stats.seq <= seq + 1:  # type: ignore[union-attr]
                         assert time.monotonic() < deadline + 10, "no update reached the cache"
@@ -250,11 +251,10 @@ def test_a_poller_and_a_reader_run_as_the_acl_users(acl_redis: _Redis, tmp_path:
     denied = admin.execute_command("ACL", "LOG")
     assert not denied, f"commands refused to the ACL users: {denied}"
     # The gateways share their requests in flight with the share script, as that user.
-    from poller.reader.share import FleetLoad
     from poller.schema.lua import lua
 
     share = acl_redis.client(GATEWAY).register_script(lua("share"))
-    record = FleetLoad("acl-gw").outgoing('{"acl-vllm":[1,0,0]}', 0)
+    record = '{"acl-vllm":[1,0,0]}'  # one request in flight, as the exchange writes it
     shared = ["{llmgw}:gateways:inflight", "{llmgw}:gateways:updates"]
     assert share(keys=shared, args=["acl-gw", 800, record, 1])[2:] == [0]  # nobody subscribed
     assert admin.hexists("{llmgw}:gateways:inflight", "acl-gw")
@@ -329,7 +329,7 @@ def test_a_gateway_with_the_rights_of_before_the_sharing_routes_on_its_own_count
     says once what right it lacks and how to give it."""
     import logging
 
-    from poller.reader import LocalLoad, Picker, StatsReader
+    from poller.reader import StatsReader
     from poller.scrape.check import serve_example
 
     text = ACL_FILE.read_text()
@@ -354,23 +354,23 @@ def test_a_gateway_with_the_rights_of_before_the_sharing_routes_on_its_own_count
             reader = StatsReader.from_url(server.url(GATEWAY))
             await worker.start()
             try:
-                async with reader.cached() as cache:
-                    local, picker = LocalLoad(), Picker()
+                async with reader.router() as router:
                     deadline = time.monotonic() + 60  # ample for a loaded machine
-                    while (e := cache.get("acl-vllm")) is None or e.state != "fresh":
+                    while (e := router.get("acl-vllm")) is None or e.state != "fresh":
                         assert time.monotonic() < deadline, "acl-vllm never fresh"
                         await asyncio.sleep(0.05)
-                    chosen = picker.pick(cache, local=local)
-                    assert chosen == "acl-vllm"
-                    local.started(chosen)  # a request in flight: a record to write
+                    held = router.pick()  # a request in flight: a record to write
+                    assert held is not None and held.id == "acl-vllm"
                     # Refused once, then again after the retry: one WARNING for both.
                     while refusals() < 2:
                         assert time.monotonic() < deadline + 30, "no second refusal"
                         await asyncio.sleep(0.05)
-                    assert not cache.load_shared  # said in the cache's health
-                    assert cache.healthy  # the view itself is read as before
-                    assert picker.pick(cache, local=local) == "acl-vllm"  # routing goes on
-                    assert cache.fleet is not None and cache.fleet.peers == 0
+                    assert not router.load_shared  # said in the Router's health
+                    assert router.healthy  # the view itself is read as before
+                    with router.pick() as ticket:  # type: ignore[union-attr]
+                        assert ticket.id == "acl-vllm"  # routing goes on
+                    assert router.fleet is not None and router.fleet.peers == 0
+                    held.done()
             finally:
                 await worker.stop()
                 await reader.aclose()
@@ -380,7 +380,7 @@ def test_a_gateway_with_the_rights_of_before_the_sharing_routes_on_its_own_count
             asyncio.run(scenario())
     finally:
         server.stop()
-    said = [r.getMessage() for r in caplog.records if r.name == "poller.reader.exchange"]
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("poller.reader.exchange")]
     load = [m for m in said if m.startswith("gateway load sharing refused")]
     assert len(load) == 1, said
     assert "HSET, HDEL and PEXPIRE on {llmgw}:gateways:inflight" in load[0], load[0]
@@ -408,7 +408,7 @@ def test_a_gateway_with_the_rights_of_before_the_pushed_counts_still_shares_them
     grant the channel."""
     import logging
 
-    from poller.reader import LocalLoad, StatsReader, SyncStatsReader
+    from poller.reader import StatsReader, SyncStatsReader
     from tests.support.procs import until
 
     text = ACL_FILE.read_text()
@@ -419,25 +419,24 @@ def test_a_gateway_with_the_rights_of_before_the_pushed_counts_still_shares_them
     server = _Redis(["--save", "", "--appendonly", "no", "--aclfile", str(acl)], tmp_path / "r")
 
     def warned() -> list[str]:
-        return [r.getMessage() for r in caplog.records if r.name == "poller.reader.exchange"]
+        return [
+            r.getMessage() for r in caplog.records if r.name.startswith("poller.reader.exchange")
+        ]
 
     async def scenario() -> None:
         a = StatsReader.from_url(server.url(GATEWAY))
         b = SyncStatsReader.from_url(server.url(GATEWAY))
         try:
-            async with a.cached(replica_id="gw-a") as cache_a:
-                with b.cached(replica_id="gw-b") as cache_b:
-                    assert cache_a.fleet is not None and cache_b.fleet is not None
-                    local_a, local_b = LocalLoad(), LocalLoad()
-                    cache_a.fleet.attach(local_a)
-                    cache_b.fleet.attach(local_b)
-                    local_a.started("e1")
-                    local_b.started("e2")
-                    fleet_a, fleet_b = cache_a.fleet, cache_b.fleet
+            async with a.router(replica_id="gw-a") as router_a:
+                with b.router(replica_id="gw-b") as router_b:
+                    fleet_a, fleet_b = router_a.fleet, router_b.fleet
+                    assert fleet_a is not None and fleet_b is not None
+                    router_a.track("e1")
+                    router_b.track("e2")
                     await until(lambda: fleet_b.peer_in_flight("e1") == 1, 60, "a's in b")
                     await until(lambda: fleet_a.peer_in_flight("e2") == 1, 60, "b's in a")
-                    assert cache_a.load_shared and cache_b.load_shared
-                    assert cache_a.loaded and cache_b.loaded  # the view is followed
+                    assert router_a.load_shared and router_b.load_shared
+                    assert router_a.cache.loaded and router_b.cache.loaded  # followed
                     await until(lambda: len(warned()) >= 2, 60, "both warnings")
         finally:
             await a.aclose()
@@ -471,19 +470,21 @@ def test_a_gateway_without_the_placements_right_shares_its_load_and_keeps_its_pl
     server = _Redis(["--save", "", "--appendonly", "no", "--aclfile", str(acl)], tmp_path / "r")
 
     def warned() -> list[str]:
-        return [r.getMessage() for r in caplog.records if r.name == "poller.reader.exchange"]
+        return [
+            r.getMessage() for r in caplog.records if r.name.startswith("poller.reader.exchange")
+        ]
 
     async def scenario() -> None:
         reader = StatsReader.from_url(server.url(GATEWAY))
         try:
-            async with reader.cached() as cache:
+            async with reader.router() as router:
                 deadline = time.monotonic() + 60  # ample for a loaded machine
-                while not warned() or not cache.load_shared:
+                while not warned() or not router.load_shared:
                     assert time.monotonic() < deadline, "never refused, or never shared"
                     await asyncio.sleep(0.05)
-                assert not cache.placements_shared and cache.placements.sharing
-                cache.placements.record("e1", [1, 2, 3])
-                assert cache.placements.matches([1, 2, 3]) == [("e1", 3)]  # its own, used
+                assert not router.placements_shared and router.placements.sharing
+                router.placements.record("e1", [1, 2, 3])
+                assert router.placements.matches([1, 2, 3]) == [("e1", 3)]  # its own, used
         finally:
             await reader.aclose()
 

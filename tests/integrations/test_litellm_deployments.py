@@ -68,7 +68,7 @@ def test_a_url_two_entries_share_matches_neither(caplog: pytest.LogCaptureFixtur
 def test_importing_poller_or_its_reader_never_imports_litellm() -> None:
     code = (
         "import sys, poller, poller.reader, poller.integrations; "
-        "from poller import Picker, LocalLoad, StatsReader; "
+        "from poller import Router, RoutingOptions, StatsReader; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'litellm'))"
     )
     out = subprocess.run(

@@ -20,7 +20,7 @@ from tests.support.redisproc import RedisProcess
 import poller.integrations.litellm as integration
 import poller.integrations.litellm.source as source_module
 from poller.integrations.litellm import LoadAwareFilter
-from poller.reader import Picker
+from poller.reader.routing.options import RoutingOptions
 from poller.store.store import RedisStore
 from poller.schema.endpoint import Endpoint
 
@@ -79,7 +79,7 @@ async def test_the_module_instance_connects_only_when_used(
     no_env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source = integration.load_aware_filter.routing.source
-    assert source.cache is None  # nothing opened at import
+    assert source.router is None  # nothing opened at import
     monkeypatch.setenv("POLLER_REDIS_URL", "redis://r:6379/2")
     monkeypatch.setenv("POLLER_NAMESPACE", "gw")
     assert source.settings() == ("redis://r:6379/2", "gw")
@@ -103,7 +103,9 @@ async def test_redis_absent_then_present_then_lost(
     no_env: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     server = RedisProcess()  # its port, nothing listening yet
-    f = LoadAwareFilter(redis_url=server.url, namespace=NS, picker=Picker(stale_grace_s=0.0))
+    f = LoadAwareFilter(
+        redis_url=server.url, namespace=NS, options=RoutingOptions(stale_grace_s=0.0)
+    )
     given = deployments()
     try:
         with caplog.at_level(logging.INFO, LOG):
@@ -126,9 +128,9 @@ async def test_redis_absent_then_present_then_lost(
             assert f.dropped_total >= 1
 
             server.stop()
-            cache = f.routing.source.cache
-            assert cache is not None
-            await until(lambda: not cache.healthy, 60, "the reader noticing Redis is gone")
+            router = f.routing.source.router
+            assert router is not None
+            await until(lambda: not router.healthy, 60, "the reader noticing Redis is gone")
             lost = f.fail_open_total
             assert await f.async_filter_deployments("chat", given, None) == given
             assert f.fail_open_total == lost + 1
@@ -186,7 +188,7 @@ async def test_no_current_numbers_for_any_endpoint_fails_open(
     given = deployments()
     try:
         with caplog.at_level(logging.WARNING, LOG):
-            cache = await f.routing.source.open()
+            cache = (await f.routing.source.open()).cache
             await until(lambda: cache.loaded, 60, "the first snapshot")
             await until(
                 lambda: all((v := cache.get(e)) and v.state == "stale" for e in ("e1", "e2")),
@@ -225,7 +227,7 @@ async def test_an_engine_naming_no_model_is_judged_without_one(
     given = deployments()
     try:
         with caplog.at_level(logging.WARNING, LOG):
-            cache = await f.routing.source.open()
+            cache = (await f.routing.source.open()).cache
             await until(lambda: cache.loaded, 60, "the first snapshot")
             for _ in range(3):
                 assert await f.async_filter_deployments("chat", given, None) == given[:1]

@@ -18,7 +18,7 @@ import litellm
 from poller.integrations.litellm import LoadAwareStrategy
 from poller.integrations.litellm.strategy import _prompt
 from poller.reader import StatsReader, prompt_of
-from poller.reader.prefix import block_ids
+from poller.reader.prefix.blocks import block_ids
 from poller.schema.endpoint import Endpoint
 from poller.store.store import RedisStore
 from tests.support.procs import until
@@ -75,10 +75,10 @@ async def test_a_conversations_next_turn_goes_where_its_earlier_turns_went(
         }
         for p in PORTS
     ]
-    async with reader.cached() as cache:
-        await until(lambda: all(cache.get(f"e{p}") for p in PORTS), 30, "the view")
+    async with reader.router(rng=random.Random(5)) as gateway:
+        await until(lambda: all(gateway.get(f"e{p}") for p in PORTS), 30, "the view")
         router = litellm.Router(model_list=model_list, num_retries=0)
-        strategy = LoadAwareStrategy(router, cache=cache, rng=random.Random(5)).install()
+        strategy = LoadAwareStrategy(router, poller_router=gateway).install()
         try:
             first: dict[int, str] = {}
             for i in range(8):
@@ -96,14 +96,14 @@ async def test_a_conversations_next_turn_goes_where_its_earlier_turns_went(
             again = strategy.get_available_deployment("chat", messages=conversation(0, 4))
             assert again["model_info"]["id"] == first[0]
             ids = block_ids(prompt_of(conversation(0, 4)), MODEL)
-            assert cache.placements.matches(ids) == [(f"e{first[0][1:]}", len(ids))]
+            assert gateway.placements.matches(ids) == [(f"e{first[0][1:]}", len(ids))]
             # Without messages (an embedding, a text completion): load only, nothing placed.
-            placed = len(cache.placements)
+            placed = len(gateway.placements)
             blind: Counter[str] = Counter()
             for _ in range(8):
                 chosen = await strategy.async_get_available_deployment("chat")
                 blind[chosen["model_info"]["id"]] += 1
-            assert len(cache.placements) == placed and len(blind) > 1, blind
+            assert len(gateway.placements) == placed and len(blind) > 1, blind
         finally:
             strategy.uninstall()
     await reader.aclose()

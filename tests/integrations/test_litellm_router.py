@@ -88,7 +88,7 @@ async def ask(router: litellm.Router, i: int, stream: bool, group: str = "chat")
 
 async def test_strategy_sends_nothing_to_saturated_failing_or_sleeping(f: Fleet) -> None:
     router = litellm.Router(model_list=model_list(f), num_retries=0)
-    strategy = LoadAwareStrategy(router, cache=f.cache, rng=random.Random(7)).install()
+    strategy = LoadAwareStrategy(router, poller_router=f.router, rng=random.Random(7)).install()
     try:
         served = Counter([await ask(router, i, stream=i % 3 == 0) for i in range(30)])
         # Every request succeeded (no retries: one sent to the failing or sleeping
@@ -106,7 +106,7 @@ async def test_strategy_sends_nothing_to_saturated_failing_or_sleeping(f: Fleet)
 
 
 async def test_filter_under_litellm_strategy_sends_nothing_to_them(f: Fleet) -> None:
-    load_filter = LoadAwareFilter(cache=f.cache)
+    load_filter = LoadAwareFilter(poller_router=f.router)
     router = litellm.Router(model_list=model_list(f), num_retries=0)
     litellm.logging_callback_manager.add_litellm_callback(load_filter)
     try:
@@ -123,7 +123,7 @@ async def test_a_model_no_endpoint_serves_gets_litellms_no_deployment_error(f: F
     # "other" is configured on the three good endpoints, none of which lists its model.
     other = [deployment(f, e, group="other", llmgw_model="acme/other-1") for e in OK]
     router = litellm.Router(model_list=[*model_list(f), *other], num_retries=0)
-    strategy = LoadAwareStrategy(router, cache=f.cache).install()
+    strategy = LoadAwareStrategy(router, poller_router=f.router).install()
     try:
         with pytest.raises(litellm.RouterRateLimitError, match="No deployments available"):
             await ask(router, 0, stream=False, group="other")
@@ -156,7 +156,7 @@ def deployment_id(response: Any) -> str:
 async def test_filter_keeps_an_unknown_endpoint_id_and_says_why_once(
     f: Fleet, caplog: pytest.LogCaptureFixture
 ) -> None:
-    load_filter = LoadAwareFilter(cache=f.cache)
+    load_filter = LoadAwareFilter(poller_router=f.router)
     named = [deployment(f, e, id=e) for e in (*OK[:2], *BAD)]
     router = litellm.Router(model_list=[*named, ghost(f)], num_retries=0)
     litellm.logging_callback_manager.add_litellm_callback(load_filter)
@@ -179,7 +179,8 @@ async def test_filter_keeps_an_unknown_endpoint_id_and_says_why_once(
         lines.count(
             "LiteLLM deployment ghost of model group 'chat': names endpoint 'ok-x' in "
             "model_info.llmgw_endpoint, which the registry lacks: kept, uninformed (the view "
-            "does not judge it; the strategy uses it only when no mapped deployment is eligible)"
+            "does not judge it; LiteLLM's strategy chooses among it and the deployments the "
+            "filter keeps)"
         )
         == 1
     ), lines
@@ -200,7 +201,7 @@ async def test_filter_keeps_an_unknown_endpoint_id_and_says_why_once(
     assert any(
         re.fullmatch(
             r"LiteLLM deployment saturated of model group 'chat' \(endpoint saturated\) "
-            r"dropped: saturated \(waiting \d+ >= 5\)",
+            r"dropped: saturated \(KV usage 1\.00 >= 0\.8\)",
             line,
         )
         for line in dropped
@@ -214,7 +215,7 @@ async def test_strategy_with_nothing_eligible_says_why_once_and_uses_the_uninfor
     # Failing and asleep: never eligible (a saturated one would be, as the last resort).
     bad = [deployment(f, e, group="bad", id=e) for e in BAD[1:]]
     router = litellm.Router(model_list=[*bad, ghost(f, "bad")], num_retries=0)
-    strategy = LoadAwareStrategy(router, cache=f.cache).install()
+    strategy = LoadAwareStrategy(router, poller_router=f.router).install()
     try:
         with caplog.at_level(logging.WARNING, LOG):
             for i in range(5):
@@ -238,7 +239,7 @@ async def test_strategy_with_nothing_at_all_says_litellm_answers(
 ) -> None:
     bad = [deployment(f, e, group="only-bad", id=f"only-{e}") for e in BAD[1:]]
     router = litellm.Router(model_list=bad, num_retries=0)
-    strategy = LoadAwareStrategy(router, cache=f.cache).install()
+    strategy = LoadAwareStrategy(router, poller_router=f.router).install()
     try:
         with caplog.at_level(logging.WARNING, LOG):
             for i in range(3):
@@ -282,7 +283,7 @@ async def test_every_end_counted_once_failure_stream_cancel(f: Fleet) -> None:
     wrong["litellm_params"]["model"] = "openai/acme/not-served"
     # No cooldown: the 404s would take "wrong" out of LiteLLM's healthy list.
     router = litellm.Router(model_list=[*only_c, wrong], num_retries=0, disable_cooldowns=True)
-    strategy = LoadAwareStrategy(router, cache=f.cache).install()
+    strategy = LoadAwareStrategy(router, poller_router=f.router).install()
     local = strategy.local
     try:
         held = asyncio.create_task(
@@ -333,11 +334,11 @@ async def test_two_replicas_see_each_others_requests_in_flight_through_redis(f: 
     async with (
         StatsReader.from_url(f.redis_url, NS, stale_after_ms=STALE_AFTER_MS) as reader_a,
         StatsReader.from_url(f.redis_url, NS, stale_after_ms=STALE_AFTER_MS) as reader_b,
-        reader_a.cached(replica_id="gw-a") as cache_a,
-        reader_b.cached(replica_id="gw-b") as cache_b,
+        reader_a.router(replica_id="gw-a", rng=random.Random(3)) as gateway_a,
+        reader_b.router(replica_id="gw-b", rng=random.Random(4)) as gateway_b,
     ):
-        await until(lambda: cache_a.load_shared and cache_b.load_shared, 30, "sharing")
-        await until(lambda: all(cache_b.get(e) for e in OK), 30, "the view in replica b")
+        await until(lambda: gateway_a.load_shared and gateway_b.load_shared, 30, "sharing")
+        await until(lambda: all(gateway_b.get(e) for e in OK), 30, "the view in replica b")
 
         def quiet(cache: Any) -> bool:
             """No load on OK but the gateways': the earlier tests' requests (sent by
@@ -352,12 +353,12 @@ async def test_two_replicas_see_each_others_requests_in_flight_through_redis(f: 
             return True
 
         # Up to PAGES scrapes (docs/reader.md) after the module's last request.
-        await until(lambda: quiet(cache_a) and quiet(cache_b), 120, "the pages quiet")
+        await until(lambda: quiet(gateway_a) and quiet(gateway_b), 120, "the pages quiet")
         router_a = litellm.Router(model_list=group, num_retries=0)
         router_b = litellm.Router(model_list=group, num_retries=0)
-        a = LoadAwareStrategy(router_a, cache=cache_a, rng=random.Random(3)).install()
-        b = LoadAwareStrategy(router_b, cache=cache_b, rng=random.Random(4)).install()
-        assert cache_a.fleet is not None and cache_b.fleet is not None
+        a = LoadAwareStrategy(router_a, poller_router=gateway_a, rng=random.Random(3)).install()
+        b = LoadAwareStrategy(router_b, poller_router=gateway_b, rng=random.Random(4)).install()
+        assert gateway_a.fleet is not None and gateway_b.fleet is not None
 
         def mine(strategy: LoadAwareStrategy) -> dict[str, int]:
             return {e: strategy.local.in_flight(e) for e in OK}
@@ -371,7 +372,7 @@ async def test_two_replicas_see_each_others_requests_in_flight_through_redis(f: 
                 await until(lambda n=n: sum(mine(a).values()) == n, 30, f"a's request {n}")
             assert sorted(mine(a).values()) == [0, 1, 1]  # on two of the three
             # Replica b learns them from Redis, not from its own requests.
-            await until(lambda: peers(cache_b) == mine(a), 30, "a's requests seen by b")
+            await until(lambda: peers(gateway_b) == mine(a), 30, "a's requests seen by b")
             assert sum(mine(b).values()) == 0
             free = next(e for e, n in mine(a).items() if n == 0)
             # So b sends its request to the one endpoint the fleet has nothing on, when
@@ -398,19 +399,19 @@ async def test_two_replicas_see_each_others_requests_in_flight_through_redis(f: 
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
                 await until(lambda: sum(mine(b).values()) == 0, 30, "b's request ended")
-                await until(lambda: peers(cache_b) == mine(a), 30, "a's requests seen by b")
+                await until(lambda: peers(gateway_b) == mine(a), 30, "a's requests seen by b")
             else:
                 pytest.fail(f"b's picks never saw a's requests: {seen}")
             assert mine(b)[free] == 1, (seen[-1], mine(a), mine(b))
-            await until(lambda: peers(cache_a) == mine(b), 30, "b's request seen by a")
+            await until(lambda: peers(gateway_a) == mine(b), 30, "b's request seen by a")
             for task in held:
                 task.cancel()
             await asyncio.gather(*held, return_exceptions=True)
             held.clear()
             # Ended: gone from the other replica's view as well.
             await until(lambda: sum(mine(a).values()) + sum(mine(b).values()) == 0, 30, "ends")
-            await until(lambda: not any(peers(cache_a).values()), 30, "b's gone from a")
-            await until(lambda: not any(peers(cache_b).values()), 30, "a's gone from b")
+            await until(lambda: not any(peers(gateway_a).values()), 30, "b's gone from a")
+            await until(lambda: not any(peers(gateway_b).values()), 30, "a's gone from b")
         finally:
             for task in held:
                 task.cancel()

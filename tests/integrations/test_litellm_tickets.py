@@ -1,4 +1,4 @@
-"""Tickets: every routed request ends exactly once in the LocalLoad, however it ends."""
+"""Tickets: every routed request ends exactly once in the Router's count, however it ends."""
 
 from __future__ import annotations
 
@@ -8,7 +8,15 @@ from typing import Any
 import litellm
 
 from poller.integrations.litellm.tickets import Tickets
-from poller.reader import LocalLoad
+from poller.reader.load.local import LocalLoad
+from poller.reader.router import Router
+from poller.reader.view.cache import ViewCache
+
+
+def counting(clock: Any = None) -> tuple[Router, LocalLoad]:
+    """A Router (on an empty view: ``track`` needs none) and its count."""
+    local = LocalLoad() if clock is None else LocalLoad(clock)
+    return Router(ViewCache(), local=local), local
 
 
 class Clock:
@@ -20,10 +28,10 @@ class Clock:
 
 
 def test_a_callback_closes_the_oldest_ticket_of_its_key_once() -> None:
-    local = LocalLoad()
-    tickets = Tickets(local)
-    first = tickets.open("e1", ("t", "d1"), stream=False)
-    tickets.open("e1", ("t", "d1"), stream=False)  # a retry to the same deployment
+    router, local = counting()
+    tickets = Tickets()
+    first = tickets.open(router.track("e1"), ("t", "d1"), stream=False)
+    tickets.open(router.track("e1"), ("t", "d1"), stream=False)  # a retry to the same deployment
     assert local.in_flight("e1") == 2
     assert tickets.close_key(("t", "d1"))
     assert not first.open and local.in_flight("e1") == 1
@@ -35,23 +43,25 @@ def test_a_callback_closes_the_oldest_ticket_of_its_key_once() -> None:
 
 
 def test_a_failure_callback_counts_the_attempt_as_failed() -> None:
-    local = LocalLoad()
-    tickets = Tickets(local)
-    tickets.open("e1", ("t", "d1"), stream=False)
+    router, local = counting()
+    tickets = Tickets()
+    tickets.open(router.track("e1"), ("t", "d1"), stream=False)
     assert tickets.close_key(("t", "d1"), ok=False)
     assert local.in_flight("e1") == 0 and local.failing("e1") > 0.2
-    tickets.open("e2", ("t", "d2"), stream=False)
+    tickets.open(router.track("e2"), ("t", "d2"), stream=False)
     assert tickets.close_key(("t", "d2"))
     assert local.failing("e2") == 0.0
 
 
 async def test_a_task_ends_what_it_picked_except_the_stream_it_handed_on() -> None:
-    local = LocalLoad()
-    tickets = Tickets(local)
+    router, local = counting()
+    tickets = Tickets()
 
     async def request(stream_last: bool) -> None:
-        tickets.open("e1", ("t1", "d1"), stream=False)  # an attempt that failed unlogged
-        tickets.open("e2", ("t1", "d2"), stream=stream_last)
+        tickets.open(
+            router.track("e1"), ("t1", "d1"), stream=False
+        )  # an attempt that failed unlogged
+        tickets.open(router.track("e2"), ("t1", "d2"), stream=stream_last)
 
     await asyncio.create_task(request(stream_last=True))
     await asyncio.sleep(0)  # a task's done callbacks run one loop turn after its awaiter's
@@ -63,12 +73,12 @@ async def test_a_task_ends_what_it_picked_except_the_stream_it_handed_on() -> No
 
 
 async def test_a_cancelled_task_ends_its_stream_too() -> None:
-    local = LocalLoad()
-    tickets = Tickets(local)
+    router, local = counting()
+    tickets = Tickets()
     opened = asyncio.Event()
 
     async def request() -> None:
-        tickets.open("e1", ("t1", "d1"), stream=True)
+        tickets.open(router.track("e1"), ("t1", "d1"), stream=True)
         opened.set()
         await asyncio.Event().wait()  # the client goes away here
 
@@ -82,14 +92,14 @@ async def test_a_cancelled_task_ends_its_stream_too() -> None:
 
 def test_a_ticket_nobody_ends_expires_after_max_open_s() -> None:
     clock = Clock()
-    local = LocalLoad(clock)
-    tickets = Tickets(local, max_open_s=60.0)
-    tickets.open("e1", ("t1", "d1"), stream=True)
+    router, local = counting(clock)
+    tickets = Tickets(max_open_s=60.0, clock=clock)
+    tickets.open(router.track("e1"), ("t1", "d1"), stream=True)
     clock.now += 59.0
-    tickets.open("e2", ("t2", "d2"), stream=False)
+    tickets.open(router.track("e2"), ("t2", "d2"), stream=False)
     assert local.in_flight("e1") == 1 and tickets.abandoned_total == 0
     clock.now += 2.0
-    tickets.open("e3", ("t3", "d3"), stream=False)  # expiry runs at each open
+    tickets.open(router.track("e3"), ("t3", "d3"), stream=False)  # expiry runs at each open
     assert local.in_flight("e1") == 0 and local.in_flight("e2") == 1
     assert tickets.abandoned_total == 1
 
@@ -131,12 +141,12 @@ def _response(status: int) -> Any:
 
 async def test_a_task_that_routes_request_after_request_keeps_no_closed_tickets() -> None:
     # An SDK worker loop: one task, many requests, each ended by its callback.
-    local = LocalLoad()
-    tickets = Tickets(local)
+    router, local = counting()
+    tickets = Tickets()
     task = asyncio.current_task()
     assert task is not None
     for i in range(1000):
-        ticket = tickets.open("e1", (f"t{i}", "d1"), stream=False)
+        ticket = tickets.open(router.track("e1"), (f"t{i}", "d1"), stream=False)
         assert tickets.close_key((f"t{i}", "d1"))
         assert ticket.task is None  # closed: keeps no task (and its result) alive
     assert len(tickets._by_task[task]) == 1  # its last pick only, which the task's end reads

@@ -142,13 +142,13 @@ def test_the_summary_counts_after_the_warm_up_and_diffs_the_counters() -> None:
 
 
 def test_sharing_counters_are_the_exchange_calls_and_the_placements_bytes() -> None:
-    from poller.reader.cache import ViewCache
+    from poller.reader import Router, ViewCache
 
-    cache = ViewCache()
-    assert sharing_counters(cache) == {}  # no sharing: nothing to count
-    cache.exchange = SimpleNamespace(calls=7)  # type: ignore[assignment]
-    cache.placements.outbox.bytes_written, cache.placements.bytes_read = 40, 12
-    counters = sharing_counters(cache)
+    router = Router(ViewCache())
+    assert sharing_counters(router) == {}  # no sharing: nothing to count
+    router.exchange = SimpleNamespace(calls=7)  # type: ignore[assignment]
+    router.placements.outbox.bytes_written, router.placements.bytes_read = 40, 12
+    counters = sharing_counters(router)
     assert counters["commands"] == 7
     assert (counters["bytes_written"], counters["bytes_read"]) == (40, 12)
 

@@ -65,14 +65,15 @@ def test_the_summary_says_what_the_chosen_engine_lacked_and_whether_it_was_full(
 
 
 def test_the_trace_reads_the_parts_of_the_picker_s_own_estimate() -> None:
-    """``_parts`` reads scores.fleet_score's closure by name: a renamed variable there
-    must fail here, not in the middle of a traced bench run."""
+    """``_parts`` reads the fleet load model's score closure by name
+    (``FleetLoadModel.scorer``): a renamed variable there must fail here, not in the
+    middle of a traced bench run."""
     from types import SimpleNamespace
 
-    from poller.reader import LocalLoad
-    from poller.reader.scores import fleet_score
-    from poller.reader.share import FleetLoad
+    from poller.reader.load.fleet import FleetLoad
+    from poller.reader.load.local import LocalLoad
     from poller_lab.prefix.trace import _parts
+    from tests.support.routers import fleet_score
 
     local, fleet = LocalLoad(), FleetLoad("g1")
     fleet.attach(local)

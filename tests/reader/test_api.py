@@ -22,18 +22,20 @@ import poller.reader
 from poller import (
     ConfigError,
     EndpointView,
-    LocalLoad,
-    Picker,
     PollerError,
     RedisSettings,
+    Router,
+    RoutingOptions,
     StatsReader,
     SyncStatsReader,
+    Ticket,
     View,
     ViewCache,
-    pick,
 )
-from poller.reader import replies
-from poller.reader.replies import LazyEndpoints
+from poller.reader.legacy import Picker, pick
+from poller.reader.load.local import LocalLoad
+from poller.reader.view import decode
+from poller.reader.view.decode import LazyEndpoints
 from poller.redis.clock import server_ms
 from poller.schema.endpoint import Endpoint
 from poller.store.store import RedisStore
@@ -71,7 +73,10 @@ def _doc_names() -> set[str]:
 def test_every_type_docs_reader_names_is_importable_from_poller() -> None:
     names = _doc_names() - FOREIGN
     assert {"StoreError", "SchemaMismatch", "ConfigError", "View", "Endpoint"} <= names
-    assert names <= set(poller.__all__), sorted(names - set(poller.__all__))
+    assert {"Router", "RoutingOptions", "Ticket", "Refusal"} <= names
+    # The earlier API, named where the page says what replaces it: importable, warned.
+    known = set(poller.__all__) | set(poller.reader.DEPRECATED)
+    assert names <= known, sorted(names - known)
 
 
 def test_every_error_a_reader_raises_is_exported() -> None:
@@ -84,19 +89,28 @@ def test_every_error_a_reader_raises_is_exported() -> None:
 
 
 def test_prefix_affinity_is_in_the_public_api() -> None:
-    """``prompt_of`` in both packages; ``prompt`` a keyword of both picks (after the
-    model, None by default); ``share_placements`` a keyword of both readers' ``cached``
-    (True by default) and the cache's placements and their health on every cache."""
+    """``prompt_of`` in both packages; ``prompt`` a keyword of the Router's pick (after
+    the model, None by default) and of the earlier picks; ``share_placements`` a routing
+    option (True by default); a Router's placements and their health."""
     assert "prompt_of" in poller.__all__ and "prompt_of" in poller.reader.__all__
     assert poller.prompt_of([{"role": "user", "content": "hi"}]) == "<|user|>\nhi\n"
-    for fn in (pick, Picker.pick):
+    for fn in (Router.pick, pick, Picker.pick):
         prompt = inspect.signature(fn).parameters["prompt"]
         assert prompt.kind is inspect.Parameter.KEYWORD_ONLY and prompt.default is None
-    for reader in (StatsReader, SyncStatsReader):
-        shares = inspect.signature(reader.cached).parameters["share_placements"]
-        assert shares.kind is inspect.Parameter.KEYWORD_ONLY and shares.default is True
-    cache = ViewCache()
-    assert len(cache.placements) == 0 and cache.placements_shared is False
+    assert RoutingOptions().share_placements is True
+    router = Router(ViewCache())
+    assert len(router.placements) == 0 and router.placements_shared is False
+
+
+def test_a_router_is_opened_alike_by_both_readers() -> None:
+    """``router(options=None, *, replica_id=None, rng=None)`` on both, the same shape."""
+    shapes = [
+        [(p.name, p.kind, p.default) for p in inspect.signature(r.router).parameters.values()]
+        for r in (StatsReader, SyncStatsReader)
+    ]
+    assert shapes[0] == shapes[1]
+    assert [name for name, _, _ in shapes[0]] == ["self", "options", "replica_id", "rng"]
+    assert "Ticket" in poller.__all__ and Ticket.__module__ == "poller.reader.ticket"
 
 
 # --- pick ---------------------------------------------------------------------------------
@@ -312,8 +326,8 @@ def test_the_sync_reader_reads_a_cluster_through_from_settings(
         assert view["a"].state == "fresh" and view["b"].state == "unknown"
         assert reader.live_pollers() == ["p1"]
         assert (a := reader.get("a")) is not None and a.owner == "p1"
-        with reader.cached() as cache:
-            assert cache.healthy
+        with reader.router() as router:
+            assert router.healthy
 
             async def more() -> None:
                 client = aioredis.RedisCluster.from_url(redis_cluster.url, decode_responses=True)
@@ -325,7 +339,7 @@ def test_the_sync_reader_reads_a_cluster_through_from_settings(
 
             asyncio.run(more())
             deadline = time.monotonic() + 30  # ends a hang; the wait is for the update
-            while (e := cache.get("b")) is None or e.state != "fresh":
+            while (e := router.get("b")) is None or e.state != "fresh":
                 assert time.monotonic() < deadline, "the update never reached the cache"
                 time.sleep(0.01)
 
@@ -349,8 +363,8 @@ def test_the_sync_reader_reads_through_sentinel(tmp_path: Path) -> None:
         url = f"redis+sentinel://127.0.0.1:{sentinel.port}/mymaster/0"
         with SyncStatsReader.from_url(url, NS) as reader:
             assert reader.snapshot()["a"].state == "fresh"
-            with reader.cached() as cache:
-                assert cache.healthy and (a := cache.get("a")) is not None
+            with reader.router() as router:
+                assert router.healthy and (a := router.get("a")) is not None
                 assert a.stats is not None and a.stats.running == 3
     finally:
         sentinel.cleanup()
@@ -416,18 +430,18 @@ async def test_get_shows_what_a_snapshot_shows_through_a_takeover(
     await client.aclose()
 
 
-def test_a_change_is_decoded_once_for_the_cache_the_view_and_the_picker(
+def test_a_change_is_decoded_once_for_the_cache_the_view_and_the_routers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     decoded: list[str] = []
-    decode = replies.view_from_records
+    real = decode.view_from_records
 
     def counting(endpoint_id: str, *args: Any) -> EndpointView:
         decoded.append(endpoint_id)
-        return decode(endpoint_id, *args)
+        return real(endpoint_id, *args)
 
-    monkeypatch.setattr("poller.reader.cache.view_from_records", counting)
-    monkeypatch.setattr("poller.reader.replies.view_from_records", counting)
+    monkeypatch.setattr("poller.reader.view.cache.view_from_records", counting)
+    monkeypatch.setattr("poller.reader.view.decode.view_from_records", counting)
     now = int(time.monotonic() * 1000)  # any clock: the cache keeps the offset
 
     def record(seq: int, running: int) -> str:
@@ -441,35 +455,50 @@ def test_a_change_is_decoded_once_for_the_cache_the_view_and_the_picker(
     )
     cache.load(snapshot)
     cache.healthy = True
-    pickers = [Picker(), Picker()]
-    for picker in pickers:
-        assert picker.pick(cache, "m") in ids
-    assert sorted(decoded) == ids  # one decode each, shared by both pickers
+    routers = [Router(cache), Router(cache)]
+    for router in routers:
+        with router.pick("m") as ticket:
+            assert ticket.id in ids
+    assert sorted(decoded) == ids  # one decode each, shared by both routers
     for seq in range(2, 6):
         decoded.clear()
         cache.set_stats("b", record(seq, 0))
-        for picker in pickers:
-            assert picker.pick(cache, "m", candidates=["b", "c"]) == "b"
+        for router in routers:
+            with router.pick("m", candidates=["b", "c"]) as ticket:
+                assert ticket.id == "b"
         view = cache.view()
         assert view["b"].stats is not None and view["b"].stats.seq == seq
-        assert cache.get("b") is not None and view.cache is cache
+        assert cache.get("b") is not None
         assert decoded == ["b"], seq
 
 
 # --- deprecated names ---------------------------------------------------------------------
 
 
-def test_renamed_names_still_work_with_a_deprecation_warning() -> None:
-    cache = ViewCache()
-    view = cache.view()
-    with pytest.warns(DeprecationWarning, match="View.cache"):
-        assert view.source is cache
-    from poller.reader import index
+@pytest.mark.parametrize("module", [poller, poller.reader])
+@pytest.mark.parametrize("name", ["Picker", "LocalLoad", "pick"])
+def test_the_picker_api_still_works_with_a_warning_naming_the_router(
+    module: Any, name: str
+) -> None:
+    with pytest.warns(
+        DeprecationWarning, match=rf"{module.__name__}\.{name} is deprecated: .*Router"
+    ):
+        found = getattr(module, name)
+    assert found is {"Picker": Picker, "LocalLoad": LocalLoad, "pick": pick}[name]
+    assert name not in module.__all__
 
-    with pytest.warns(DeprecationWarning, match="Slot"):
-        assert index.Entry is index.Slot  # type: ignore[attr-defined]
-    with pytest.warns(DeprecationWarning, match="view_from_records"):
-        assert replies.entry_from_records is replies.view_from_records  # type: ignore[attr-defined]
+
+async def test_cached_still_works_with_a_warning_naming_the_router(
+    redis_server: RedisProcess,
+) -> None:
+    async with StatsReader.from_url(redis_server.url, NS) as reader:
+        with pytest.warns(DeprecationWarning, match=r"cached\(\) is deprecated: .*router\(\)"):
+            async with reader.cached() as cache:
+                assert cache.fleet is not None and len(cache.placements) == 0
+    with SyncStatsReader.from_url(redis_server.url, NS) as sync:
+        with pytest.warns(DeprecationWarning, match=r"cached\(\) is deprecated"):
+            with sync.cached(share=False) as cache:
+                assert cache.fleet is None and not cache.load_shared
 
 
 # --- the Redis clock, the local load's locking -------------------------------------------

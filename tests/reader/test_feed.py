@@ -1,4 +1,4 @@
-"""The reader's own subscription to P:updates (poller/reader/feed.py): messages in order
+"""The reader's own subscription to P:updates (poller/reader/view/feed.py): messages in order
 and in batches, a lost connection and a refused subscription as StoreError, and the
 fallback to redis-py's PubSub for clients whose connections it cannot copy.
 
@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from poller.errors import StoreError
-from poller.reader.feed import open_feed
+from poller.reader.view.feed import open_feed
 from tests.support.redisproc import RedisProcess
 
 CHANNEL = "{t}:updates"

@@ -7,10 +7,12 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from poller.reader import LocalLoad, Picker
-from poller.reader.prefix import block_ids
-from poller.reader.share import FleetLoad
+from poller.reader.load.fleet import FleetLoad
+from poller.reader.load.local import LocalLoad
+from poller.reader.prefix.blocks import block_ids
+from poller.reader.routing.options import RoutingOptions
 from tests.reader.test_pick import Clock, timed, view_of
+from tests.support.routers import router_on
 
 
 def placed(
@@ -33,16 +35,14 @@ def placed(
             clock.t = begun + took
             local.finished(endpoint_id, a if endpoint_id == "fast" else b)
     fields = [x for i in range(peers) for x in (f"g{i + 2}", '1 {"fast":[0,0,999500]}')]
-    fleet.absorb(fields, {"fast": (0, 999_500), "slow": (0, 999_500)}, 0.0)
+    fleet.take(fields, {"fast": (0, 999_500), "slow": (0, 999_500)}, 0.0)
     assert fleet.peers == peers
-    view = view_of(timed("fast"), timed("slow"), offset_ms=0.0)
-    picker = Picker(rng=random.Random(3))
+    router = router_on(view_of(timed("fast"), timed("slow")), local=local, fleet=fleet, seed=3)
     chosen: Counter[str] = Counter()
     for _ in range(n):
-        target = picker.pick(view, local=local)
-        assert target is not None
-        local.started(target)
-        chosen[target] += 1
+        ticket = router.pick()  # left in flight
+        assert ticket is not None
+        chosen[ticket.id] += 1
     return chosen, local
 
 
@@ -82,15 +82,15 @@ def test_an_engine_that_fails_fast_is_avoided_with_one_gateway_or_many() -> None
             clock.t += 0.01
         assert local.failing("bad") > 0.8 and local.failing("good") == 0.0
         fields = [x for i in range(peers) for x in (f"g{i + 2}", '1 {"good":[0,0,999500]}')]
-        fleet.absorb(fields, {"good": (6, 999_500), "bad": (0, 999_500)}, 0.0)
-        view = view_of(timed("good", running="6"), timed("bad"), offset_ms=0.0)
-        picker = Picker(rng=random.Random(3), use_latency=use_latency)
+        fleet.take(fields, {"good": (6, 999_500), "bad": (0, 999_500)}, 0.0)
+        view = view_of(timed("good", running="6"), timed("bad"))
+        options = RoutingOptions(use_latency=use_latency)
+        router = router_on(view, options, local=local, fleet=fleet, seed=3)
         chosen: Counter[str] = Counter()
         for _ in range(12):
-            target = picker.pick(view, local=local)
-            assert target is not None
-            local.started(target)
-            chosen[target] += 1
+            ticket = router.pick()  # left in flight
+            assert ticket is not None
+            chosen[ticket.id] += 1
         clock.t += 100.0  # no news for long: the failures fade
         assert local.failing("bad") < 0.01
         return chosen
@@ -133,17 +133,14 @@ def test_use_latency_off_leaves_speed_out() -> None:
     fleet = FleetLoad("g1")
     fleet.attach(local)
     slow_twice(local, clock)
-    fleet.absorb(
-        ["g2", '1 {"fast":[0,0,999500]}'], {"fast": (0, 999_500), "slow": (0, 999_500)}, 0.0
-    )
-    view = view_of(timed("fast"), timed("slow"), offset_ms=0.0)
-    picker = Picker(rng=random.Random(3), use_latency=False)
+    fleet.take(["g2", '1 {"fast":[0,0,999500]}'], {"fast": (0, 999_500), "slow": (0, 999_500)}, 0.0)
+    view = view_of(timed("fast"), timed("slow"))
+    router = router_on(view, RoutingOptions(use_latency=False), local=local, fleet=fleet, seed=3)
     chosen: Counter[str | None] = Counter()
     for _ in range(30):
-        target = picker.pick(view, local=local)
-        assert target is not None
-        local.started(target)
-        chosen[target] += 1
+        ticket = router.pick()  # left in flight
+        assert ticket is not None
+        chosen[ticket.id] += 1
     assert chosen == Counter({"fast": 15, "slow": 15})
 
 
@@ -161,15 +158,17 @@ def test_the_prefix_bound_compares_counts_without_the_speed_factor() -> None:
     fleet.attach(local)
     fields = ["g2", '1 {"slow":[2,2,999500]}']
     fields += [x for i in range(6) for x in (f"g{i + 3}", '1 {"fast":[0,0,999500]}')]
-    fleet.absorb(fields, {"fast": (0, 999_500), "slow": (0, 999_500)}, 0.0)
+    fleet.take(fields, {"fast": (0, 999_500), "slow": (0, 999_500)}, 0.0)
     assert fleet.peers == 7
-    view = view_of(timed("fast"), timed("slow"), offset_ms=0.0)
     prompt = "".join(random.Random(5).choice("abcdefgh ") for _ in range(4000))
-    picker = Picker(rng=random.Random(3))
-    picker.placements.record("slow", block_ids(prompt))
-    assert picker.pick(view, local=local) == "fast"
-    assert picker.pick(view, prompt=prompt, local=local) == "slow"
+    router = router_on(view_of(timed("fast"), timed("slow")), local=local, fleet=fleet, seed=3)
+    router.placements.record("slow", block_ids(prompt))
+    with router.pick() as ticket:
+        assert ticket.id == "fast"
+    with router.pick(prompt=prompt) as ticket:
+        assert ticket.id == "slow"
     # Past the bound on the counts too (3 in flight: 4 > 3.5), the reference takes it.
     fields[1] = '1 {"slow":[3,3,999500]}'
-    fleet.absorb(fields, {"fast": (0, 999_500), "slow": (0, 999_500)}, 0.0)
-    assert picker.pick(view, prompt=prompt, local=local) == "fast"
+    fleet.take(fields, {"fast": (0, 999_500), "slow": (0, 999_500)}, 0.0)
+    with router.pick(prompt=prompt) as ticket:
+        assert ticket.id == "fast"

@@ -15,10 +15,10 @@ from rich.console import Console
 
 from poller.cli.render import render
 from poller.errors import ConfigError
-from poller.reader import LocalLoad, Picker, ViewCache
-from poller.reader.indexes import FOLLOW_IDLE_MS
-from poller.reader.load import clamp
-from poller.reader.pick import pick
+from poller.reader import ViewCache
+from poller.reader.legacy import Picker, pick
+from poller.reader.load.local import LocalLoad, clamp
+from poller.reader.routing.indexer import FOLLOW_IDLE_MS
 from poller.reader.view import EndpointView, Timing, View
 
 NOW_MS = 1_000_000
@@ -284,7 +284,7 @@ def test_endpoints_that_came_and_went_are_forgotten() -> None:
     """A rollout's addresses come and go: what a ``LocalLoad`` keeps of an endpoint with
     nothing in flight goes once it has faded (``FORGET_S``), so memory follows the
     endpoints in use, not every one ever seen."""
-    from poller.reader.load import FORGET_S
+    from poller.reader.load.local import FORGET_S
 
     clock = Clock(100.0)
     local = LocalLoad(clock)
@@ -299,7 +299,7 @@ def test_endpoints_that_came_and_went_are_forgotten() -> None:
     assert {e.split("-")[0] for e in kept} <= {f"g{g}" for g in range(22, 30)}
     assert "g29-0" in local._took  # the recent ones stay known
     # With no exchange to take them, the changes kept are of the endpoints still known.
-    assert local.fleet is None and local._changed <= set(local._done) | set(local._starts)
+    assert local._waker is None and local._changed <= set(local._done) | set(local._starts)
 
 
 def test_fast_failures_count_as_slow_without_feeding_the_usual_time() -> None:
@@ -631,10 +631,10 @@ def test_the_cache_index_kept_by_changes_equals_one_built_from_scratch() -> None
                 cache.set_stats(endpoint_id, record)
         for model in models:
             picker.pick(cache, model)
-        kept = picker._caches[cache]
+        kept = picker._indexer._caches[cache]
         anew = Picker()
         anew.pick(cache)
-        assert filed(kept) == filed(anew._caches[cache])
+        assert filed(kept) == filed(anew._indexer._caches[cache])
 
 
 def test_a_cache_index_is_kept_current_as_changes_are_applied_not_at_the_pick() -> None:
@@ -643,7 +643,7 @@ def test_a_cache_index_is_kept_current_as_changes_are_applied_not_at_the_pick() 
     cache = cache_of(timed("a", running="3"), timed("b", running="3"))
     picker = Picker(rng=random.Random(19))
     assert set(picks(picker, cache)) == {"a", "b"}
-    index = picker._caches[cache]
+    index = picker._indexer._caches[cache]
     scraped = cache.now_ms()
     record = f"{scraped} 1000 {scraped + 3000} p 1|" + json.dumps(
         raw_stats(scraped_at_ms=str(scraped), running="0")
@@ -658,11 +658,11 @@ def test_a_cache_index_is_kept_current_as_changes_are_applied_not_at_the_pick() 
     assert picks(picker, cache) == {"a": 200}
     assert decoded == []  # nothing left for the picks to bring up to date
     cache.load(View(NOW_MS, 2, {"c": timed("c")}))  # a snapshot: the index is rebuilt
-    assert set(picker._caches[cache].slots) == {"c"}
-    assert picker._caches[cache].version == cache.version
+    assert set(picker._indexer._caches[cache].slots) == {"c"}
+    assert picker._indexer._caches[cache].version == cache.version
     # A picker that has not picked on the cache for FOLLOW_IDLE_MS stops following it:
     # its next pick brings the index up to date.
-    index = picker._caches[cache]
+    index = picker._indexer._caches[cache]
     index.picked_ms = cache.now_ms() - FOLLOW_IDLE_MS - 1
     cache.set_stats("c", record)
     assert index.version == cache.version - 1

@@ -10,12 +10,13 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from poller.reader import Picker, StatsReader, SyncStatsReader, ViewCache, prompt_of
-from poller.reader.exchange import Exchange
-from poller.reader.outbox import ENTRY_MAX
-from poller.reader.placements import Placements
-from poller.reader.prefix import block_ids
-from poller.reader.share import FleetLoad
+from poller.reader import RoutingOptions, StatsReader, SyncStatsReader, ViewCache, prompt_of
+from poller.reader.exchange.exchange import Exchange
+from poller.reader.load.fleet import FleetLoad
+from poller.reader.prefix.blocks import block_ids
+from poller.reader.prefix.outbox import ENTRY_MAX
+from poller.reader.prefix.placements import Placements
+from poller.reader.router import Router
 from poller.schema.keys import Keys
 from poller.schema.lua import lua
 from poller.store.store import RedisStore
@@ -57,39 +58,46 @@ async def test_a_placement_one_replica_made_is_used_by_anothers_pick(
     c = StatsReader.from_url(redis_server.url, NS)
     first = prompt_of(CONVERSATION)
     ids = block_ids(first, "m")
-    async with a.cached(replica_id="gw-a") as cache_a:
-        with b.cached(replica_id="gw-b") as cache_b:
-            async with c.cached(replica_id="gw-c", share_placements=False) as cache_c:
-                for cache in (cache_a, cache_b, cache_c):
-                    await until(lambda cache=cache: _ready(cache), 30, "the fleet fresh")
-                chosen = Picker(rng=random.Random(1)).pick(cache_a, "m", prompt=first)
-                assert chosen is not None
+    async with a.router(replica_id="gw-a", rng=random.Random(1)) as router_a:
+        with b.router(replica_id="gw-b") as router_b:
+            async with c.router(
+                RoutingOptions(share_placements=False), replica_id="gw-c"
+            ) as router_c:
+                for router in (router_a, router_b, router_c):
+                    await until(lambda r=router: _ready(r.cache), 30, "the fleet fresh")
+                with router_a.pick("m", prompt=first) as ticket:
+                    chosen = ticket.id
                 await until(
-                    lambda: cache_b.placements.matches(ids) == [(chosen, len(ids))],
+                    lambda: router_b.placements.matches(ids) == [(chosen, len(ids))],
                     30,
                     "a's placement in b",
                 )
-                assert cache_b.placements_shared and cache_a.placements_shared
+                assert router_b.placements_shared and router_a.placements_shared
                 turn = [*CONVERSATION, {"role": "assistant", "content": "It says " * 150}]
                 turn.append({"role": "user", "content": "And the second part?"})
                 # Seeds whose load-only choice is another engine too: the placement decides.
-                blind = {Picker(rng=random.Random(seed)).pick(cache_b, "m") for seed in range(8)}
+                blind = set()
+                for seed in range(8):
+                    router_b.rng.seed(seed)
+                    with router_b.pick("m") as ticket:
+                        blind.add(ticket.id)
                 assert blind - {chosen}
                 for seed in range(8):
-                    picker = Picker(rng=random.Random(seed))
-                    assert picker.pick(cache_b, "m", prompt=prompt_of(turn)) == chosen
+                    router_b.rng.seed(seed)
+                    with router_b.pick("m", prompt=prompt_of(turn)) as ticket:
+                        assert ticket.id == chosen
                 # B's placement of the longer prompt reaches A (the new blocks only).
                 longer = block_ids(prompt_of(turn), "m")
                 assert len(longer) > len(ids)  # blocks new to everyone
                 await until(
-                    lambda: dict(cache_a.placements.matches(longer)).get(chosen) == len(longer),
+                    lambda: dict(router_a.placements.matches(longer)).get(chosen) == len(longer),
                     30,
                     "b's placement in a",
                 )
-                assert cache_b.placements.ids_written == len(longer) - len(ids)
-                assert not cache_c.placements.sharing and not cache_c.placements_shared
-                assert cache_c.placements.matches(ids) == []
-                assert cache_c.placements.ids_read == 0
+                assert router_b.placements.ids_written == len(longer) - len(ids)
+                assert not router_c.placements.sharing and not router_c.placements_shared
+                assert router_c.placements.matches(ids) == []
+                assert router_c.placements.ids_read == 0
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
     writers = {e[1]["@"] for e in client.xrange(Keys(NS).gateways_placements)}
     assert writers == {"gw-a", "gw-b"}
@@ -110,12 +118,14 @@ class _Lost:
         return call
 
 
-def test_redis_lost_means_local_placements_and_the_cache_says_so() -> None:
+def test_redis_lost_means_local_placements_and_the_router_says_so() -> None:
     cache = ViewCache()
-    exchange = Exchange(_Lost(), "k1", cache, FleetLoad("g1"), cache.placements, "k2", "k0")
-    assert cache.placements.sharing and not cache.placements_shared
+    placements = Placements()
+    exchange = Exchange(_Lost(), "k1", cache, FleetLoad("g1"), placements, "k2", "k0")
+    router = Router(cache, placements=placements, exchange=exchange)
+    assert placements.sharing and not router.placements_shared
     ids = block_ids("a system prompt " * 40, "m")
-    cache.placements.record("e1", ids)
+    placements.record("e1", ids)
     for _ in range(3):
         keys, args, pages = exchange.prepare()
         assert keys == ["k1", "k0", "k2"] and args[4]  # the placements ride on the call
@@ -124,9 +134,9 @@ def test_redis_lost_means_local_placements_and_the_cache_says_so() -> None:
         except redis.ConnectionError as exc:
             exchange.failed(exc, pages)
     # Nothing lost: queued again for when Redis is back, and used locally meanwhile.
-    assert cache.placements.outgoing().split(" ")[0] == "e1"
-    assert cache.placements.matches(ids) == [("e1", len(ids))]
-    assert not cache.placements_shared
+    assert placements.take_outbox().split(" ")[0] == "e1"
+    assert placements.matches(ids) == [("e1", len(ids))]
+    assert not router.placements_shared
 
 
 def test_the_stream_is_capped_by_length_and_age_and_one_placement_costs_bytes(
@@ -144,7 +154,7 @@ def test_the_stream_is_capped_by_length_and_age_and_one_placement_costs_bytes(
     maxlen = 40
     for i in range(200):
         table.record(f"e{i % 16}", [rng.getrandbits(64) for _ in range(ENTRY_MAX)])
-        body = table.outgoing()
+        body = table.take_outbox()
         args = [f"gw-{i % 4}", 800, "", 1, body, "0-0", maxlen, 600_000, 1]
         share(
             keys=[keys.gateways_inflight, keys.gateways_updates, keys.gateways_placements],
@@ -224,15 +234,16 @@ def _record(now_ms: int, queries: int, hits: int) -> str:
 def test_the_exchange_voids_an_engines_placements_when_its_counters_go_back() -> None:
     """No pick needed: the exchange reads every page that changed, and an engine whose
     prefix-cache counters went back (a restart) holds nothing of what was placed."""
-    from poller.reader.replies import LazyEndpoints
     from poller.reader.view import View
+    from poller.reader.view.decode import LazyEndpoints
 
     now = 1_764_500_000_000
     cache = ViewCache(stale_after_ms=3_600_000)
     entries = {e: "{}" for e in ("e1", "e2")}
     stats = {"e1": _record(now, 900, 300), "e2": _record(now, 50, 10)}
     cache.load(View(now, 1, LazyEndpoints(entries, stats, {}, now)))
-    exchange = Exchange(_Answers(), "k1", cache, FleetLoad("g1"), cache.placements, "k2")
+    placements = Placements()
+    exchange = Exchange(_Answers(), "k1", cache, FleetLoad("g1"), placements, "k2")
 
     def once() -> None:
         keys, args, pages = exchange.prepare()
@@ -240,12 +251,12 @@ def test_the_exchange_voids_an_engines_placements_when_its_counters_go_back() ->
 
     once()  # the counters as they are now
     ids = block_ids("a long shared system prompt " * 40, "m")
-    cache.placements.record("e1", ids)
-    cache.placements.record("e2", ids)
+    placements.record("e1", ids)
+    placements.record("e2", ids)
     cache.set_stats("e1", _record(now + 1000, 920, 310))  # grew: nothing happens
     once()
-    assert dict(cache.placements.matches(ids)) == {"e1": len(ids), "e2": len(ids)}
+    assert dict(placements.matches(ids)) == {"e1": len(ids), "e2": len(ids)}
     cache.set_stats("e1", _record(now + 2000, 12, 3))  # went back: restarted
     once()
-    assert cache.placements.matches(ids) == [("e2", len(ids))]
-    assert cache.placements.invalidated == 1 and cache.placements_shared
+    assert placements.matches(ids) == [("e2", len(ids))]
+    assert placements.invalidated == 1 and placements.answered_within(1.0)

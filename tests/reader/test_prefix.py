@@ -13,19 +13,22 @@ import subprocess
 import sys
 import zlib
 from collections import Counter
+from typing import Any, TypeVar
 
 import pytest
 
 from poller import prompt_of
 from poller.errors import ConfigError
-from poller.reader import LocalLoad, Picker
-from poller.reader.affinity import rank
-from poller.reader.outbox import ENTRY_MAX, OUT_MAX, entries
-from poller.reader.placements import Placements
-from poller.reader.prefix import BLOCK_BYTES, MAX_BLOCKS, block_ids
-from poller.reader.share import FleetLoad
-from poller.reader.table import MAX_HOLDERS, TOKENS_PER_BLOCK
+from poller.reader.legacy import Picker
+from poller.reader.load.fleet import FleetLoad
+from poller.reader.load.local import LocalLoad
+from poller.reader.prefix.blocks import BLOCK_BYTES, MAX_PROMPT_BLOCKS, block_ids
+from poller.reader.prefix.outbox import ENTRY_MAX, OUT_MAX, entry_placements
+from poller.reader.prefix.placements import Placements
+from poller.reader.prefix.table import MAX_HOLDERS, TOKENS_PER_BLOCK
+from poller.reader.routing.affinity import rank
 from tests.reader.test_pick import picks, timed, view_of
+from tests.support.routers import lasting, router_on
 
 
 class Clock:
@@ -70,20 +73,20 @@ def test_two_prompts_share_ids_exactly_as_far_as_they_share_a_prefix() -> None:
     assert a[:2] == b[:2] and all(x != y for x, y in zip(a[2:], b[2:], strict=True))
     assert block_ids(base, "m1") != block_ids(base, "m2")  # a cache is per model
     assert len(block_ids("é" * BLOCK_BYTES)) == 2  # UTF-8 bytes, not characters
-    assert len(block_ids("a" * BLOCK_BYTES * (MAX_BLOCKS + 5))) == MAX_BLOCKS
+    assert len(block_ids("a" * BLOCK_BYTES * (MAX_PROMPT_BLOCKS + 5))) == MAX_PROMPT_BLOCKS
     # past the limit in characters of several bytes: the same ids as the whole text's
-    huge = "é€" * (BLOCK_BYTES * MAX_BLOCKS // 2 + 7)
+    huge = "é€" * (BLOCK_BYTES * MAX_PROMPT_BLOCKS // 2 + 7)
     data = huge.encode()
-    ends = range(BLOCK_BYTES, BLOCK_BYTES * MAX_BLOCKS + 1, BLOCK_BYTES)
+    ends = range(BLOCK_BYTES, BLOCK_BYTES * MAX_PROMPT_BLOCKS + 1, BLOCK_BYTES)
     spec = [zlib.crc32(data[:e]) << 32 | zlib.adler32(data[:e]) for e in ends[-3:]]
-    assert len(block_ids(huge)) == MAX_BLOCKS and block_ids(huge)[-3:] == spec
+    assert len(block_ids(huge)) == MAX_PROMPT_BLOCKS and block_ids(huge)[-3:] == spec
 
 
 def test_block_ids_are_the_same_in_another_process() -> None:
     """Python's ``hash`` is salted per process; the ids must not be."""
     prompt = text(1000, seed=3)
     code = (
-        "import sys; from poller.reader.prefix import block_ids; "
+        "import sys; from poller.reader.prefix.blocks import block_ids; "
         "print(block_ids(sys.stdin.read(), 'org/model'))"
     )
     out = subprocess.run(
@@ -217,7 +220,7 @@ def test_a_block_in_use_never_ages_out_here_or_in_the_others_tables() -> None:
         clock.t = start + k
         if k % 30 == 0 and k <= 1200:
             a.record("e", hot, 8192 * TOKENS_PER_BLOCK)
-            b.absorb(["1-0", "1-0", a.outgoing()])
+            b.take_entries(["1-0", "1-0", a.take_outbox()])
         b.record("x", block_ids(text(BLOCK_BYTES, seed=10_000 + k)))  # b's own traffic
         held = (a.matches(hot), b.matches(hot))
         if k <= 1200:
@@ -236,12 +239,12 @@ def test_the_others_entries_age_from_when_they_were_written() -> None:
         block_ids(text(BLOCK_BYTES * 3, seed=21)),
     )
     writer.record("e", old)
-    old_body = writer.outgoing()
+    old_body = writer.take_outbox()
     writer.record("e", recent)
-    recent_body = writer.outgoing()
+    recent_body = writer.take_outbox()
     now_ms = 5_000_000
     reply = ["x", f"{now_ms - 700_000}-0", old_body, f"{now_ms - 590_000}-0", recent_body]
-    reader.absorb(reply, now_ms)
+    reader.take_entries(reply, now_ms)
     assert reader.matches(old) == [] and reader.matches(recent) == [("e", 3)]
     clock.t += 11  # past the 600 s since it was written
     assert reader.matches(recent) == []
@@ -302,7 +305,7 @@ def test_the_others_placements_are_judged_by_the_engine_s_capacity() -> None:
     prompts = [block_ids(text(BLOCK_BYTES * 10, seed=100 + i)) for i in range(31)]
     for ids in prompts:  # one prompt an exchange: 310 blocks, the first ones evicted
         a.record("e", ids, 128 * TOKENS_PER_BLOCK)
-        b.absorb(["1-0", "1-0", a.outgoing()])
+        b.take_entries(["1-0", "1-0", a.take_outbox()])
     assert a.matches(prompts[0]) == [] and b.matches(prompts[0]) == []
     assert a.matches(prompts[-1]) == b.matches(prompts[-1]) == [("e", 10)]
 
@@ -362,13 +365,13 @@ def test_what_one_table_sends_another_absorbs() -> None:
     ids = block_ids(text(BLOCK_BYTES * 5))
     a.record("e", ids)
     a.record("e", ids)  # held there already: nothing more to send
-    body = a.outgoing()
-    assert body.startswith("e ") and a.outgoing() == ""
+    body = a.take_outbox()
+    assert body.startswith("e ") and a.take_outbox() == ""
     assert a.ids_written == 5 and a.bytes_written == len(body)
-    b.absorb(["1-0", "1-0", body])
+    b.take_entries(["1-0", "1-0", body])
     assert b.matches(ids) == [("e", 5)] and b.last_id == "1-0" and b.ids_read == 5
-    a.unsent(body)  # the call that carried it failed: sent again next time
-    assert a.outgoing() == body
+    a.put_back(body)  # the call that carried it failed: sent again next time
+    assert a.take_outbox() == body
 
 
 def test_a_block_in_use_is_written_again_before_the_others_take_it_for_evicted() -> None:
@@ -383,9 +386,9 @@ def test_a_block_in_use_is_written_again_before_the_others_take_it_for_evicted()
     hot = block_ids(text(BLOCK_BYTES * 2, seed=99))
 
     def send() -> None:
-        body = a.outgoing()
+        body = a.take_outbox()
         if body:
-            b.absorb(["1-0", "1-0", body])
+            b.take_entries(["1-0", "1-0", body])
 
     b.record("e", [], capacity)  # B knows the engine's size from its own picks
     a.record("e", hot, capacity)
@@ -406,8 +409,8 @@ def test_the_queue_to_send_is_bounded_and_one_entry_carries_at_most_entry_max() 
         table.record(f"e{i % 3}", block_ids(text(BLOCK_BYTES * 100, seed=i)))
     assert table.dropped == (OUT_MAX // 100 + 5) * 100 - OUT_MAX
     sent = 0
-    while body := table.outgoing():
-        n = sum(len(ids) for _, ids in entries(body))
+    while body := table.take_outbox():
+        n = sum(len(ids) for _, ids in entry_placements(body))
         assert n <= ENTRY_MAX
         sent += n
     assert sent == OUT_MAX
@@ -423,25 +426,26 @@ def test_placements_not_written_within_the_hold_are_dropped_not_sent_late() -> N
     old, recent = block_ids(text(BLOCK_BYTES * 3, seed=1)), block_ids(text(BLOCK_BYTES * 2))
     a.record("e", old)
     now[0] = 100.0
-    a.unsent(a.outgoing())  # the call failed: back in the queue
+    a.put_back(a.take_outbox())  # the call failed: back in the queue
     now[0] = 120.0  # the next call: written
-    body = a.outgoing()
-    assert [(e, ids) for e, ids in entries(body)] == [("e", old)] and a.dropped == 0
-    a.unsent(body)
+    body = a.take_outbox()
+    assert [(e, ids) for e, ids in entry_placements(body)] == [("e", old)] and a.dropped == 0
+    a.put_back(body)
     for t in range(200, 3600, 100):  # an hour of outage: the exchange tries on
         now[0] = float(t)
-        a.unsent(a.outgoing())
+        a.put_back(a.take_outbox())
     now[0] = 3600.0
     a.record("e", recent)  # placed just now: written
-    assert [(e, ids) for e, ids in entries(a.outgoing())] == [("e", recent)]
-    assert a.dropped == 3 and a.outgoing() == ""
+    assert [(e, ids) for e, ids in entry_placements(a.take_outbox())] == [("e", recent)]
+    assert a.dropped == 3 and a.take_outbox() == ""
     b = Placements(clock=lambda: now[0])
-    b.absorb(["9-0", "3600000-0", body], now_ms=3_600_000)  # had it been sent late
+    b.take_entries(["9-0", "3600000-0", body], now_ms=3_600_000)  # had it been sent late
     assert b.matches(old) == [("e", 3)]  # it would have counted as new
 
 
 # --- the pick rule ---------------------------------------------------------------------------
 
+P = TypeVar("P", bound=Any)
 PROMPT = text(4000, seed=7)
 
 
@@ -503,9 +507,10 @@ def conversation(k: int) -> str:
     return PROMPT[:2000] + text(1500, seed=100 + k)
 
 
-def knows_head(picker: Picker, holders: str) -> Picker:
-    """``picker``'s placements after three other conversations went to ``holders`` in
-    turn: the system prompt is a head two of them went on from differently (a fork)."""
+def knows_head(picker: P, holders: str) -> P:
+    """``picker``'s (or a Router's) placements after three other conversations went to
+    ``holders`` in turn: the system prompt is a head two of them went on from
+    differently (a fork)."""
     for k in (1, 2, 3):
         picker.placements.record(holders[k % len(holders)], block_ids(conversation(-k), "m"))
     return picker
@@ -578,14 +583,16 @@ def test_a_replica_that_knows_itself_alone_keeps_the_rule_until_it_hears_another
     fleet = FleetLoad("g1", clock=clock)  # a frozen clock: the counts stay current
     fleet.attach(local)
     pages = dict.fromkeys("abcdef", (0, 999_500))
-    fleet.absorb([], pages, 0.0)
-    assert fleet.shared and fleet.peers == 0
-    view = view_of(*(timed(e, models="m") for e in "abcdef"), offset_ms=0.0)
-    picker = knows_head(Picker(rng=random.Random(6)), "ab")
-    assert picker.pick(view, "m", prompt=conversation(k1), local=local) in ("a", "b")
-    fleet.absorb(["g2", '1 {"c":[1,1,999500]}'], pages, 0.0)
+    fleet.take([], pages, 0.0)
+    assert fleet.answered_within(1.0) and fleet.peers == 0
+    view = view_of(*(timed(e, models="m") for e in "abcdef"))
+    router = knows_head(router_on(view, local=local, fleet=fleet, seed=6), "ab")
+    with router.pick("m", prompt=conversation(k1)) as ticket:
+        assert ticket.id in ("a", "b")
+    fleet.take(["g2", '1 {"c":[1,1,999500]}'], pages, 0.0)
     assert fleet.peers == 1
-    assert picker.pick(view, "m", prompt=conversation(k2), local=local) == tops[k2]
+    with router.pick("m", prompt=conversation(k2)) as ticket:
+        assert ticket.id == tops[k2]
 
 
 def test_the_hash_order_is_the_documented_one_weighted_by_capacity() -> None:
@@ -662,14 +669,12 @@ def test_no_prompt_is_todays_pick_bit_for_bit() -> None:
     assert a == b and len(two.placements) == 0
 
 
-def test_the_cache_keeps_the_placements_of_picks_on_it() -> None:
-    from tests.reader.test_pick import cache_of
-
-    cache = cache_of(*(timed(e, running="1", models="m") for e in "abc"))
-    picker = Picker(rng=random.Random(6))
-    chosen = picker.pick(cache, "m", prompt=PROMPT)
-    assert cache.placements.matches(block_ids(PROMPT, "m")) == [(chosen, 4000 // BLOCK_BYTES)]
-    assert len(picker.placements) == 0 and not cache.placements_shared
+def test_the_router_keeps_the_placements_of_its_picks() -> None:
+    router = router_on([timed(e, running="1", models="m") for e in "abc"], seed=6)
+    with router.pick("m", prompt=PROMPT) as ticket:
+        chosen = ticket.id
+    assert router.placements.matches(block_ids(PROMPT, "m")) == [(chosen, 4000 // BLOCK_BYTES)]
+    assert not router.placements_shared
 
 
 @pytest.mark.parametrize(
@@ -699,7 +704,7 @@ def test_prompts_that_match_nothing_choose_what_the_load_only_pick_chooses() -> 
 
     def run(prompted: bool) -> list[str | None]:
         rng = random.Random(21)
-        cache = cache_of(*(timed(f"e{i}", models="m") for i in range(12)))
+        cache = cache_of(*(lasting(timed(f"e{i}", models="m")) for i in range(12)))
 
         def update(endpoint_id: str, running: int) -> None:
             scraped = cache.now_ms()
@@ -710,20 +715,19 @@ def test_prompts_that_match_nothing_choose_what_the_load_only_pick_chooses() -> 
         for i in range(12):
             update(f"e{i}", i % 5)
         clock = Clock(100.0)
-        local = LocalLoad(clock)
-        picker = Picker(rng=random.Random(22))
+        router = router_on(cache, local=LocalLoad(clock), seed=22)
         chosen: list[str | None] = []
         for k in range(300):
             if k % 7 == 0:  # a stats update between picks: the index follows it
                 update(f"e{rng.randrange(12)}", rng.randrange(6))
             prompt = f"conversation {k:05d} " + PROMPT if prompted else None
-            endpoint_id = picker.pick(cache, "m", prompt=prompt, local=local)
-            chosen.append(endpoint_id)
+            ticket = router.pick("m", prompt=prompt)
+            chosen.append(None if ticket is None else ticket.id)
             clock.t += 0.01
-            if endpoint_id is not None and k % 2:
-                local.started(endpoint_id)
+            if ticket is not None and not k % 2:
+                ticket.done()  # every other one stays in flight
         if prompted:
-            assert len(cache.placements) == 300 * (len(PROMPT) // BLOCK_BYTES)
+            assert len(router.placements) == 300 * (len(PROMPT) // BLOCK_BYTES)
         return chosen
 
     load_only = run(prompted=False)

@@ -11,11 +11,11 @@ import redis.asyncio as aioredis
 from poller.config import RedisSettings
 from poller.errors import StoreUnreachable
 from poller.reader import StatsReader, SyncStatsReader
-from poller.reader.cache import ViewCache
-from poller.reader.pick import pick
-from poller.reader.protocol import Action, Protocol
-from poller.reader.replies import LazyEndpoints, build_view
+from poller.reader.legacy import pick
 from poller.reader.view import EndpointView, View
+from poller.reader.view.cache import ViewCache
+from poller.reader.view.decode import LazyEndpoints, build_view
+from poller.reader.view.follow import Action, FollowProtocol
 from poller.redis.connection import subscribe
 from poller.schema.endpoint import Endpoint
 from poller.schema.keys import SCHEMA_VERSION
@@ -277,7 +277,8 @@ async def test_cached_mode_follows_events_and_resyncs(
 ) -> None:
     t = await setup(rstore, "a", "b")
     reader = StatsReader(real_client, NS, resync_s=0.5)
-    async with reader.cached() as cache:
+    async with reader.router() as router:
+        cache = router.cache
         assert cache.healthy and sorted(cache.ids()) == ["a", "b"]
         a = cache.get("a")
         assert a is not None and a.state == "unknown"
@@ -349,7 +350,8 @@ async def test_cached_mode_survives_a_redis_restart(own_redis: RedisProcess) -> 
         NS,
         resync_s=0.3,
     )
-    async with reader.cached() as cache:
+    async with reader.router() as router:
+        cache = router.cache
         assert cache.get("a") is not None and cache.get("a").state == "fresh"  # type: ignore[union-attr]
         own_redis.stop()
         await wait_for(lambda: not cache.healthy)
@@ -390,7 +392,8 @@ def test_sync_reader(redis_server: RedisProcess) -> None:
         assert reader.live_pollers() == ["p1"]
         a = reader.get("a")
         assert a is not None and a.stats is not None and a.stats.running == 5
-        with reader.cached() as cache:
+        with reader.router() as router:
+            cache = router.cache
             assert cache.healthy and cache.get("a") is not None
 
             async def more() -> None:
@@ -419,7 +422,8 @@ async def test_snapshot_on_cluster(redis_cluster: RedisCluster) -> None:
         await write(store, "a", t["a"], running=4)
         view = await StatsReader(client, NS).snapshot()
         assert view["a"].state == "fresh" and view["b"].state == "unknown"
-        async with StatsReader(client, NS).cached() as cache:
+        async with StatsReader(client, NS).router() as router:
+            cache = router.cache
             await write(store, "b", t["b"], running=6)
             await wait_for(lambda: (e := cache.get("b")) is not None and e.state == "fresh")
     finally:
@@ -503,7 +507,8 @@ async def test_leaving_cached_never_hangs_under_load(redis_server: RedisProcess)
         )
         try:
             for i in range(6):
-                async with StatsReader(client, NS, resync_s=0.05).cached() as cache:
+                async with StatsReader(client, NS, resync_s=0.05).router() as router:
+                    cache = router.cache
                     await asyncio.sleep(0.01 * ((k + i) % 5))
                     assert cache.loaded
         finally:
@@ -556,7 +561,8 @@ async def test_cached_reader_applies_updates_without_reading(
     t = await setup(rstore, "a", "b")
     reader = StatsReader(real_client, NS, resync_s=60)
     calls = count_calls(reader)
-    async with reader.cached() as cache:
+    async with reader.router() as router:
+        cache = router.cache
         await wait_for(lambda: cache.loaded)  # entering waits 2 s at most: a loaded machine
         assert calls == {"snapshot": 1, "read": 0}
         for n in range(1, 21):
@@ -636,7 +642,8 @@ def test_sync_reader_follows_the_same_protocol(redis_server: RedisProcess) -> No
             time.sleep(0.01)
 
     try:
-        with reader.cached() as cache:
+        with reader.router() as router:
+            cache = router.cache
             until(lambda: cache.loaded)  # entering waits 2 s at most: a loaded machine
             assert calls == {"snapshot": 1, "read": 0}
 
@@ -672,7 +679,8 @@ def test_sync_reader_notices_a_frozen_redis(own_redis: RedisProcess) -> None:
     # A namespace a poller wrote (one without a schema key is never healthy).
     reader.client.set(reader.keys.schema, SCHEMA_VERSION)
     try:
-        with reader.cached() as cache:
+        with reader.router() as router:
+            cache = router.cache
             assert cache.healthy
             own_redis.pause()
             try:
@@ -704,8 +712,8 @@ def failure_update(endpoint_id: str, count: int, at_ms: int) -> str:
     return f"failure {endpoint_id} {count} {record}"
 
 
-def loaded_protocol() -> Protocol:
-    proto = Protocol(ViewCache(), resync_s=5.0, probe_s=1.0)
+def loaded_protocol() -> FollowProtocol:
+    proto = FollowProtocol(ViewCache(), resync_s=5.0, probe_s=1.0)
     stats = {"a": stats_update("a", 5, 10_000).split(" ", 3)[3]}
     view = View(10_000, 3, LazyEndpoints({"a": "{}", "b": "{}"}, stats, {}, 10_000))
     proto.loaded(view, now=100.0)
@@ -769,7 +777,8 @@ async def test_cached_reader_follows_updates_through_pubsub_when_it_has_no_feed(
     monkeypatch.setattr(module, "subscribe", counting)
     t = await setup(rstore, "a")
     await write(rstore, "a", t["a"], running=1)
-    async with reader.cached() as cache:
+    async with reader.router() as router:
+        cache = router.cache
         for running in (2, 3, 4):
             await write(rstore, "a", t["a"], running=running)
         await wait_for(
@@ -783,7 +792,7 @@ def test_protocol_says_cannot_reach_before_the_first_view_and_lost_after(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A reader that never read a view has not lost Redis: it never reached it."""
-    never = Protocol(ViewCache(), resync_s=5.0, probe_s=1.0)
+    never = FollowProtocol(ViewCache(), resync_s=5.0, probe_s=1.0)
     with caplog.at_level("WARNING", logger="poller.reader.protocol"):
         never.lost(StoreUnreachable("connection refused"))
         never.lost(StoreUnreachable("connection refused"))

@@ -59,7 +59,8 @@ async def fleet(url: str) -> None:
         await client.aclose()
 
 
-REQUESTS = [{"model": "m1"}] * 6 + [{"model": "m2"}] * 2 + [{"model": "no/such-model"}]
+REQUESTS = [{"model": "m1", "messages": [{"role": "user", "content": "hi " * 300}]}] * 6
+REQUESTS += [{"model": "m2"}] * 2 + [{"model": "no/such-model"}]
 
 
 def check(answers: list[tuple[int, Any]], sent: list[str]) -> None:
@@ -77,18 +78,30 @@ async def test_the_async_worked_example_runs(redis_server: RedisProcess) -> None
     namespace: dict[str, Any] = {}
     exec(compile(example("async"), str(DOC), "exec"), namespace)
     sent: list[str] = []
+    routers: list[Any] = []
+    handle = namespace["handle"]
+
+    async def seen(router: Any, body: Any, send: Any) -> Any:  # the example's own handle
+        routers.append(router)
+        return await handle(router, body, send)
+
+    namespace["handle"] = seen
 
     async def send(url: str, body: dict[str, str]) -> tuple[int, dict[str, str]]:
         sent.append(url)
         # the request is counted while it is served
-        assert namespace["local"].in_flight(target_of(url)) == 1
+        assert routers[-1].local.in_flight(target_of(url)) == 1
         await asyncio.sleep(0)
         return 200, {"model": body["model"]}
 
     answers = await namespace["gateway"](redis_server.url, REQUESTS, send)
     check(answers, sent)
     assert [target_of(url) for url in sent[6:]] == ["c", "c"]  # in order: the m2 requests
-    assert all(namespace["local"].in_flight(name) == 0 for name in URLS)
+    assert routers[-1].local.total() == 0  # every ticket ended
+    # The m1 requests carry one prompt: the first placed it, the rest followed it.
+    assert len({target_of(url) for url in sent[:6]}) == 1
+    assert "no endpoint can take 'no/such-model'" in answers[-1][1]["error"]["message"]
+    assert "no registered endpoint serves" in answers[-1][1]["error"]["message"]
 
 
 def target_of(url: str) -> str:
@@ -128,7 +141,7 @@ def test_the_readme_s_gateway_runs_as_written(redis_server: RedisProcess) -> Non
     assert "redis://redis:6379/0" in code and "meta-llama/Llama-3.1-8B-Instruct" in code
     code = code.replace("redis://redis:6379/0", redis_server.url)
     code = code.replace("meta-llama/Llama-3.1-8B-Instruct", "m1")
-    code = code.replace("...  # send", "picked.append(target)  # send")
+    code = code.replace("...  # send", "picked.append(ticket.id)  # send")
     asyncio.run(_flush_and_fill(redis_server.url))
     picked: list[str] = []
     namespace: dict[str, Any] = {"picked": picked}

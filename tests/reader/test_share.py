@@ -18,9 +18,13 @@ import time
 import pytest
 import redis
 
-from poller.reader import LocalLoad, Picker
-from poller.reader.share import PAGES, TTL_MS, FleetLoad, default_replica_id
+from poller.reader.exchange.exchange import Exchange
+from poller.reader.exchange.wire import TTL_MS
+from poller.reader.load.fleet import PAGES, FleetLoad, default_replica_id
+from poller.reader.load.local import LocalLoad
+from poller.reader.view.cache import ViewCache
 from tests.support.redisproc import RedisProcess
+from tests.support.routers import counted, router_on
 
 
 class Clock:
@@ -44,7 +48,7 @@ def test_one_gateway_counts_exactly_what_it_sent() -> None:
     local.finished("a", starts[1])
     local.started("a")
     pages = {"a": (4, 100_000), "b": (2, 100_000)}  # b: 2 from outside the gateways
-    fleet.absorb([], pages, 0.0)
+    fleet.take([], pages, 0.0)
     assert fleet.extra == {"a": 0, "b": 2}
     assert local.in_flight("a") == 3 and local.in_flight_at("a", 100.0) == 4
 
@@ -56,10 +60,10 @@ def test_peers_add_their_counts_and_the_page_only_what_they_did_not_send() -> No
     fleet.attach(local)
     local.started("a")
     peer = json.dumps({"a": [5, 4, 100_000]})
-    fleet.absorb(["g2", f"1 {peer}"], {"a": (7, 100_000)}, 0.0)
+    fleet.take(["g2", f"1 {peer}"], {"a": (7, 100_000)}, 0.0)
     # 7 on the page, of which 4 were g2's and 1 ours: 2 from outside; g2 has 5 now.
     assert fleet.extra == {"a": 2 + 5} and fleet.peers == 1
-    assert fleet.record({"a": (7, 100_000)}, 0.0) == '{"a":[1,1,100000]}'
+    assert fleet.own_field({"a": (7, 100_000)}, 0.0) == '{"a":[1,1,100000]}'
 
 
 def test_outside_load_counts_once_every_one_of_the_last_pages_shows_it() -> None:
@@ -70,7 +74,7 @@ def test_outside_load_counts_once_every_one_of_the_last_pages_shows_it() -> None
     fleet.attach(LocalLoad(clock=Clock()))
 
     def page(k: int, steady: int, burst: int = 0) -> float:
-        fleet.absorb([], {"a": (steady + burst, 100_000 + 1000 * k)}, 0.0)
+        fleet.take([], {"a": (steady + burst, 100_000 + 1000 * k)}, 0.0)
         return fleet.extra["a"]
 
     assert page(0, 0) == 0
@@ -93,7 +97,7 @@ def _pages_over(fleet: FleetLoad, local: LocalLoad, clock: Clock, lag_s: float) 
         scraped = 100.0 + k + 0.25
         shown = local.in_flight_at("a", scraped - lag_s)
         clock.t = 100.0 + k + 0.75
-        fleet.absorb([], {"a": (shown, int(scraped * 1000))}, 0.0)
+        fleet.take([], {"a": (shown, int(scraped * 1000))}, 0.0)
 
 
 def test_pages_are_current_while_they_show_what_the_gateways_had_in_flight() -> None:
@@ -112,9 +116,9 @@ def test_pages_are_current_while_they_show_what_the_gateways_had_in_flight() -> 
 def test_a_current_page_s_outside_requests_count_fading_with_the_request_time() -> None:
     """On current pages, what the newest page shows beyond the outside floor counts as
     ``exp(-age / the replica's request time)``; on lagging pages it does not count."""
-    from poller.reader.index import Slot
-    from poller.reader.scores import fleet_score
+    from poller.reader.routing.index import Slot
     from tests.reader.test_pick import timed
+    from tests.support.routers import fleet_score
 
     for lag_s in (0.0, 0.5):
         clock = Clock()
@@ -125,7 +129,7 @@ def test_a_current_page_s_outside_requests_count_fading_with_the_request_time() 
         assert local.request_s == pytest.approx(0.5)
         # The next page: 3 requests from outside the gateways, none of ours.
         clock.t = 141.0
-        fleet.absorb([], {"a": (3, 141_000)}, 0.0)
+        fleet.take([], {"a": (3, 141_000)}, 0.0)
         assert fleet.extra["a"] == 0  # the floor of the last pages: none steady
         slot = Slot("a", timed("a", running="3").stats, math.inf)  # weight 1
         for age_s in (0.0, 0.5, 2.0):
@@ -143,51 +147,56 @@ def test_the_picker_routes_on_the_fleet_as_the_oracle_would() -> None:
     fleet = FleetLoad("g1", clock=clock)  # answered at clock.t: shared as long as it stands
     fleet.attach(local)
     # Pages a second old say "a" is empty and "b" busy; the fleet knows better.
-    view = view_of(timed("a", running="0"), timed("b", running="6"), offset_ms=0.0)
-    fleet.absorb(["g2", '1 {"a":[6,0,999500]}'], {"a": (0, 999_500), "b": (6, 999_500)}, 0.0)
+    view = view_of(timed("a", running="0"), timed("b", running="6"))
+    fleet.take(["g2", '1 {"a":[6,0,999500]}'], {"a": (0, 999_500), "b": (6, 999_500)}, 0.0)
     fleet.extra["b"] = 0  # b's requests all ended since its page
-    picker = Picker(rng=__import__("random").Random(1))
-    assert {picker.pick(view, local=local) for _ in range(20)} == {"b"}
+    router = router_on(view, local=local, fleet=fleet)
+    assert set(counted(router, 20)) == {"b"}
 
 
-def test_a_load_moves_to_the_fleet_of_the_cache_it_is_picked_on() -> None:
-    """A replica's ``LocalLoad`` picked on a cache reopened since (a reconnect, an
-    integration's new event loop) is published by the new cache's fleet, no longer by
-    the old one's."""
-    from poller.reader.cache import ViewCache
-    from poller.reader.scores import fleet_of
-
+def test_a_load_moves_to_the_fleet_it_is_attached_to_last() -> None:
+    """A ``LocalLoad`` attached to a new fleet (a Router opened anew by an integration's
+    new event loop) and detached from the old one is published by the new one only,
+    and wakes the new one's exchange."""
     local = LocalLoad(clock=Clock())
-    old, new = ViewCache(), ViewCache()
-    old.fleet, new.fleet = FleetLoad("g1"), FleetLoad("g1")
-    assert fleet_of(old, local) is old.fleet and local.fleet is old.fleet
+    old, new = FleetLoad("g1"), FleetLoad("g1")
+    old.attach(local)
+    woken: list[str] = []
+    old.waker, new.waker = (lambda: woken.append("old")), (lambda: woken.append("new"))
     local.started("a")
-    assert old.fleet.record({}, 0.0) != ""
-    assert fleet_of(new, local) is new.fleet and local.fleet is new.fleet
-    assert new.fleet.record({}, 0.0) == '{"a":[1,0,0]}'  # 1 now, none at no page
-    assert old.fleet.record({}, 0.0) == ""  # left: nothing of ours published there
-    assert fleet_of(new, local) is new.fleet  # stays
+    assert old.own_field({}, 0.0) != "" and woken == ["old"]
+    new.attach(local)
+    old.detach(local)
+    local.take_changed()
+    local.started("a")
+    assert woken == ["old", "new"]  # the new one's exchange publishes the change
+    assert new.own_field({}, 0.0) == '{"a":[2,0,0]}'  # 2 now, none at no page
+    assert old.own_field({}, 0.0) == ""  # left: nothing of ours published there
+    assert old.holds(local) is False and new.holds(local)
 
 
 def test_redis_lost_leaves_the_others_counts_out_of_the_load() -> None:
     """The exchange unanswered for ``LOST_AFTER_MS``: a pick counts this replica's own
     requests and the pages' outside traffic, not the others' counts, which may be
     seconds old by then (a threaded reader's call can block for its socket timeout)."""
-    from poller.reader.index import Slot
-    from poller.reader.scores import fleet_score
-    from poller.reader.share import LOST_AFTER_MS
+    from poller.reader.exchange.wire import LOST_AFTER_MS
+    from poller.reader.routing.index import Slot
     from tests.reader.test_pick import timed
+    from tests.support.routers import fleet_score
 
     clock = Clock()
     local = LocalLoad(clock=clock)
     fleet = FleetLoad("g1", clock=clock)
     fleet.attach(local)
     local.started("a")
-    fleet.absorb(["g2", '1 {"a":[4,4,100000]}'], {"a": (7, 100_000)}, 0.0)
+    fleet.take(["g2", '1 {"a":[4,4,100000]}'], {"a": (7, 100_000)}, 0.0)
     slot = Slot("a", timed("a", running="7").stats, math.inf)  # weight 1
-    assert fleet.shared and fleet_score(local, fleet)(slot)[0] == 2 + 4 + 1 + 1
-    clock.t += LOST_AFTER_MS / 1000 + 0.001  # no answer since
-    assert not fleet.shared and fleet_score(local, fleet)(slot)[0] == 2 + 1 + 1
+    lost_after_s = LOST_AFTER_MS / 1000
+    assert fleet.answered_within(lost_after_s)
+    assert fleet_score(local, fleet)(slot)[0] == 2 + 4 + 1 + 1
+    clock.t += lost_after_s + 0.001  # no answer since
+    assert not fleet.answered_within(lost_after_s)
+    assert fleet_score(local, fleet)(slot)[0] == 2 + 1 + 1
 
 
 def test_identity_is_chosen_and_can_be_set() -> None:
@@ -197,24 +206,24 @@ def test_identity_is_chosen_and_can_be_set() -> None:
 
 
 def test_an_unchanged_record_is_written_only_before_it_expires() -> None:
-    fleet = FleetLoad("g1")
-    assert fleet.outgoing("", 0) == ""  # nothing in flight, nothing written
-    assert fleet.outgoing("x", 0) == "x"
-    assert fleet.outgoing("x", 100) == ""
-    assert fleet.outgoing("x", TTL_MS) == "x"  # refreshed before it expires
-    assert fleet.outgoing("", TTL_MS + 1) == "-"  # emptied: deleted once
-    assert fleet.outgoing("", TTL_MS + 2) == ""
+    exchange = Exchange(_Script(Clock(), 1, [None]), "P:gw", ViewCache(), FleetLoad("g1"))
+    assert exchange._outgoing("", 0) == ""  # nothing in flight, nothing written
+    assert exchange._outgoing("x", 0) == "x"
+    assert exchange._outgoing("x", 100) == ""
+    assert exchange._outgoing("x", TTL_MS) == "x"  # refreshed before it expires
+    assert exchange._outgoing("", TTL_MS + 1) == "-"  # emptied: deleted once
+    assert exchange._outgoing("", TTL_MS + 2) == ""
 
 
 _REPLICA = """
 import asyncio, sys
-from poller.reader import LocalLoad, StatsReader
+from poller.reader import StatsReader
+from poller.reader.load.local import LocalLoad
 
 async def main() -> None:
     reader = StatsReader.from_url(sys.argv[1], sys.argv[2])
-    async with reader.cached(replica_id="doomed") as cache:
-        local = LocalLoad()
-        cache.fleet.attach(local)
+    async with reader.router(replica_id="doomed") as router:
+        local = router.local
         held = []
         while True:  # a busy gateway: a request starts every 20 ms, each lasts 100 ms
             held.append(local.started("a"))
@@ -241,10 +250,9 @@ async def test_a_killed_replica_leaves_the_view_within_a_second(
         sys.executable, "-c", _REPLICA, redis_server.url, "share", stdout=subprocess.PIPE
     )
     try:
-        async with reader.cached(replica_id="survivor") as cache:
-            fleet = cache.fleet
+        async with reader.router(replica_id="survivor") as router:
+            fleet = router.fleet
             assert fleet is not None
-            fleet.attach(LocalLoad())
             assert proc.stdout is not None and await proc.stdout.readline() == b"busy\n"
             await until(lambda: fleet.peer_in_flight("a") > 0, 60, "the replica's requests")
             proc.send_signal(signal.SIGKILL)
@@ -263,21 +271,20 @@ async def test_a_killed_replica_leaves_the_view_within_a_second(
         await reader.aclose()
 
 
-def test_redis_lost_means_local_counts_and_the_cache_says_so() -> None:
-    from poller.reader.cache import ViewCache
+def test_redis_lost_means_local_counts_and_the_router_says_so() -> None:
+    from poller.reader.routing.options import RoutingOptions
 
-    cache = ViewCache()
-    assert not cache.load_shared  # no sharing at all
-    cache.fleet = FleetLoad("g1")
-    assert not cache.load_shared  # never exchanged
-    cache.fleet.absorb([], {}, 0.0)
-    assert cache.load_shared
-    cache.fleet.absorb(["g2", '1 {"a":[3,0,0]}'], {"a": (0, 0)}, 0.0, shared=False)
-    assert cache.fleet.peer_in_flight("a") == 0  # the peers' counts are dropped at once
+    assert not router_on([], RoutingOptions(share=False)).load_shared  # no sharing at all
+    router = router_on([])
+    assert router.fleet is not None and not router.load_shared  # never exchanged
+    router.fleet.take([], {}, 0.0)
+    assert router.load_shared
+    router.fleet.take(["g2", '1 {"a":[3,0,0]}'], {"a": (0, 0)}, 0.0, shared=False)
+    assert router.fleet.peer_in_flight("a") == 0  # the peers' counts are dropped at once
 
 
 async def test_two_cached_readers_see_each_others_requests(redis_server: RedisProcess) -> None:
-    """The whole exchange, as two gateway replicas run it (``cached()``, both flavours):
+    """The whole exchange, as two gateway replicas run it (``router()``, both flavours):
     a request one replica has in flight is in the other's view, and leaves it when it
     ends."""
     from poller.reader import StatsReader, SyncStatsReader
@@ -285,13 +292,11 @@ async def test_two_cached_readers_see_each_others_requests(redis_server: RedisPr
 
     a = StatsReader.from_url(redis_server.url, "share")
     b = SyncStatsReader.from_url(redis_server.url, "share")
-    async with a.cached(replica_id="gw-a") as cache_a:
-        with b.cached(replica_id="gw-b") as cache_b:
-            assert cache_a.fleet is not None and cache_b.fleet is not None
-            fleet_a, fleet_b = cache_a.fleet, cache_b.fleet
-            local_a, local_b = LocalLoad(), LocalLoad()
-            fleet_a.attach(local_a)
-            fleet_b.attach(local_b)
+    async with a.router(replica_id="gw-a") as router_a:
+        with b.router(replica_id="gw-b") as router_b:
+            assert router_a.fleet is not None and router_b.fleet is not None
+            fleet_a, fleet_b = router_a.fleet, router_b.fleet
+            local_a, local_b = router_a.local, router_b.local
             started = local_a.started("e1")
             await until(lambda: fleet_b.peer_in_flight("e1") == 1, 30, "a's request in b")
             assert fleet_b.peers == 1 and fleet_a.peer_in_flight("e1") == 0
@@ -308,26 +313,25 @@ def test_a_large_bag_on_the_fleet_estimate_skips_full_engines_and_favours_idle_o
     """More than ``SCAN_MAX`` candidates: two weighted draws over the bags as they are (no
     list built per pick). An engine saturated by its page's ``waiting`` stays open on the
     fleet's estimate, one whose KV cache is full does not."""
-    import random
 
-    from poller.reader.picker import SCAN_MAX
-    from tests.reader.test_pick import picks, timed, view_of
+    from poller.reader.routing.draw import SCAN_MAX
+    from tests.reader.test_pick import timed, view_of
 
     n = SCAN_MAX + 8
     full = [timed(f"full-{i}", kv_cache_usage="0.99") for i in range(n)]
     queued = [timed(f"queued-{i}", waiting="10", kv_cache_usage="0.1") for i in range(n)]
-    view = view_of(*full, *queued, offset_ms=0.0)
     local = LocalLoad(clock=Clock())
     fleet = FleetLoad("g1")
-    fleet.attach(local)
+    fleet.take([], {}, 0.0)  # the others' counts current (none): the extra below is read
     fleet.extra = fleet.outside = {f"queued-{i}": (50.0 if i % 2 else 0.0) for i in range(n)}
-    chosen = picks(Picker(rng=random.Random(5)), view, 400, local=local)
+    router = router_on(view_of(*full, *queued), local=local, fleet=fleet, seed=5)
+    chosen = counted(router, 400)
     assert all(str(e).startswith("queued-") for e in chosen), chosen
     idle = sum(c for e, c in chosen.items() if int(str(e).split("-")[1]) % 2 == 0)
     assert idle >= 0.6 * 400, chosen  # the better of two: about 3 in 4
     # Only full engines left: the least loaded of them (when_saturated="least_loaded").
-    only_full = view_of(*full, offset_ms=0.0)
-    assert all(str(e).startswith("full-") for e in picks(Picker(), only_full, 50, local=local))
+    only_full = router_on(view_of(*full), local=local, fleet=fleet)
+    assert all(str(e).startswith("full-") for e in counted(only_full, 50))
 
 
 def test_an_exchange_that_works_on_what_changed_agrees_with_one_that_works_on_all() -> None:
@@ -362,9 +366,9 @@ def test_an_exchange_that_works_on_what_changed_agrees_with_one_that_works_on_al
         steady = json.dumps({"e1": [1, 0, 0]})  # g3's never change
         fields = ["g3", f"1 {steady}"] + (["g2", f"1 {json.dumps(peer)}"] if step % 7 else [])
         changed |= local.take_changed()
-        assert part.record(pages, 0.0, changed if step else None) == whole.record(pages, 0.0)
-        whole.absorb(fields, pages, 0.0)
-        part.absorb(fields, pages, 0.0, changed=changed if step else None)
+        assert part.own_field(pages, 0.0, changed if step else None) == whole.own_field(pages, 0.0)
+        whole.take(fields, pages, 0.0)
+        part.take(fields, pages, 0.0, changed=changed if step else None)
         assert part.extra == whole.extra, step
         assert part.peers == whole.peers
 
@@ -392,11 +396,11 @@ class _Script:
 def _run_busy(script: _Script, clock: Clock, seconds: float, *, listening: bool) -> None:
     """The threaded exchange loop on ``clock`` for ``seconds``, a request starting every
     millisecond of it (each a change to publish)."""
-    from poller.reader.cache import ViewCache
-    from poller.reader.exchange import Exchange
+    from poller.reader.exchange.exchange import Exchange
+    from poller.reader.view.cache import ViewCache
 
     cache = ViewCache()
-    fleet = cache.fleet = FleetLoad("g1")
+    fleet = FleetLoad("g1")
     local = LocalLoad(clock=clock)
     fleet.attach(local)
     exchange = Exchange(script, "P:gateways:inflight", cache, fleet, clock=clock)
@@ -422,8 +426,8 @@ async def test_an_exchange_whose_cancel_a_call_swallowed_still_ends() -> None:
     """Python 3.11: a library's wait_for that meets a cancel may swallow it. The loop
     must end anyway, or ``asyncio.run`` (which cancels a leftover task once, then waits
     for it) never returns."""
-    from poller.reader.cache import ViewCache
-    from poller.reader.exchange import Exchange
+    from poller.reader.exchange.exchange import Exchange
+    from poller.reader.view.cache import ViewCache
 
     called = asyncio.Event()
 
@@ -440,7 +444,7 @@ async def test_an_exchange_whose_cancel_a_call_swallowed_still_ends() -> None:
             raise redis.ConnectionError("away")
 
     cache = ViewCache()
-    fleet = cache.fleet = FleetLoad("g1")
+    fleet = FleetLoad("g1")
     local = LocalLoad()
     fleet.attach(local)
     local.started("a")
@@ -464,8 +468,8 @@ def test_the_exchange_makes_at_most_20_commands_in_any_second_on_every_path() ->
     """A request starting every millisecond, Redis answering, away or refusing: the
     pacer lets at most ``BURST + RATE_PER_S`` = 20 calls into any second, and waits
     ``RETRY_S`` after a failure, ``REFUSED_RETRY_S`` after a refusal."""
-    from poller.reader.pacer import BURST, RATE_PER_S
-    from poller.reader.share import REFUSED_RETRY_S, RETRY_S
+    from poller.reader.exchange.pacer import BURST, RATE_PER_S
+    from poller.reader.exchange.wire import REFUSED_RETRY_S, RETRY_S
 
     assert BURST + RATE_PER_S <= 20
     clock = Clock()
@@ -493,12 +497,12 @@ def test_a_call_that_cannot_be_prepared_is_said_once_and_the_loop_goes_on(
 ) -> None:
     """Working out a call fails (a bug): one WARNING, a retry ``RETRY_S`` later, and
     the calls after it go out; the loop never ends on it."""
-    from poller.reader.share import RETRY_S
+    from poller.reader.exchange.wire import RETRY_S
 
     clock = Clock()
     script = _Script(clock, 2, [None])
     failures = iter([True, True, True])
-    record = FleetLoad.record
+    record = FleetLoad.own_field
 
     def flaky(self: FleetLoad, *args: object, **kw: object) -> str:
         if next(failures, False):
@@ -506,11 +510,11 @@ def test_a_call_that_cannot_be_prepared_is_said_once_and_the_loop_goes_on(
         return record(self, *args, **kw)  # type: ignore[arg-type]
 
     with caplog.at_level("WARNING", logger="poller.reader.exchange"):
-        orig, FleetLoad.record = FleetLoad.record, flaky  # type: ignore[method-assign]
+        orig, FleetLoad.own_field = FleetLoad.own_field, flaky  # type: ignore[method-assign]
         try:
             _run_busy(script, clock, 5.0, listening=True)
         finally:
-            FleetLoad.record = orig  # type: ignore[method-assign]
+            FleetLoad.own_field = orig  # type: ignore[method-assign]
     said = [r for r in caplog.records if "could not prepare" in r.getMessage()]
     assert len(said) == 1
     assert script.at and script.at[0] >= 100.0 + 3 * RETRY_S - 1e-9
@@ -521,7 +525,7 @@ def test_a_replica_nobody_listens_to_calls_at_the_floor_only() -> None:
     """Our publish reached only ourselves and no other replica has a field: changes go
     out with the next floor call (every ``FLOOR_S``), not at once; with no subscription
     at all the others' writes are read at the pacer's rate instead."""
-    from poller.reader.pacer import FLOOR_S, RATE_PER_S
+    from poller.reader.exchange.pacer import FLOOR_S, RATE_PER_S
 
     clock = Clock()
     alone = _Script(clock, 1, [None])
@@ -561,14 +565,14 @@ def test_pushed_writes_and_read_fields_merge_newest_first() -> None:
     fleet.hear(['1900 {"a":[9,9,0]} g2', '2000 {"a":[1,1,0]} g1'], pages, 0.0, 1000)
     assert fleet.peer_in_flight("a") == 3  # older than held; our own echo ignored
     # A read sent at 9 s, before the message was heard: g2's field there is older.
-    fleet.absorb(["g2", '1950 {"a":[5,5,0]}'], pages, 0.0, asked_at=9.0)
+    fleet.take(["g2", '1950 {"a":[5,5,0]}'], pages, 0.0, asked_at=9.0)
     assert fleet.peer_in_flight("a") == 3
     # Sent at 11 s, after: the read is newer (the same ms included).
-    fleet.absorb(["g2", '2000 {"a":[4,4,0]}'], pages, 0.0, asked_at=11.0)
+    fleet.take(["g2", '2000 {"a":[4,4,0]}'], pages, 0.0, asked_at=11.0)
     assert fleet.peer_in_flight("a") == 4
     fleet.hear(["2100 - g2"], pages, 0.0, 1000, heard_at=12.0)  # nothing in flight now
     assert fleet.peer_in_flight("a") == 0 and fleet.peers == 0
-    fleet.absorb(["g2", '2000 {"a":[4,4,0]}'], pages, 0.0, asked_at=11.5)  # crossed it
+    fleet.take(["g2", '2000 {"a":[4,4,0]}'], pages, 0.0, asked_at=11.5)  # crossed it
     assert fleet.peer_in_flight("a") == 0
     fleet.hear(['2200 {"a":[2,2,0]} g3 with spaces'], pages, 0.0, 1000, heard_at=13.0)
     assert fleet.peer_in_flight("a") == 2 and fleet.next_expiry_ms() == 2100
@@ -585,8 +589,8 @@ def test_a_field_nested_past_the_stack_is_skipped_not_fatal() -> None:
     fleet.attach(LocalLoad(clock=Clock()))
     pages = {"a": (0, 0)}
     deep = '{"a":' + "[" * 5000 + "]" * 5000 + "}"
-    fleet.absorb(["g2", '9000 {"a":[2,0,0]}', "g3", f"9000 {deep}"], pages, 0.0, asked_at=1.0)
-    assert fleet.peer_in_flight("a") == 2 and fleet.shared
+    fleet.take(["g2", '9000 {"a":[2,0,0]}', "g3", f"9000 {deep}"], pages, 0.0, asked_at=1.0)
+    assert fleet.peer_in_flight("a") == 2 and fleet.answered_within(1.0)
     fleet.hear([f"9100 {deep} g3", '9100 {"a":[5,0,0]} g4'], pages, 0.0, 1000, heard_at=2.0)
     assert fleet.peer_in_flight("a") == 2 + 5
 
@@ -597,8 +601,8 @@ def test_a_user_who_may_not_publish_shares_by_reading(caplog: pytest.LogCaptureF
     (shared), publishes no more, and says so once."""
     import logging
 
-    from poller.reader.cache import ViewCache
-    from poller.reader.exchange import Exchange
+    from poller.reader.exchange.exchange import Exchange
+    from poller.reader.view.cache import ViewCache
 
     clock = Clock()
 
@@ -614,7 +618,7 @@ def test_a_user_who_may_not_publish_shares_by_reading(caplog: pytest.LogCaptureF
             return call
 
     cache = ViewCache()
-    fleet = cache.fleet = FleetLoad("g1")
+    fleet = FleetLoad("g1")
     exchange = Exchange(Client(), "P:gateways:inflight", cache, fleet, clock=clock)
     with caplog.at_level(logging.WARNING, logger="poller.reader.exchange"):
         for _ in range(4):
@@ -624,7 +628,7 @@ def test_a_user_who_may_not_publish_shares_by_reading(caplog: pytest.LogCaptureF
             except Exception as exc:
                 exchange.failed(exc, pages)
             clock.t += 1.0
-    assert not exchange.publish and cache.load_shared and fleet.peer_in_flight("a") == 2
+    assert not exchange.publish and fleet.answered_within(1.0) and fleet.peer_in_flight("a") == 2
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "refused the gateway's user the channel" in said[0], said
 
@@ -633,10 +637,10 @@ def test_a_page_taken_in_between_calls_still_reaches_our_record() -> None:
     """The loop takes in a new page (``listen``) before the next call writes our
     record: the record carries that page's scraped_at_ms and our count at it, so the
     other replicas can tell which of our requests the page already shows."""
-    from poller.reader.cache import ViewCache
-    from poller.reader.exchange import Exchange
-    from poller.reader.replies import LazyEndpoints
+    from poller.reader.exchange.exchange import Exchange
     from poller.reader.view import View
+    from poller.reader.view.cache import ViewCache
+    from poller.reader.view.decode import LazyEndpoints
 
     def record(scraped_ms: int, running: int) -> str:
         fields = {
@@ -657,7 +661,7 @@ def test_a_page_taken_in_between_calls_still_reaches_our_record() -> None:
     cache = ViewCache(stale_after_ms=3_600_000)
     cache.load(View(now, 1, LazyEndpoints({"a": "{}"}, {"a": record(now, 0)}, {}, now)))
     cache._offset_ms = now - (clock.t - 0.5) * 1000  # the page was scraped 0.5 s ago
-    fleet = cache.fleet = FleetLoad("g1")
+    fleet = FleetLoad("g1")
     local = LocalLoad(clock=clock)
     fleet.attach(local)
     written: list[str] = []
@@ -691,14 +695,13 @@ def test_only_redis_refusing_the_channel_drops_it_from_the_subscription() -> Non
     """A subscription refused for its channels (Redis 7.0 says "one of the channels",
     7.2 names it) goes on without the gateways' channel; any other refusal is not the
     channel's, whatever our own message around it says."""
-    from poller.reader.cache import ViewCache
-    from poller.reader.exchange import Exchange
+    from poller.reader.exchange.exchange import Exchange
+    from poller.reader.view.cache import ViewCache
     from poller.redis.errors import reply_error
 
     def exchange() -> Exchange:
         cache = ViewCache()
-        cache.fleet = FleetLoad("g1")
-        return Exchange(_Script(Clock(), 1, [None]), "P:gateways:inflight", cache, cache.fleet)
+        return Exchange(_Script(Clock(), 1, [None]), "P:gateways:inflight", cache, FleetLoad("g1"))
 
     refusals = [
         "NOPERM this user has no permissions to access one of the channels used as arguments",
@@ -738,5 +741,5 @@ def test_counts_out_of_range_are_skipped_never_fatal() -> None:
     ]
     fleet.hear(bad, pages, 0.0, 1000, heard_at=1.0)
     assert fleet.peer_in_flight("a") == 0 and fleet.peer_in_flight("b") == 2
-    fleet.absorb(["g8", f'2000 {{"a":[{huge},1,0]}}', "g9", '2000 {"a":[3,3,0]}'], pages, 0.0)
+    fleet.take(["g8", f'2000 {{"a":[{huge},1,0]}}', "g9", '2000 {"a":[3,3,0]}'], pages, 0.0)
     assert fleet.peer_in_flight("a") == 3 and math.isfinite(fleet.extra["a"])

@@ -1,4 +1,4 @@
-"""The block table (poller/reader/table.py) when it changes between a pick's lookup and
+"""The block table (poller/reader/prefix/table.py) when it changes between a pick's lookup and
 its use, when it starts over, and given more than it may hold; and an engine whose page
 shows no capacity, judged alike by every replica."""
 
@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import random
 
-from poller.reader import Picker
-from poller.reader.carry import Carrier
-from poller.reader.outbox import pack
-from poller.reader.placements import Placements
-from poller.reader.prefix import block_ids
-from poller.reader.table import DEFAULT_CAPACITY_TOKENS, MAX_ENDPOINTS, TOKENS_PER_BLOCK
+from poller.reader.exchange.carrier import Carrier
+from poller.reader.legacy import Picker
+from poller.reader.prefix.blocks import block_ids
+from poller.reader.prefix.outbox import pack
+from poller.reader.prefix.placements import Placements
+from poller.reader.prefix.table import DEFAULT_CAPACITY_TOKENS, MAX_ENDPOINTS, TOKENS_PER_BLOCK
 from tests.reader.test_pick import timed, view_of
 
 PROMPT = "x" * 4000
@@ -28,7 +28,7 @@ def test_a_placement_absorbed_between_a_lookup_and_its_record_is_kept() -> None:
     table = Placements()
     table.record("a", ids, 65536)
     held = table.lookup(ids)  # a pick's lookup (no lock) ...
-    table.absorb(["1-0", "1-0", "b " + pack(ids)])  # ... the exchange's absorb meanwhile
+    table.take_entries(["1-0", "1-0", "b " + pack(ids)])  # ... the exchange's absorb meanwhile
     table.record("c", ids, 65536, held)  # the pick's record with its lookup
     assert dict(table.matches(ids)) == {"a": 3, "b": 3, "c": 3}
 
@@ -49,7 +49,7 @@ def test_a_lookup_made_before_the_table_started_over_is_read_again() -> None:
     ids = block_ids(PROMPT, "m")
     table.record("a", ids)
     held = table.lookup(ids)
-    table.absorb(["1-0", "1-0", "peer-new " + pack([99])])  # one endpoint too many
+    table.take_entries(["1-0", "1-0", "peer-new " + pack([99])])  # one endpoint too many
     assert table.matches(ids, found=held) == []  # forgotten, as the start-over says
 
 
@@ -75,7 +75,9 @@ def test_one_entry_never_takes_the_table_past_its_blocks() -> None:
     table = Placements(max_blocks=1000)
     rng = random.Random(1)
     for name in ("e", "f", "g"):
-        table.absorb(["1-0", "1-0", f"{name} " + pack([rng.getrandbits(63) for _ in range(700)])])
+        table.take_entries(
+            ["1-0", "1-0", f"{name} " + pack([rng.getrandbits(63) for _ in range(700)])]
+        )
         assert len(table) <= 1000
     table.record("h", [rng.getrandbits(63) for _ in range(900)])
     assert len(table) <= 1000
@@ -93,12 +95,12 @@ def test_an_engine_without_a_capacity_is_judged_alike_by_the_replica_that_sent()
     reader = Placements()
     carrier = Carrier(reader, "k")
     for endpoint_id in ("a", "u"):
-        carrier.observe(endpoint_id, view.get(endpoint_id))
+        carrier.take_page(endpoint_id, view.get(endpoint_id))
     blocks = DEFAULT_CAPACITY_TOKENS // TOKENS_PER_BLOCK
     prompts = [f"{i} " + "y" * 5200 for i in range(blocks // 10 + 2)]  # 10 blocks each
     for prompt in prompts:
         assert picker.pick(view, "m", prompt=prompt, candidates=["u"]) == "u"
-        reader.absorb(["1-0", "1-0", picker.placements.outgoing()])
+        reader.take_entries(["1-0", "1-0", picker.placements.take_outbox()])
     for prompt in (prompts[0], prompts[1], prompts[-1]):
         ids = block_ids(prompt, "m")
         assert picker.placements.matches(ids) == reader.matches(ids)

@@ -233,7 +233,8 @@ async def test_a_reader_from_the_document_agrees_with_stats_reader(
         )  # fmt: skip
         assert result.accepted
 
-    async with StatsReader(client, NS).cached() as cache:
+    async with StatsReader(client, NS).router() as router:
+        cache = router.cache
         deadline = time.monotonic() + 30
         while doc_reader.rev < 0:  # the document reader has subscribed and snapshot
             assert time.monotonic() < deadline, "the document reader never took its snapshot"

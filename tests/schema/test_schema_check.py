@@ -55,7 +55,7 @@ async def test_a_reader_refuses_another_schema_naming_both_versions(
             assert "Redis holds schema 2, this reader reads 1" in str(caught.value)
             assert (caught.value.found, caught.value.expected) == ("2", "1")
         with pytest.raises(SchemaMismatch, match="holds schema 2"):
-            async with reader.cached():
+            async with reader.router():
                 pytest.fail("a cached reader of another schema must not start")
     finally:
         await client.aclose()
@@ -69,10 +69,11 @@ def test_the_sync_reader_refuses_too(redis_server: RedisProcess, holding) -> Non
             with pytest.raises(SchemaMismatch, match="Redis holds schema 2, this reader reads 1"):
                 call()
         with pytest.raises(SchemaMismatch, match="holds schema 2"):
-            with reader.cached():
+            with reader.router():
                 pytest.fail("a cached reader of another schema must not start")
         holding("1")
-        with reader.cached() as cache:
+        with reader.router() as router:
+            cache = router.cache
             assert cache.healthy and cache.ids() == ["a"]
     finally:
         reader.close()
@@ -81,8 +82,8 @@ def test_the_sync_reader_refuses_too(redis_server: RedisProcess, holding) -> Non
 async def test_a_running_cache_that_meets_another_schema_says_so_and_stops_being_fresh(
     redis_server: RedisProcess, holding, caplog: pytest.LogCaptureFixture
 ) -> None:  # type: ignore[no-untyped-def]
-    from poller.reader.protocol import Protocol
-    from poller.reader.replies import build_view
+    from poller.reader.view.decode import build_view
+    from poller.reader.view.follow import FollowProtocol
 
     holding("1")
     client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
@@ -90,12 +91,12 @@ async def test_a_running_cache_that_meets_another_schema_says_so_and_stops_being
         view = await StatsReader(client, NS).snapshot()
     finally:
         await client.aclose()
-    proto = Protocol(ViewCache())
+    proto = FollowProtocol(ViewCache())
     proto.loaded(view, 0.0)
     reply = [1, 0, "1", 0, [], [], [], "epoch", "2"]
     with pytest.raises(SchemaMismatch) as caught:
         build_view(reply)
-    with caplog.at_level(logging.ERROR, logger="poller.reader.protocol"):
+    with caplog.at_level(logging.ERROR, logger="poller.reader.view.follow"):
         proto.lost(caught.value)
     assert not proto.cache.healthy and proto.error is caught.value
     assert "cannot read this Redis" in caplog.text and "holds schema 2" in caplog.text

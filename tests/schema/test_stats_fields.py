@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from poller.reader import StatsReader
-from poller.reader.view import _fields
+from poller.reader.view.records import _fields
 from poller.redis.connection import subscribe
 from poller.schema.endpoint import Endpoint
 from poller.schema.records import STATS_HEADER, parse_update, split
@@ -150,7 +150,8 @@ async def test_a_cached_reader_gets_them_from_the_update_feed(real_client: aiore
     await store.put_endpoint(Endpoint(id="a", url="http://127.0.0.1:9"))
     (acquired,) = await store.acquire_leases("p1", ["a"], 10_000)
     assert acquired.token is not None
-    async with StatsReader(real_client, NS + "-cached", resync_s=60).cached() as cache:
+    async with StatsReader(real_client, NS + "-cached", resync_s=60).router() as router:
+        cache = router.cache
         signals = Signals("vllm", 1, 3, kv_capacity_tokens=4096, waiting_by_reason={"deferred": 3})
         fields = stats_fields(signals, prefix_cache_hit_rate=None, scrape_ms=1.0, interval_ms=1000)
         await store.write_stats(

@@ -22,7 +22,8 @@ import redis.asyncio as aioredis
 from poller.config import ScrapeSettings, Settings
 from poller.config.registry_file import endpoints_from_file
 from poller.errors import ConfigError
-from poller.reader import Picker, StatsReader
+from poller.reader import StatsReader
+from poller.reader.legacy import Picker
 from poller.reader.view import EndpointView, View
 from poller.schema.endpoint import MAX_MODELS, Endpoint, endpoint_from_dict, endpoint_from_json
 from poller.schema.stats import Signals, stats_fields

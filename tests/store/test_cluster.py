@@ -59,7 +59,8 @@ async def test_pollers_registry_reader_and_events_on_cluster_through_failover(
             await until(all_live, 60, "the three pollers live on the cluster")
 
             # events cross the cluster: a cached reader follows writes
-            async with reader.cached() as cache:
+            async with reader.router() as router:
+                cache = router.cache
                 seq = cache.get(sim.ids[0]).stats.seq  # type: ignore[union-attr]
                 await until(
                     lambda: cache.get(sim.ids[0]).stats.seq > seq,  # type: ignore[union-attr]

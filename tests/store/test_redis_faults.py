@@ -29,8 +29,8 @@ import redis.asyncio as aioredis
 from poller.config import CoordinationSettings, Settings
 from poller.errors import StoreError
 from poller.reader import StatsReader
-from poller.reader.cache import ViewCache
 from poller.reader.view import View
+from poller.reader.view.cache import ViewCache
 from poller.schema.endpoint import Endpoint, endpoint_from_dict
 from poller.schema.keys import Keys
 from poller.service.coordinator import Coordinator
@@ -428,7 +428,8 @@ async def outage_scenario(
 ) -> None:
     cache_reader = StatsReader.from_url(server.url, NS)
     try:
-        async with cache_reader.cached() as cache:
+        async with cache_reader.router() as router:
+            cache = router.cache
             await until(
                 lambda: (
                     cache.healthy

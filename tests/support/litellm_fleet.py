@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 
-from poller.reader import StatsReader, ViewCache
+from poller.reader import Router, StatsReader
 from poller.schema.endpoint import Endpoint
 from poller.store.store import RedisStore
 from poller_lab.embedded import Proc, start_sim
@@ -57,7 +57,7 @@ class Fleet:
     admin: str  # the simulator's admin API
     registry: dict[str, str]  # endpoint id -> url
     redis: RedisProcess
-    cache: ViewCache
+    router: Router  # the gateway's poller Router, opened once the fleet is up
     ok: tuple[str, ...] = OK
     bad: tuple[str, str, str] = BAD  # saturated, failing, asleep
 
@@ -80,7 +80,7 @@ class Fleet:
 
     def shown(self) -> bool:
         """Does the view show every endpoint as the fleet set it up?"""
-        views = {e: self.cache.get(e) for e in (*self.ok, *self.bad)}
+        views = {e: self.router.get(e) for e in (*self.ok, *self.bad)}
         for e in self.ok:
             v = views[e]
             if v is None or v.state != "fresh" or v.stats is None or v.stats.sleeping:
@@ -142,9 +142,9 @@ async def fleet(
             try:
                 async with (
                     StatsReader.from_url(redis.url, NS, stale_after_ms=STALE_AFTER_MS) as reader,
-                    reader.cached() as cache,
+                    reader.router() as router,
                 ):
-                    f = Fleet(admin, urls, redis, cache, ok, bad)
+                    f = Fleet(admin, urls, redis, router, ok, bad)
                     await until(f.shown, 90, "the view showing the fleet's states")
                     yield f
             finally:

@@ -8,7 +8,7 @@ the request there, streams the engine's answer back chunk by chunk, and names th
 in the ``x-gateway-endpoint`` header (``-`` and a 503 when there was nowhere to send it).
 ``GET /stats`` answers its counters since the last ``GET /stats?reset=1``: requests,
 fallbacks, CPU per pick, and the Redis traffic of its placements when the reader has them
-(``cache.placements``). SIGTERM ends it.
+(``router.placements``). SIGTERM ends it.
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ __all__ = ["main", "sharing_counters"]
 REQUEST_TIMEOUT_S = 120.0
 
 
-def sharing_counters(cache: Any) -> dict[str, float]:
+def sharing_counters(router: Any) -> dict[str, float]:
     """The Redis traffic of this gateway's sharing: the share script's calls (they carry
     the placements too) and the placements' bytes and ids; {} without sharing."""
-    exchange = None if cache is None else cache.exchange
+    exchange = None if router is None else router.exchange
     if exchange is None:
         return {}
-    p = cache.placements
+    p = router.placements
     return {
         "commands": exchange.calls,
         "bytes_written": p.bytes_written,
@@ -60,7 +60,7 @@ class _Gateway:
         self.cfg, self.http = cfg, http
         self.urls: dict[str, str] = cfg["urls"]
         self.chooser: Chooser | None = None
-        self.cache: Any = None
+        self.router: Any = None
         self.trace: Any = None
         out = trace_folder()
         if out is not None and cfg["policy"] in ("prefix-own", "prefix-shared"):
@@ -146,7 +146,7 @@ class _Gateway:
             "fallbacks": self.fallbacks,
             "errors": self.errors,
             "cpu_ns": self.cpu_ns,
-            "placements": sharing_counters(self.cache),
+            "placements": sharing_counters(self.router),
         }
         if request.query.get("reset") == "1":
             self._reset()
@@ -155,19 +155,21 @@ class _Gateway:
 
 @contextlib.asynccontextmanager
 async def _view(cfg: Mapping[str, Any]) -> AsyncIterator[Any]:
-    """The cached view (None for the policies that read none)."""
+    """The gateway's Router (None for the policies that read no view)."""
     if cfg["policy"] in ("round-robin", "oracle"):
         yield None
         return
-    from poller.reader import StatsReader
+    import random
 
-    options: dict[str, Any] = {}
+    from poller.reader import RoutingOptions, StatsReader
+
+    options = RoutingOptions()
     if cfg["policy"] in ("prefix-own", "prefix-shared"):
-        options["share_placements"] = cfg["policy"] == "prefix-shared"
+        options = RoutingOptions(share_placements=cfg["policy"] == "prefix-shared")
     reader = StatsReader.from_url(cfg["redis_url"], cfg["namespace"])
     try:
-        async with reader.cached(**options) as cache:
-            yield cache
+        async with reader.router(options, rng=random.Random(cfg["seed"])) as router:
+            yield router
     finally:
         await reader.aclose()
 
@@ -177,14 +179,14 @@ async def serve(cfg: Mapping[str, Any], stop: asyncio.Event) -> None:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         gateway = _Gateway(cfg, http)
-        async with _view(cfg) as cache:
-            gateway.cache = cache
+        async with _view(cfg) as router:
+            gateway.router = router
             gateway.chooser = make_chooser(
                 cfg["policy"],
                 cfg["model"],
                 cfg["candidates"],
                 cfg["seed"],
-                cache=cache,
+                router=router,
                 oracle=gateway.oracle,
             )
             app = web.Application(client_max_size=64 * 1024 * 1024)

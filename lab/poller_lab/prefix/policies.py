@@ -1,11 +1,10 @@
 """How a gateway of the prefix benchmark chooses an engine for one chat request.
 
 - ``round-robin``: over the engines configured for the model, blind.
-- ``picker``: ``poller.reader.Picker`` on the cached view with ``LocalLoad``, no prompt
-  (load only: today's behaviour).
-- ``prefix-own``: the picker given the request's prompt (``poller.reader.prompt_of`` of
-  its messages), on a cached view whose placements are this gateway's own
-  (``StatsReader.cached(share_placements=False)``).
+- ``picker``: the gateway's ``Router`` (``reader.router()``), no prompt (load only).
+- ``prefix-own``: the Router given the request's prompt (``poller.reader.prompt_of`` of
+  its messages), its placements this gateway's own
+  (``RoutingOptions(share_placements=False)``).
 - ``prefix-shared``: the same with the placements every gateway shares through Redis.
 - ``oracle``: per request, the simulator's ``POST /admin/prefix`` (every engine's true
   queue and the prompt's cached tokens there), then the least expected time to first
@@ -52,16 +51,15 @@ class Chooser:
         candidates: Sequence[str],
         rng: random.Random,
         *,
-        cache: Any = None,
+        router: Any = None,
         oracle: Callable[[dict[str, Any]], Awaitable[Mapping[str, Any]]] | None = None,
     ) -> None:
-        from poller.reader import LocalLoad, Picker, prompt_of
+        from poller.reader import prompt_of
 
         self.policy, self.model, self.candidates = policy, model, list(candidates)
-        self.cache, self.oracle = cache, oracle
-        self.local = LocalLoad()
-        self.picker = Picker(rng=rng)
+        self.router, self.oracle = router, oracle
         self.prompt_of = prompt_of
+        self._picked: Any = None  # the Router's ticket of the last choice
         start = rng.randrange(len(self.candidates))
         self._cycle = itertools.islice(itertools.cycle(self.candidates), start, None)
         self.rng = rng
@@ -80,18 +78,23 @@ class Chooser:
         t0 = time.thread_time_ns()
         if self.policy == "round-robin":
             chosen = next(self._cycle)
-        elif self.policy == "picker":
-            chosen = self.picker.pick(self.cache, self.model, local=self.local)
         else:
-            prompt = self.prompt_of(body["messages"])
-            chosen = self.picker.pick(self.cache, self.model, prompt=prompt, local=self.local)
+            prompt = None if self.policy == "picker" else self.prompt_of(body["messages"])
+            self._picked = ticket = self.router.pick(self.model, prompt=prompt)
+            chosen = None if ticket is None else ticket.id
         return chosen, time.thread_time_ns() - t0
 
-    def started(self, endpoint_id: str) -> float:
-        return self.local.started(endpoint_id)
+    def started(self, endpoint_id: str) -> Any:
+        """What ``finished`` ends: the pick's ticket (None without a Router)."""
+        ticket, self._picked = self._picked, None
+        if ticket is not None and ticket.id != endpoint_id:
+            ticket.done()
+            ticket = self.router.track(endpoint_id)
+        return ticket
 
-    def finished(self, endpoint_id: str, started_at: float, ok: bool) -> None:
-        self.local.finished(endpoint_id, started_at, ok=ok)
+    def finished(self, endpoint_id: str, ticket: Any, ok: bool) -> None:
+        if ticket is not None:
+            ticket.done(ok=ok)
 
 
 def make_chooser(
@@ -99,7 +102,7 @@ def make_chooser(
     model: str,
     candidates: Sequence[str],
     seed: int,
-    cache: Any = None,
+    router: Any = None,
     oracle: Callable[[dict[str, Any]], Awaitable[Mapping[str, Any]]] | None = None,
 ) -> Chooser:
-    return Chooser(policy, model, candidates, random.Random(seed), cache=cache, oracle=oracle)
+    return Chooser(policy, model, candidates, random.Random(seed), router=router, oracle=oracle)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from poller.reader.table import TOKENS_PER_BLOCK
+from poller.reader.prefix.table import TOKENS_PER_BLOCK
 from poller_lab.prefix.fleet import ENGINES, PREFILL_TPS
 
 __all__ = ["ENV", "Trace", "folder"]
@@ -32,7 +32,8 @@ def folder() -> Path | None:
 
 
 class Trace:
-    """Installed in one gateway process: wraps ``poller.reader.picker.prefer``."""
+    """Installed in one gateway process: wraps the Router's ``prefer``
+    (poller/reader/routing/affinity.py)."""
 
     def __init__(self, out: Path, group: str) -> None:
         out.mkdir(parents=True, exist_ok=True)
@@ -40,22 +41,20 @@ class Trace:
         self.group = group
         self.truth: Mapping[str, Any] | None = None
         self.pending: dict[str, Any] | None = None
-        import poller.reader.picker as picker_module
+        import poller.reader.router as router_module
 
-        real = picker_module.prefer  # type: ignore[attr-defined]
+        real = router_module.prefer  # type: ignore[attr-defined]
 
-        def traced(table: Any, ids: Any, found: Any, index: Any, models: Any,
-                   chosen_id: str, score: Any, judge_ms: float, **kw: Any) -> str:  # fmt: skip
-            best = real(table, ids, found, index, models, chosen_id, score, judge_ms, **kw)
+        def traced(pick: Any, table: Any, ids: Any, found: Any, chosen_id: str,
+                   score: Any, **kw: Any) -> str:  # fmt: skip
+            best = real(pick, table, ids, found, chosen_id, score, **kw)
             try:
-                self.pending = _explain(
-                    table, ids, found, index, models, chosen_id, score, judge_ms, best, kw
-                )
+                self.pending = _explain(pick, table, ids, found, chosen_id, score, best, kw)
             except Exception as exc:  # a diagnostic never breaks the pick
                 self.pending = {"error": repr(exc)}
             return best
 
-        picker_module.prefer = traced  # type: ignore[attr-defined]
+        router_module.prefer = traced  # type: ignore[attr-defined,assignment]
 
     def take(self, chosen: str | None) -> dict[str, Any]:
         """The record of the pick just made (``write`` it once the request is answered)."""
@@ -84,23 +83,24 @@ class Trace:
 
 
 def _explain(  # noqa: C901 (a diagnostic: prefer's loop, annotated)
-    table: Any, ids: Any, found: Any, index: Any, models: Any, chosen_id: str,
-    score: Any, judge_ms: float, best: str, kw: Mapping[str, Any],
+    pick: Any, table: Any, ids: Any, found: Any, chosen_id: str, score: Any, best: str,
+    kw: Mapping[str, Any],
 ) -> dict[str, Any]:  # fmt: skip
-    from poller.reader.table import _MASK, CODE_BITS
+    from poller.reader.prefix.table import _MASK, CODE_BITS
 
+    index, models, judge_ms = pick.index, pick.models, pick.judge_ms
+    saturated_by = pick.load.saturated
     chosen = index.slots.get(chosen_id)
     out: dict[str, Any] = {"ref": chosen_id, "best": best, "blocks": len(ids)}
     if chosen is None or not ids:
         return out
     holders = table.matches(ids, found=found)
-    by_kv = kw["by_kv"]
     bound = score(chosen)[0] * kw["factor"] + kw["slack"]
     out["ref_load"] = score(chosen)[0]
     out["bound"] = bound
     tier = chosen.tier(models.model, models.adapter)
     limit = 4 if tier is None else tier
-    saturated = chosen.full if by_kv else chosen.saturated
+    saturated = saturated_by(chosen)
     rows = []
     best_n, best_load = 0, bound
     for endpoint_id, n in holders:
@@ -115,7 +115,7 @@ def _explain(  # noqa: C901 (a diagnostic: prefer's loop, annotated)
             held = slot.tier(models.model, models.adapter)
             if held is None or held > limit:
                 reason = "tier"
-            elif (slot.full if by_kv else slot.saturated) and not saturated:
+            elif saturated_by(slot) and not saturated:
                 reason = "saturated"
             elif load is not None and load <= best_load and (n > best_n or load < best_load):
                 best_n, best_load = n, load
@@ -155,7 +155,7 @@ def _explain(  # noqa: C901 (a diagnostic: prefer's loop, annotated)
 
 
 def _parts(score: Any, index: Any) -> dict[str, list[float]] | None:
-    """Per endpoint, the fleet estimate's parts (scores.fleet_score's closure): [the
+    """Per endpoint, the fleet estimate's parts (FleetLoadModel.scorer's closure): [the
     others' and outside requests, ours in flight, weight, speed factor's share of the
     slowness, slowness, failing]; None for another score."""
     names = score.__code__.co_freevars

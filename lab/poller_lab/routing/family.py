@@ -5,13 +5,14 @@ on a shared machine, and its figures never depend on the machine's speed: engine
 ``slots`` running slots and a FIFO queue, open-loop Poisson arrivals split among R gateway
 replicas (and a share arriving from outside the gateways, spread by capacity), a poller
 scraping every engine once per interval (staggered) whose page shows the engine as it was
-``lag`` seconds before the scrape. Each gateway replica runs the real ``Picker``,
-``LocalLoad`` and ``FleetLoad`` (poller/reader/share.py) on the sim clock, and calls the
-share script when the product's ``Pacer`` (poller/reader/pacer.py) says: at once when
-its counts changed and tokens are left, at least every ``FLOOR_S``; each call writes an
-in-memory hash with the same expiry rule, reads the others' fields back, and pushes the
-write to every other replica ``PUSH_S`` later, as the channel does. Every policy of a
-cell serves the same arrivals (times, sizes, gateways, outside choices).
+``lag`` seconds before the scrape. Each gateway replica runs the real ``Router`` (its
+view cache, ``LocalLoad``, ``FleetLoad`` and ``Exchange``, poller/reader/) on the sim
+clock, and makes the share script's call when its exchange's pacer says (at once when
+its counts changed and tokens are left, at least every ``FLOOR_S``); the script is
+played here on an in-memory hash with the same expiry rule: the write, the others'
+fields read back, and the write pushed to every other replica ``PUSH_S`` later, as the
+channel does. Every policy of a cell serves the same arrivals (times, sizes, gateways,
+outside choices).
 
 Policies: ``oracle`` (the true queues at each request, least expected time to finish),
 ``picker`` (the defaults, sharing on), ``picker-noshare`` (sharing off: local counts on
@@ -36,11 +37,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from poller.reader import LocalLoad, Picker
-from poller.reader.exchange import LISTEN_S
-from poller.reader.pacer import Pacer
-from poller.reader.share import FleetLoad, pages_of
-from poller.reader.view import EndpointView, View
+from poller.reader import Router, RoutingOptions, Ticket
+from poller.reader.exchange.exchange import LISTEN_S, Exchange
+from poller.reader.load.fleet import FleetLoad
+from poller.reader.load.local import LocalLoad
+from poller.reader.view import EndpointView, View, ViewCache
 from poller_lab.bench_fleet import percentile
 from poller_lab.routing.cells import MIXES, Cell
 
@@ -49,7 +50,6 @@ __all__ = ["POLICIES", "run_cell", "run_family"]
 MEAN_S = 0.4
 LOGNORMAL_SIGMA = 1.0
 POLICIES = ("oracle", "picker", "picker-noshare", "known")
-TTL_MS = 800
 #: From a replica's call to the others hearing its write (a loopback round trip's half).
 PUSH_S = 0.0005
 
@@ -107,24 +107,41 @@ def _arrivals(
         out.append((t, work, -1 if outside else rng.randrange(cell.gateways), target))
 
 
+class _NoRedis:
+    """The exchange's client: the share script is played by ``run_cell``, never called."""
+
+    def register_script(self, body: str) -> None:
+        return None
+
+
 class _Gateway:
     def __init__(self, index: int, policy: str, clock: list[float], seed: int, push: bool) -> None:
+        def now() -> float:
+            return clock[0]
+
         self.index = index
         self.push = push
-        self.local = LocalLoad(clock=lambda: clock[0])
-        self.picker = Picker(rng=random.Random(seed), share=policy == "picker")
-        self.fleet = FleetLoad(f"g{index}", ttl_ms=TTL_MS, clock=lambda: clock[0])
-        if policy == "picker":
-            self.fleet.attach(self.local)
-            self.fleet.pushed = push  # the writes are heard as they happen (HEAR below)
-        self.starts: dict[int, float] = {}
-        self.pacer = Pacer()
+        self.local = LocalLoad(clock=now)
+        self.cache = ViewCache(clock=now)  # loaded with each scrape's view
+        share = policy == "picker"
+        self.fleet = FleetLoad(f"g{index}", clock=now) if share else None
+        self.exchange: Exchange | None = None
+        if self.fleet is not None:
+            self.exchange = Exchange(_NoRedis(), "sim:gw", self.cache, self.fleet, clock=now)
+            # Heard as they happen (HEAR below), or read on each call by a user without
+            # the channel's right, who does not publish either.
+            self.exchange.subscribed(push)
+            self.exchange.publish = push
+        self.router = Router(
+            self.cache,
+            RoutingOptions(share=share),
+            local=self.local,
+            fleet=self.fleet,
+            exchange=self.exchange,
+            rng=random.Random(seed),
+        )
+        self.tickets: dict[int, Ticket] = {}
         self.call_at = math.inf  # the next call scheduled
-
-    def urgent(self, peers: int) -> bool:
-        """As the product's exchange: a change, and another replica listens; without
-        the channel, always (the others' fields read at the pacer's rate)."""
-        return not self.push or (peers > 0 and self.fleet.has_changed())
 
 
 def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its state around)
@@ -139,7 +156,6 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
     clock = [0.0]
     gateways = [_Gateway(g, policy, clock, seed * 1000 + g, push) for g in range(cell.gateways)]
     shared_hash: dict[str, tuple[float, str]] = {}
-    commands = 0
     events: list[tuple[float, int, int, Any]] = []  # (time, seq, kind, data)
     seq = itertools.count()
     ARRIVE, DONE, SCRAPE, CALL, HEAR, LISTEN = 0, 1, 2, 3, 4, 5
@@ -150,15 +166,16 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
         heapq.heappush(events, (cell.interval_s * (j + 0.5) / n, next(seq), SCRAPE, j))
     if policy == "picker":
         for g, gw in enumerate(gateways):
-            gw.call_at = gw.pacer.floor_s * (g + 0.5) / cell.gateways
+            assert gw.exchange is not None
+            gw.call_at = gw.exchange.pacer.floor_s * (g + 0.5) / cell.gateways
             heapq.heappush(events, (gw.call_at, next(seq), CALL, g))
             heapq.heappush(events, (LISTEN_S * (g + 0.5) / cell.gateways, next(seq), LISTEN, g))
 
     def call_when(gw: _Gateway) -> None:
-        """Schedule ``gw``'s next call where its pacer puts it, if sooner."""
-        if policy != "picker":
+        """Schedule ``gw``'s next call where its exchange's pacer puts it, if sooner."""
+        if gw.exchange is None:
             return
-        at = gw.pacer.next_call(clock[0], gw.urgent(cell.gateways - 1))
+        at = clock[0] + gw.exchange.call_in(clock[0])
         if at < gw.call_at:
             gw.call_at = at
             heapq.heappush(events, (at, next(seq), CALL, gw.index))
@@ -221,6 +238,7 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
                 start(target, work, data)
                 continue
             gw = gateways[g]
+            ticket = None
             if policy == "oracle":
                 best = least(lambda j: engines[j].load)
             elif policy == "known":
@@ -233,12 +251,15 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
                     return ours[j] + seen * stay + outside_mean[j] * (1 - stay)
 
                 best = least(guess)
-            elif view is None:
-                best = rng.randrange(n)
-            else:
-                chosen = gw.picker.pick(view, local=gw.local)
-                best = rng.randrange(n) if chosen is None else int(chosen[1:])
-            gw.starts[data] = gw.local.started(engines[best].id)
+            elif view is not None:
+                ticket = gw.router.pick()
+            if ticket is not None:
+                best = int(ticket.id[1:])
+            else:  # the oracle's choice, or nowhere picked: a random engine
+                if policy not in ("oracle", "known"):
+                    best = rng.randrange(n)
+                ticket = gw.router.track(engines[best].id)
+            gw.tickets[data] = ticket
             ours[best] += 1
             ours_history[best].append((t, ours[best]))
             start(best, work, data)
@@ -257,7 +278,7 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
                 ours[j] -= 1
                 ours_history[j].append((t, ours[j]))
                 gw = gateways[arrived[2]]
-                gw.local.finished(e.id, gw.starts.pop(req))
+                gw.tickets.pop(req).done()
                 if arrived[0] >= 0.1 * duration_s:
                     latency.append(t - arrived[0])
                 call_when(gw)
@@ -267,26 +288,30 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
             outside = engines[data].at(shown_s) - _at(ours_history[data], shown_s)
             seen_outside[data] = (shown_s, outside)
             view = View(int(t * 1000), 1, dict(pages), offset_ms=0.0)
+            for gw in gateways:
+                gw.cache.load(view)
+                gw.cache.healthy = True
             if t + cell.interval_s < duration_s:
                 heapq.heappush(events, (t + cell.interval_s, next(seq), SCRAPE, data))
         elif kind == CALL:
             gw = gateways[data]
+            exchange = gw.exchange
+            assert exchange is not None
             if t != gw.call_at:
                 continue  # a later schedule of a call made sooner since
+            _, args, numbers = exchange.prepare()
+            replica_id, ttl_ms, outgoing, published = args[0], args[1], args[2], args[3]
             now_ms = t * 1000
-            numbers = pages_of(pages.items())
-            gw.fleet.take_changed()
-            record = gw.fleet.record(numbers, 0.0)
-            outgoing = gw.fleet.outgoing(record, now_ms)
-            gw.pacer.called(t)
-            commands += 1
-            expiry = f"{now_ms + TTL_MS:.0f}"
+            # poller/schema/scripts/share.lua, played on the in-memory hash.
+            expiry = f"{now_ms + ttl_ms:.0f}"
             if outgoing == "-":
-                shared_hash.pop(gw.fleet.replica_id, None)
+                shared_hash.pop(replica_id, None)
             elif outgoing:
-                shared_hash[gw.fleet.replica_id] = (now_ms + TTL_MS, outgoing)
-            if outgoing and push:
-                message = f"{expiry} {outgoing} {gw.fleet.replica_id}"
+                shared_hash[replica_id] = (now_ms + ttl_ms, outgoing)
+            receivers = -1
+            if outgoing and published:
+                receivers = len(gateways)  # every replica's follower listens, this one's too
+                message = f"{expiry} {outgoing} {replica_id}"
                 for other in gateways:
                     if other is not gw:
                         heapq.heappush(
@@ -296,26 +321,32 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
             for rid, (expires, body) in list(shared_hash.items()):
                 if expires < now_ms:
                     del shared_hash[rid]
-                elif rid != gw.fleet.replica_id:
+                elif rid != replica_id:
                     fields += [rid, f"{expires:.0f} {body}"]
-            gw.fleet.absorb(fields, numbers, 0.0, asked_at=t)
+            sec, ms = divmod(int(now_ms), 1000)
+            exchange.answered([sec, ms * 1000, receivers, *fields], numbers)
             gw.call_at = math.inf
-            if t + gw.pacer.floor_s < duration_s + 30:
+            if t + exchange.pacer.floor_s < duration_s + 30:
                 call_when(gw)
         elif kind == HEAR:
             g, message = data
-            gw = gateways[g]
-            gw.fleet.hear([message], pages_of(pages.items()), 0.0, t * 1000, heard_at=t)
+            exchange = gateways[g].exchange
+            assert exchange is not None
+            exchange.heard(message)
+            exchange.listen()
         elif kind == LISTEN:  # the exchange loop's own wake-up: the pages taken in
-            gateways[data].fleet.hear([], pages_of(pages.items()), 0.0, t * 1000, heard_at=t)
+            exchange = gateways[data].exchange
+            assert exchange is not None
+            exchange.listen()
             if t + LISTEN_S < duration_s + 30:
                 heapq.heappush(events, (t + LISTEN_S, next(seq), LISTEN, data))
     return {
         "requests": len(latency),
         "p50_s": round(percentile(latency, 0.5), 3) if latency else None,
         "p99_s": round(percentile(latency, 0.99), 3) if latency else None,
-        "commands_per_s_per_replica": round(commands / (duration_s + 30) / cell.gateways, 1)
-        if policy == "picker" else 0.0,
+        "commands_per_s_per_replica": round(
+            sum(gw.exchange.calls for gw in gateways if gw.exchange is not None)
+            / (duration_s + 30) / cell.gateways, 1),
     }  # fmt: skip
 
 

@@ -31,7 +31,7 @@ ENGINES: tuple[tuple[str, int, float, str], ...] = (
 SLEEPER = "medium-3"
 FAILER = "slow-1"
 #: The policies also measured at the other intervals (those present in the registry).
-INTERVAL_POLICIES = ("picker", "picker-nolocal")
+INTERVAL_POLICIES = ("picker", "picker-unshared")
 
 
 @dataclass(frozen=True)

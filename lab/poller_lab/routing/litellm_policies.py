@@ -73,7 +73,7 @@ class LiteLLMPolicy:
         if strategy == "loadaware":
             from poller.integrations.litellm import LoadAwareStrategy
 
-            self.strategy = LoadAwareStrategy(self.router, cache=ctx.cache, rng=ctx.rng).install()
+            self.strategy = LoadAwareStrategy(self.router, poller_router=ctx.router).install()
         self._picked: dict[asyncio.Task[Any] | None, tuple[str, int]] = {}
         pick = self.router.async_get_available_deployment
 

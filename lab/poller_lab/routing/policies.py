@@ -14,8 +14,9 @@ the ``PolicyContext`` of its replica. Built in:
   stale, asleep and saturated endpoints, prefer those serving the model (else any), then
   fewest waiting, lowest KV usage, fewest running, lowest id. Every replica reading the
   same view makes the same choice: the herd the picker exists to avoid.
-- ``picker-nolocal``, ``picker``: ``poller.reader.Picker`` on the cache, without and with
-  ``LocalLoad`` (this replica's requests since each endpoint's last scrape).
+- ``picker``: the replica's ``Router`` (``reader.router()``: the README's gateway), each
+  request a ticket from its pick to its end; ``picker-unshared``: the same with
+  ``RoutingOptions(share=False)`` (each replica on its own counts and the pages).
 - ``oracle``: the engines' true queues read at each request (the simulator's
   ``/admin/queue``), least expected time to finish: the limit any router could reach.
 """
@@ -24,13 +25,12 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from poller.reader import LocalLoad, Picker
-from poller.reader.cache import ViewCache
-from poller.reader.view import View
+from poller.reader import Router, RoutingOptions, Ticket, View
 
 __all__ = ["POLICIES", "Policy", "PolicyContext", "PolicyDef", "register"]
 
@@ -43,12 +43,13 @@ class PolicyContext:
     #: The endpoints the gateway is configured with for ``model`` (ids).
     candidates: list[str]
     rng: random.Random
-    #: The replica's view cache (``StatsReader.cached``); None unless ``uses_view``.
-    cache: ViewCache | None = None
+    #: The replica's Router (``StatsReader.router``); None unless ``uses_view``.
+    router: Router | None = None
     #: The true queues now: ``{id: {running, waiting, capacity, speed_tps, serving}}``.
     true_queues: Callable[[], Awaitable[Mapping[str, Mapping[str, Any]]]] | None = None
     #: Mean max_tokens of the requests (the oracle's service-time estimate).
     mean_tokens: float = 20.0
+    #: The policy's options: ``RoutingOptions`` fields for the Router's policies.
     options: dict[str, Any] = field(default_factory=dict)
     #: Endpoint id -> base URL, and the bench's Redis (for policies that send themselves).
     urls: Mapping[str, str] = field(default_factory=dict)
@@ -68,12 +69,14 @@ class Policy(Protocol):
 @dataclass(frozen=True)
 class PolicyDef:
     factory: Callable[[PolicyContext], Policy]
-    #: The replica keeps a cached view (``StatsReader.cached``) for it.
+    #: The replica opens a Router (``StatsReader.router``) for it, with these options.
     uses_view: bool = False
     #: The replica gives it the simulator's true queues.
     uses_oracle: bool = False
     #: Run when no policy is named (opt-in ones need an extra, e.g. LiteLLM's).
     default: bool = True
+    #: ``RoutingOptions`` fields of the Router the replica opens (with ``uses_view``).
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 POLICIES: dict[str, PolicyDef] = {}
@@ -86,9 +89,10 @@ def register(
     uses_view: bool = False,
     uses_oracle: bool = False,
     default: bool = True,
+    options: Mapping[str, Any] | None = None,
 ) -> None:
     """Add a policy (a later registration under the same name replaces it)."""
-    POLICIES[name] = PolicyDef(factory, uses_view, uses_oracle, default)
+    POLICIES[name] = PolicyDef(factory, uses_view, uses_oracle, default, dict(options or {}))
 
 
 class _Base:
@@ -127,8 +131,8 @@ class Deterministic(_Base):
         self.max_waiting, self.max_kv = max_waiting, max_kv
 
     def choose(self) -> str | None:
-        assert self.ctx.cache is not None
-        view: View = self.ctx.cache.view()
+        assert self.ctx.router is not None
+        view: View = self.ctx.router.view()
         usable = []
         for e in view.endpoints.values():
             s = e.stats
@@ -178,35 +182,47 @@ class Oracle(_Base):
         return None if best is None else best[1]
 
 
-def _picker(local: bool) -> Callable[[PolicyContext], Policy]:
-    def factory(ctx: PolicyContext) -> Policy:
-        return _PickerPolicy(ctx, local)
+class RouterPolicy(_Base):
+    """The replica's Router: each request a ticket from its pick to its end."""
 
-    return factory
-
-
-class _PickerPolicy(_Base):
-    def __init__(self, ctx: PolicyContext, local: bool) -> None:
+    def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
-        self.picker = Picker(rng=ctx.rng, **ctx.options)
-        self.local = LocalLoad() if local else None
+        # Tickets in flight per endpoint, oldest first: a request's end is reported by
+        # its endpoint, and ends the oldest (as an end reported without a start would).
+        self._open: dict[str, deque[Ticket]] = {}
+        self._picked: Ticket | None = None
 
     def choose(self) -> str | None:
-        assert self.ctx.cache is not None
-        return self.picker.pick(self.ctx.cache, self.ctx.model, local=self.local)
+        router = self.ctx.router
+        assert router is not None
+        self._picked = ticket = router.pick(self.ctx.model)
+        return None if ticket is None else ticket.id
 
     def started(self, endpoint_id: str) -> None:
-        if self.local is not None:
-            self.local.started(endpoint_id)
+        router = self.ctx.router
+        assert router is not None
+        ticket, self._picked = self._picked, None
+        if ticket is None or ticket.id != endpoint_id:  # a fallback the replica chose
+            if ticket is not None:
+                ticket.done()
+            ticket = router.track(endpoint_id)
+        self._open.setdefault(endpoint_id, deque()).append(ticket)
 
     def finished(self, endpoint_id: str, ok: bool = True) -> None:
-        if self.local is not None:  # as a gateway reports an error answer: ok=False
-            self.local.finished(endpoint_id, ok=ok)
+        queue = self._open.get(endpoint_id)
+        if queue:  # as a gateway reports an error answer: ok=False
+            queue.popleft().done(ok=ok)
+
+
+def router_options(definition: PolicyDef, given: Mapping[str, Any]) -> RoutingOptions:
+    """The options of a policy's Router: its own, then the bench's (``RoutingOptions``
+    fields)."""
+    return RoutingOptions(**{**definition.options, **given})
 
 
 register("round-robin", RoundRobin)
 register("random", Random)
 register("pick-deterministic", Deterministic, uses_view=True)
-register("picker-nolocal", _picker(local=False), uses_view=True)
-register("picker", _picker(local=True), uses_view=True)
+register("picker", RouterPolicy, uses_view=True)
+register("picker-unshared", RouterPolicy, uses_view=True, options={"share": False})
 register("oracle", Oracle, uses_oracle=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from poller_lab.routing.policies import POLICIES, Policy, PolicyContext
+from poller_lab.routing.policies import POLICIES, Policy, PolicyContext, router_options
 
 __all__ = ["main", "run_replica"]
 
@@ -45,13 +45,16 @@ async def _send(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> 
 
 @contextlib.asynccontextmanager
 async def _view(cfg: Mapping[str, Any], ctx: PolicyContext) -> AsyncIterator[None]:
-    """A cached view for the policies that read it, kept current in the background."""
+    """The replica's Router for the policies that route on the view, kept current in
+    the background."""
     from poller.reader import StatsReader
 
+    definition = POLICIES[cfg["policy"]]
+    options = router_options(definition, ctx.options)
     reader = StatsReader.from_url(cfg["redis_url"], cfg["namespace"])
     try:
-        async with reader.cached() as cache:
-            ctx.cache = cache
+        async with reader.router(options, rng=ctx.rng) as router:
+            ctx.router = router
             yield
     finally:
         await reader.aclose()

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple, Protocol
 
 from aiohttp import web
 
@@ -35,8 +35,44 @@ from poller.errors import ConfigError
 from poller_lab.sim.openai import BadRequest, chat_text
 from poller_lab.sim.spec import EndpointSpec
 
-if TYPE_CHECKING:
-    from poller_lab.sim.server import Simulator
+
+class Simulator(Protocol):
+    """What the admin API drives: the simulator (server.py), named here by what it does,
+    so that the server can mount this API without the two importing each other."""
+
+    @property
+    def ids(self) -> list[str]: ...
+
+    async def add(self, spec: EndpointSpec) -> str: ...
+
+    async def remove(self, endpoint_id: str) -> None: ...
+
+    def spec(self, endpoint_id: str) -> EndpointSpec: ...
+
+    def registry(self, api_key_env: str = ...) -> list[dict[str, str]]: ...
+
+    async def set_fault(self, endpoint_id: str, mode: str, **params: Any) -> Any: ...
+
+    def hits(self, endpoint_id: str) -> int: ...
+
+    def hit_times(self, endpoint_id: str) -> list[float]: ...
+
+    def reset_hits(self, endpoint_id: str | None = None) -> None: ...
+
+    def snapshot(self, endpoint_id: str) -> NamedTuple: ...
+
+    def sleep(self, endpoint_id: str, level: int = 1) -> None: ...
+
+    def queues(self) -> dict[str, Any]: ...
+
+    def prefix(self, prompt: str, model: str | None = None) -> dict[str, Any]: ...
+
+    def reset_prefix_cache(self, endpoint_id: str | None = None) -> list[str]: ...
+
+    def reset_peaks(self) -> None: ...
+
+    def describe(self, endpoint_id: str) -> dict[str, Any]: ...
+
 
 __all__ = ["admin_app"]
 

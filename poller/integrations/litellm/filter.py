@@ -8,10 +8,11 @@ from typing import Any
 import litellm
 from litellm.integrations.custom_logger import CustomLogger
 
+from poller.integrations.litellm.deprecated import options_of
 from poller.integrations.litellm.routing import Routing
 from poller.integrations.litellm.source import ViewSource
-from poller.reader.cache import ViewCache
-from poller.reader.picker import Picker
+from poller.reader.router import Router
+from poller.reader.routing.options import RoutingOptions
 from poller.util.logs import count
 
 __all__ = ["LoadAwareFilter"]
@@ -19,17 +20,20 @@ __all__ = ["LoadAwareFilter"]
 
 class LoadAwareFilter(CustomLogger):  # type: ignore[misc]
     """Drops deployments whose endpoint is failing, stale, unknown, asleep, saturated
-    (while another is not), or does not serve the deployment's model: the ``Picker``'s
-    rules, with ``picker``'s options. Deployments that map to no registry endpoint (a
-    hosted provider, an ``llmgw_endpoint`` the registry lacks) are kept, uninformed.
+    (while another is not), or does not serve the deployment's model: the Router's
+    rules, with ``options`` (``RoutingOptions``). Deployments that map to no registry
+    endpoint (a hosted provider, an ``llmgw_endpoint`` the registry lacks) are kept,
+    uninformed.
     LiteLLM's strategy then chooses among what is left. Each dropped or uninformed
     deployment is logged once per reason at WARNING; a group left with no eligible
     endpoint, once per change of the reasons.
 
-    When the view cannot be read (no Redis URL, Redis not answering since before the
-    picker's ``stale_grace_s``), or has no current numbers for any of the deployments'
-    endpoints (all stale or unknown: the pollers are down), it keeps LiteLLM's list:
-    logged once per outage, each such request counted in ``fail_open_total``.
+    When the view cannot be read (no Redis URL, Redis not answering since before
+    ``stale_grace_s``), or has no current numbers for any of the deployments' endpoints
+    (all stale or unknown: the pollers are down), it keeps LiteLLM's list: logged once
+    per outage, each such request counted in ``fail_open_total``. ``poller_router``: a
+    poller ``Router`` of the caller's to judge with (else one opened on the first
+    request, with ``options``).
     """
 
     def __init__(
@@ -37,12 +41,17 @@ class LoadAwareFilter(CustomLogger):  # type: ignore[misc]
         *,
         redis_url: str | None = None,
         namespace: str | None = None,
-        cache: ViewCache | None = None,
-        picker: Picker | None = None,
+        options: RoutingOptions | None = None,
+        poller_router: Router | None = None,
+        cache: Any = None,
+        picker: Any = None,
     ) -> None:
         super().__init__()
-        source = ViewSource(redis_url, namespace, cache=cache)
-        self.routing = Routing(picker or Picker(), source, litellm.provider_list)
+        owner = type(self).__name__
+        options, router = options_of(owner, options, poller_router, cache, picker)
+        source = ViewSource(redis_url, namespace, router=router, options=options)
+        kept = "LiteLLM's strategy chooses among it and the deployments the filter keeps"
+        self.routing = Routing(source, litellm.provider_list, uninformed=kept)
         #: Deployments this filter removed, over all requests.
         self.dropped_total = 0
 
@@ -60,29 +69,29 @@ class LoadAwareFilter(CustomLogger):  # type: ignore[misc]
     ) -> list[dict[str, Any]]:
         if not healthy_deployments:
             return healthy_deployments
-        cache = await self.routing.cache()
-        if cache is None:
+        router = await self.routing.router()
+        if router is None:
             return healthy_deployments
         routing = self.routing
-        targets = routing.targets(cache, healthy_deployments)
-        keep = routing.eligible(cache, targets)
+        targets = routing.targets(router, healthy_deployments)
+        keep = routing.eligible(router, targets)
         kept = [d for d, ok in zip(healthy_deployments, keep, strict=True) if ok]
         if len(kept) == len(healthy_deployments):
             routing.something_eligible(model)
             return kept
-        if routing.without_numbers(cache, targets):
+        if routing.without_numbers(router, targets):
             return healthy_deployments
         self.dropped_total += len(healthy_deployments) - len(kept)
         for deployment, target, ok in zip(healthy_deployments, targets, keep, strict=True):
             if not ok:
-                routing.dropped(cache, deployment, target)
+                routing.dropped(router, deployment, target)
         mapped = [t for t in targets if t.endpoint_id is not None]
         if any(ok and t.endpoint_id is not None for t, ok in zip(targets, keep, strict=True)):
             routing.something_eligible(model)
         else:
             uninformed = len(targets) - len(mapped)
             routing.nothing_eligible(
-                cache,
+                router,
                 model,
                 mapped,
                 f"kept only its {count(uninformed, 'uninformed deployment')}"

@@ -1,10 +1,9 @@
-"""What the filter and the strategy share: deployments as endpoints, and the picker's rules.
+"""What the filter and the strategy share: deployments as endpoints, and the Router's rules.
 
-Eligibility is the picker's own: each deployment's endpoint is asked of the picker as the
-only candidate, once as configured and once with ``when_saturated="none"`` (so a
-saturated endpoint answers None). An endpoint whose engine names no model on its page
-(llama.cpp, TGI, trtllm-serve) is asked without one. Nothing here re-states the rules;
-``why`` only reads the view to say, for the log, why an endpoint was not eligible.
+Eligibility is the Router's own (``Router.eligible``, ``Router.saturated``): nothing
+here re-states the rules. An endpoint whose engine names no model on its page
+(llama.cpp, TGI, trtllm-serve) is asked without one. ``why`` only reads the view to
+say, for the log, why an endpoint was not eligible.
 
 A deployment that maps to no endpoint of the registry (no ``model_info.llmgw_endpoint``
 and an ``api_base`` no entry has, or an ``llmgw_endpoint`` the registry lacks) is
@@ -26,8 +25,7 @@ from poller.integrations.litellm.deployments import (
     explicit_endpoint,
 )
 from poller.integrations.litellm.source import ViewSource
-from poller.reader.cache import ViewCache
-from poller.reader.picker import Picker
+from poller.reader.router import Router
 
 __all__ = ["Routing", "Target", "Why", "describe"]
 
@@ -51,19 +49,13 @@ class Why(NamedTuple):
 
 
 class Routing:
-    """The picker, the view source and the deployment map of one filter or strategy."""
+    """The view source (its Router) and the deployment map of one filter or strategy.
+    ``uninformed``: what the plug point does with a deployment the view does not judge,
+    for the log line that says so."""
 
-    def __init__(self, picker: Picker, source: ViewSource, providers: Iterable[str]) -> None:
-        self.picker = picker
-        # The same rules with saturated endpoints answering None: "eligible and not
-        # saturated" in one call. Its random source is never used for a single candidate.
-        self.strict = Picker(
-            max_waiting=picker.max_waiting,
-            max_kv_cache_usage=picker.max_kv_cache_usage,
-            when_saturated="none",
-            stale_grace_s=picker.stale_grace_s,
-        )
+    def __init__(self, source: ViewSource, providers: Iterable[str], *, uninformed: str) -> None:
         self.source = source
+        self.uninformed = uninformed
         self.providers = frozenset(providers)
         self._memo: dict[str, Target] = {}
         self._memo_index: UrlIndex | None = None
@@ -77,49 +69,47 @@ class Routing:
 
     # --- the view ---------------------------------------------------------------------
 
-    async def cache(self) -> ViewCache | None:
-        """The view's cache if its numbers may be used now; None: fail open (said once)."""
+    async def router(self) -> Router | None:
+        """The Router if its numbers may be used now; None: fail open (said once)."""
         try:
-            cache = await self.source.open()
+            router = await self.source.open()
         except Exception as exc:  # a bad URL or no URL at all: the proxy keeps serving
             self._fail_open(f"{type(exc).__name__}: {exc}")
             return None
-        if not self.readable(cache):
-            self._fail_open(self._unreadable(cache))
+        if not self.readable(router):
+            self._fail_open(self._unreadable(router))
             return None
         if self._failing_open:
             self._failing_open = False
             log.warning("the shared view is readable again: routing on it")
-        return cache
+        return router
 
-    def cache_now(self) -> ViewCache | None:
+    def router_now(self) -> Router | None:
         """The same without opening anything (sync callers): None until a first async
         use has opened the reader, or when the numbers may not be used."""
-        cache = self.source.cache
-        if cache is None or not self.readable(cache):
-            self._fail_open("the reader is not open" if cache is None else self._unreadable(cache))
+        router = self.source.router
+        if router is None or not self.readable(router):
+            why = "the reader is not open" if router is None else self._unreadable(router)
+            self._fail_open(why)
             return None
-        return cache
+        return router
 
-    def _unreadable(self, cache: ViewCache) -> str:
-        """Why a cache's numbers may not be used: never read (Redis not reached since the
+    def _unreadable(self, router: Router) -> str:
+        """Why a Router's numbers may not be used: never read (Redis not reached since the
         reader started), or Redis lost after it was."""
+        cache = router.cache
         if not cache.loaded:
             return "cannot reach Redis: no view read from it yet"
         at = cache.confirmed_at
         ago = "" if at is None else f" for {time.monotonic() - at:.0f} s"
         return f"lost Redis: no answer{ago}, longer than stale_grace_s"
 
-    def readable(self, cache: ViewCache) -> bool:
-        """Loaded, and Redis answered within the picker's ``stale_grace_s``."""
-        if not cache.loaded:
-            return False
-        if cache.healthy:
-            return True
-        at = cache.confirmed_at
-        return at is not None and time.monotonic() - at <= self.picker.stale_grace_s
+    @staticmethod
+    def readable(router: Router) -> bool:
+        """Loaded, and Redis answered within ``stale_grace_s`` (``Router.ready``)."""
+        return router.ready
 
-    def without_numbers(self, cache: ViewCache, targets: Sequence[Target]) -> bool:
+    def without_numbers(self, router: Router, targets: Sequence[Target]) -> bool:
         """True when none of these endpoints has current numbers in the view (all stale or
         unknown: the pollers are down or far behind). Failing ones count as current: a
         failure is news. Then the view says nothing about them: fail open (said once)."""
@@ -127,7 +117,7 @@ class Routing:
         if not mapped:
             return False
         for endpoint_id in mapped:
-            view = cache.get(endpoint_id)
+            view = router.get(endpoint_id)
             if view is not None and view.state in ("fresh", "failing"):
                 return False
         self._fail_open(f"no current numbers for {', '.join(sorted(set(mapped))[:5])}")
@@ -148,8 +138,8 @@ class Routing:
 
     # --- deployments ------------------------------------------------------------------
 
-    def targets(self, cache: ViewCache, deployments: Sequence[Mapping[str, Any]]) -> list[Target]:
-        index = self.source.urls(cache)
+    def targets(self, router: Router, deployments: Sequence[Mapping[str, Any]]) -> list[Target]:
+        index = self.source.urls(router)
         if index is not self._memo_index:
             self._memo, self._memo_index = {}, index
         memo = self._memo
@@ -158,18 +148,18 @@ class Routing:
             key = _deployment_id(deployment)
             target = memo.get(key) if key is not None else None
             if target is None:
-                target = self._target(cache, index, deployment)
+                target = self._target(router, index, deployment)
                 if key is not None:
                     memo[key] = target
             out.append(target)
         return out
 
-    def _target(self, cache: ViewCache, index: UrlIndex, deployment: Mapping[str, Any]) -> Target:
+    def _target(self, router: Router, index: UrlIndex, deployment: Mapping[str, Any]) -> Target:
         """The deployment's endpoint (None: uninformed, said once) and model."""
         endpoint_id = index.endpoint_for(deployment)
         named = explicit_endpoint(deployment)
         why = ""
-        if endpoint_id is not None and not cache.knows(endpoint_id):
+        if endpoint_id is not None and not router.cache.knows(endpoint_id):
             why = f"names endpoint {endpoint_id!r} in model_info.{ENDPOINT_KEY}, which the "
             endpoint_id, why = None, why + "registry lacks"
         elif endpoint_id is None and named is None:
@@ -184,10 +174,10 @@ class Routing:
             self.say_once(
                 deployment,
                 "uninformed:" + why,
-                "%s: %s: kept, uninformed (the view does not judge it; the strategy uses it "
-                "only when no mapped deployment is eligible)",
+                "%s: %s: kept, uninformed (the view does not judge it; %s)",
                 describe(deployment),
                 why,
+                self.uninformed,
             )
         return Target(endpoint_id, self.served_model(deployment))
 
@@ -209,44 +199,42 @@ class Routing:
         provider, sep, rest = model.partition("/")
         return rest if sep and provider in self.providers else model
 
-    # --- the picker's rules -------------------------------------------------------------
+    # --- the Router's rules -------------------------------------------------------------
 
-    def asked(self, cache: ViewCache, target: Target) -> str | None:
-        """The model to ask the picker for: the deployment's, or None when the view lists
+    def asked(self, router: Router, target: Target) -> str | None:
+        """The model to ask the Router for: the deployment's, or None when the view lists
         no model for the endpoint (its page names none and its ``/v1/models`` was not
         read: llama.cpp, TGI, trtllm-serve before the poller reads that), which would
         otherwise never be eligible for any."""
         endpoint_id = target.endpoint_id
-        view = None if endpoint_id is None else cache.base(endpoint_id)
+        view = None if endpoint_id is None else router.cache.base(endpoint_id)
         stats = None if view is None else view.stats
         if stats is not None and not (stats.models or stats.lora_running or stats.lora_waiting):
             return None
         return target.model
 
-    def eligible(self, cache: ViewCache, targets: Sequence[Target]) -> list[bool]:
+    def eligible(self, router: Router, targets: Sequence[Target]) -> list[bool]:
         """Per target: may it take the request now? (unmapped targets: True). Saturated
-        endpoints count only when no other mapped one is eligible, as the picker does."""
-        asked = [self.asked(cache, t) for t in targets]
+        endpoints count only when no other mapped one is eligible, as a pick does."""
+        asked = [self.asked(router, t) for t in targets]
+        able = [
+            t.endpoint_id is not None and router.eligible(t.endpoint_id, m)
+            for t, m in zip(targets, asked, strict=True)
+        ]
         free = [
-            t.endpoint_id is not None
-            and self.strict.pick(cache, m, candidates=(t.endpoint_id,)) is not None
-            for t, m in zip(targets, asked, strict=True)
+            ok and not router.saturated(t.endpoint_id)  # type: ignore[arg-type]
+            for ok, t in zip(able, targets, strict=True)
         ]
-        if any(free) or self.picker.when_saturated == "none":
-            return [f or t.endpoint_id is None for f, t in zip(free, targets, strict=True)]
-        return [
-            t.endpoint_id is None
-            or self.picker.pick(cache, m, candidates=(t.endpoint_id,)) is not None
-            for t, m in zip(targets, asked, strict=True)
-        ]
+        chosen = free if any(free) else able  # all saturated: least_loaded lets them take it
+        return [ok or t.endpoint_id is None for ok, t in zip(chosen, targets, strict=True)]
 
     # --- saying why ---------------------------------------------------------------------
 
-    def why(self, cache: ViewCache, target: Target) -> Why:
-        """Why the picker would not send this target a request now, read from the view
-        (for the log only: the decision is the picker's)."""
+    def why(self, router: Router, target: Target) -> Why:
+        """Why the Router would not send this target a request now, read from the view
+        (for the log only: the decision is the Router's)."""
         endpoint_id = target.endpoint_id
-        view = None if endpoint_id is None else cache.get(endpoint_id)
+        view = None if endpoint_id is None else router.get(endpoint_id)
         if view is None:
             return Why("unknown", "not in the registry")
         if view.state == "failing":
@@ -262,7 +250,7 @@ class Routing:
             return Why("unknown", "no numbers yet")
         if stats.sleeping:
             return Why("asleep", "asleep (sleep mode)")
-        model = self.asked(cache, target)
+        model = self.asked(router, target)
         if model is not None and model not in (
             *stats.models,
             *stats.lora_running,
@@ -270,17 +258,21 @@ class Routing:
         ):
             listed = ", ".join(stats.models) or "none"
             return Why("model", f"serves another model (lists {listed}, not {model})")
-        picker = self.picker
-        if stats.waiting >= picker.max_waiting:
-            return Why("saturated", f"saturated (waiting {stats.waiting} >= {picker.max_waiting})")
-        kv = stats.kv_cache_usage
-        if kv is not None and kv >= picker.max_kv_cache_usage:
-            return Why("saturated", f"saturated (KV usage {kv:.2f} >= {picker.max_kv_cache_usage})")
+        options = router.options
+        if endpoint_id is not None and router.saturated(endpoint_id):
+            kv = stats.kv_cache_usage
+            if kv is not None and kv >= options.max_kv_cache_usage:
+                said = f"KV usage {kv:.2f} >= {options.max_kv_cache_usage}"
+                return Why("saturated", f"saturated ({said})")
+            if stats.waiting >= options.max_waiting:
+                said = f"waiting {stats.waiting} >= {options.max_waiting}"
+                return Why("saturated", f"saturated ({said})")
+            return Why("saturated", "saturated")
         return Why("other", "not eligible")
 
-    def dropped(self, cache: ViewCache, deployment: Mapping[str, Any], target: Target) -> None:
+    def dropped(self, router: Router, deployment: Mapping[str, Any], target: Target) -> None:
         """Log, once per deployment and reason, that the filter dropped it and why."""
-        why = self.why(cache, target)
+        why = self.why(router, target)
         self.say_once(
             deployment,
             "dropped:" + why.kind,
@@ -291,11 +283,11 @@ class Routing:
         )
 
     def nothing_eligible(
-        self, cache: ViewCache, group: str, targets: Sequence[Target], then: str
+        self, router: Router, group: str, targets: Sequence[Target], then: str
     ) -> None:
         """Log why no mapped deployment of ``group`` may take requests, once per change
         of the reasons (``then``: what happens to the request instead)."""
-        whys = {t.endpoint_id: self.why(cache, t) for t in targets if t.endpoint_id is not None}
+        whys = {t.endpoint_id: self.why(router, t) for t in targets if t.endpoint_id is not None}
         key = tuple(sorted((e, w.kind) for e, w in whys.items()))
         if self._nothing.get(group) == key:
             return

@@ -1,9 +1,10 @@
-"""The shared view inside a LiteLLM process: a cached reader opened on first use.
+"""The shared view inside a LiteLLM process: a Router opened on first use.
 
 The proxy imports the callback module before its event loop runs, so nothing connects
-at import: the first request opens ``StatsReader.cached()`` in the loop that serves it
-(and a new loop, as in tests, gets a new one). Configuration comes from the arguments or
-from ``POLLER_REDIS_URL`` / ``POLLER_NAMESPACE``, the names the poller itself reads.
+at import: the first request opens ``StatsReader.router()`` in the loop that serves it
+(and a new loop, as in tests or an app that runs one loop per request, gets a new one).
+Configuration comes from the arguments or from ``POLLER_REDIS_URL`` /
+``POLLER_NAMESPACE``, the names the poller itself reads.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from poller.integrations.litellm.deployments import UrlIndex
-from poller.reader.cache import ViewCache
 from poller.reader.reader import StatsReader
+from poller.reader.router import Router
+from poller.reader.routing.options import RoutingOptions
 from poller.util.urls import redact_url
 
 __all__ = ["RETRY_OPEN_S", "ViewSource"]
@@ -31,11 +33,12 @@ RETRY_OPEN_S = 10.0
 
 
 class ViewSource:
-    """A ``ViewCache`` for the running event loop, and the registry's URL index.
+    """A ``Router`` for the running event loop, and the registry's URL index.
 
-    Give ``cache`` to use a cache the caller keeps current (an SDK gateway that already
-    runs ``StatsReader.cached()``), or a Redis URL and namespace (default: the
-    ``POLLER_REDIS_URL`` and ``POLLER_NAMESPACE`` variables, read at first use).
+    Give ``router`` to use one the caller keeps open (an SDK gateway that already runs
+    ``reader.router()``), or a Redis URL and namespace (default: the
+    ``POLLER_REDIS_URL`` and ``POLLER_NAMESPACE`` variables, read at first use) and the
+    ``options`` an own Router routes with.
     """
 
     def __init__(
@@ -43,14 +46,19 @@ class ViewSource:
         redis_url: str | None = None,
         namespace: str | None = None,
         *,
-        cache: ViewCache | None = None,
+        router: Router | None = None,
+        options: RoutingOptions | None = None,
         reader_options: Mapping[str, Any] | None = None,
+        rng: Any = None,
     ) -> None:
         self._url = redis_url
         self._namespace = namespace
         self._options = dict(reader_options or {})
-        self._cache = cache
-        self._own = cache is None
+        #: What an own Router routes with (the caller's own Router: its own).
+        self.options = router.options if router is not None else options or RoutingOptions()
+        self._rng = rng
+        self._router = router
+        self._own = router is None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._lock: asyncio.Lock | None = None
@@ -61,9 +69,9 @@ class ViewSource:
         self._failed: tuple[float, Exception] | None = None
 
     @property
-    def cache(self) -> ViewCache | None:
-        """The cache as it is now (None before the first ``open`` of an own one)."""
-        return self._cache
+    def router(self) -> Router | None:
+        """The Router as it is now (None before the first ``open`` of an own one)."""
+        return self._router
 
     def settings(self) -> tuple[str, str]:
         """(Redis URL, namespace) this source reads; raises ValueError if none is set."""
@@ -75,30 +83,31 @@ class ViewSource:
             )
         return url, self._namespace or os.environ.get("POLLER_NAMESPACE") or "llmgw"
 
-    async def open(self) -> ViewCache:
-        """The cache, opening the reader in this event loop on first use. Raises what
+    async def open(self) -> Router:
+        """The Router, opening the reader in this event loop on first use. Raises what
         opening raises (a bad URL, a Redis of another schema version), again without
-        trying for ``RETRY_OPEN_S``; an unreachable Redis is not an error here: the cache
+        trying for ``RETRY_OPEN_S``; an unreachable Redis is not an error here: the view
         then stays unloaded and the reader keeps retrying in the background."""
         if not self._own:
-            assert self._cache is not None
-            return self._cache
+            assert self._router is not None
+            return self._router
         loop = asyncio.get_running_loop()
-        if self._cache is not None and self._loop is loop:
-            return self._cache
+        if self._router is not None and self._loop is loop:
+            return self._router
         if self._lock is None or self._loop is not loop:
             # A new loop (the old one ended with its reader's tasks, cancelled by it).
-            self._lock, self._loop, self._cache, self._stack = asyncio.Lock(), loop, None, None
+            self._lock, self._loop, self._router, self._stack = asyncio.Lock(), loop, None, None
         async with self._lock:
             if self._failed is not None and time.monotonic() < self._failed[0]:
                 raise self._failed[1].with_traceback(None)
-            if self._cache is None:
+            if self._router is None:
                 stack = contextlib.AsyncExitStack()
                 try:
                     url, namespace = self.settings()
                     reader = StatsReader.from_url(url, namespace, **self._options)
                     stack.push_async_callback(reader.aclose)
-                    self._cache = await stack.enter_async_context(reader.cached())
+                    opened = reader.router(self.options, rng=self._rng)
+                    self._router = await stack.enter_async_context(opened)
                 except Exception as exc:
                     await stack.aclose()  # its connections too
                     self._failed = (time.monotonic() + RETRY_OPEN_S, exc)
@@ -107,17 +116,20 @@ class ViewSource:
                 log.info(
                     "reading the shared view from %s (namespace %s)", redact_url(url), namespace
                 )
-        return self._cache
+        return self._router
 
     async def aclose(self) -> None:
         """Stop an own reader (the proxy never needs to: the process ends)."""
-        stack, self._stack, self._cache = self._stack, None, (None if self._own else self._cache)
+        stack, self._stack = self._stack, None
+        if self._own:
+            self._router = None
         if stack is not None:
             await stack.aclose()
 
-    def urls(self, cache: ViewCache) -> UrlIndex:
+    def urls(self, router: Router) -> UrlIndex:
         """The registry's URL index, rebuilt when the registry's revision changed (every
-        registry change reaches the cache as a new snapshot with its revision)."""
+        registry change reaches the view as a new snapshot with its revision)."""
+        cache = router.cache
         if self._index is None or self._index_rev != cache.rev:
             pairs = []
             for endpoint_id in cache.ids():

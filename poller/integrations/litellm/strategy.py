@@ -1,11 +1,13 @@
-"""``LoadAwareStrategy``: the Router's plug point. LiteLLM narrows a model group to its
-healthy deployments (aliases, cooldowns, filters, tags, order); the ``Picker`` chooses
-the endpoint, with this replica's ``LocalLoad`` kept from pick to end (``tickets.py``)."""
+"""``LoadAwareStrategy``: the plug point of LiteLLM's SDK ``Router``. LiteLLM narrows a
+model group to its healthy deployments (aliases, cooldowns, filters, tags, order); this
+replica's poller ``Router`` chooses the endpoint and counts the request from pick to end
+(``tickets.py``)."""
 
 from __future__ import annotations
 
 import logging
 import random
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,13 +18,15 @@ from litellm.router_strategy.simple_shuffle import simple_shuffle
 from litellm.router_utils.handle_error import async_raise_no_deployment_exception
 from litellm.types.router import CustomRoutingStrategyBase
 
+from poller.integrations.litellm.deprecated import options_of
 from poller.integrations.litellm.routing import Routing
 from poller.integrations.litellm.source import ViewSource
 from poller.integrations.litellm.tickets import Key, Tickets
-from poller.reader.cache import ViewCache
-from poller.reader.load import LocalLoad
-from poller.reader.picker import Picker
-from poller.reader.prefix import prompt_of
+from poller.reader.load.local import LocalLoad
+from poller.reader.prefix.blocks import prompt_of
+from poller.reader.router import Router
+from poller.reader.routing.options import RoutingOptions
+from poller.reader.ticket import Ticket
 from poller.util.logs import count
 
 __all__ = ["LoadAwareStrategy"]
@@ -32,15 +36,17 @@ Deployment = dict[str, Any]
 
 
 class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignore[misc]
-    """Chooses each request's deployment with the picker over the shared view.
+    """Chooses each request's deployment with a poller ``Router`` over the shared view.
 
-    ``install()`` sets it on the Router (``set_custom_routing_strategy``) and registers
-    it as a LiteLLM callback, which is how it learns when a request ended. Among the
-    deployments LiteLLM considers healthy, the picker chooses an endpoint (a group whose
-    deployments name one engine model picks with that model; a mixed group keeps those
-    whose endpoint serves their own model, then picks among them); deployments sharing
-    that endpoint are chosen between at random. A chat request's ``messages`` are the
-    pick's ``prompt`` (``prompt_of``): prefix affinity. Nothing eligible (logged once per change
+    ``install()`` sets it on LiteLLM's Router (``set_custom_routing_strategy``) and
+    registers it as a LiteLLM callback, which is how it learns when a request ended.
+    Among the deployments LiteLLM considers healthy, the poller Router chooses an
+    endpoint (a group whose deployments name one engine model picks with that model; a
+    mixed group keeps those whose endpoint serves their own model, then picks among
+    them); deployments sharing that endpoint are chosen between at random. A chat
+    request's ``messages`` are the pick's ``prompt`` (``prompt_of``): prefix affinity.
+    ``poller_router``: a poller Router of the caller's (else one opened on the first
+    request, with ``options``). Nothing eligible (logged once per change
     of the reasons): deployments that map to no endpoint (a hosted provider, an
     ``llmgw_endpoint`` the registry lacks: uninformed, logged once each) by LiteLLM's
     weighted shuffle, else LiteLLM's own no-deployment error. The view unreadable, or
@@ -54,19 +60,37 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
         *,
         redis_url: str | None = None,
         namespace: str | None = None,
-        cache: ViewCache | None = None,
-        picker: Picker | None = None,
-        local: LocalLoad | None = None,
+        options: RoutingOptions | None = None,
+        poller_router: Router | None = None,
         max_open_s: float = 600.0,
         rng: random.Random | None = None,
+        cache: Any = None,
+        picker: Any = None,
+        local: Any = None,
     ) -> None:
         CustomLogger.__init__(self)
         self.router = router
-        self.local = local if local is not None else LocalLoad()
-        self.tickets = Tickets(self.local, max_open_s)
-        source = ViewSource(redis_url, namespace, cache=cache)
-        self.routing = Routing(picker or Picker(rng=rng), source, litellm.provider_list)
+        if local is not None:
+            warnings.warn(
+                "LoadAwareStrategy(local=...) is deprecated and no longer used: the "
+                "poller Router counts each request (strategy.local is its LocalLoad)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        owner = type(self).__name__
+        options, poller_router = options_of(owner, options, poller_router, cache, picker)
+        self.tickets = Tickets(max_open_s)
+        source = ViewSource(redis_url, namespace, router=poller_router, options=options, rng=rng)
+        spare = "the strategy uses it only when no mapped deployment is eligible"
+        self.routing = Routing(source, litellm.provider_list, uninformed=spare)
         self.rng = rng if rng is not None else random.Random()
+        self._idle = LocalLoad()  # what ``local`` shows before a Router is open
+
+    @property
+    def local(self) -> LocalLoad:
+        """This replica's requests in flight: the poller Router's count."""
+        router = self.routing.source.router
+        return self._idle if router is None else router.local
 
     def install(self) -> LoadAwareStrategy:
         self.router.set_custom_routing_strategy(self)
@@ -103,18 +127,18 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
             specific_deployment=specific_deployment,
             parent_otel_span=span,
         )
+        ticket = None
         if isinstance(healthy, dict):  # a specific deployment was asked for
             deployment: Deployment | None = healthy
         else:
             prompt = _prompt(messages)
-            deployment = self.choose(
-                await self.routing.cache(), model, healthy, kwargs, prompt=prompt
-            )
+            router = await self.routing.router()
+            deployment, ticket = self.choose(router, model, healthy, kwargs, prompt=prompt)
         if deployment is None:
             raise await async_raise_no_deployment_exception(
                 litellm_router_instance=self.router, model=model, parent_otel_span=span
             )
-        self._opened(deployment, kwargs)
+        self._opened(deployment, kwargs, ticket)
         return deployment
 
     def get_available_deployment(
@@ -135,13 +159,13 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
             specific_deployment=specific_deployment,
             request_kwargs=kwargs,
         )
+        ticket = None
         if isinstance(healthy, dict):
             deployment: Deployment | None = healthy
         else:
             prompt = _prompt(messages)
-            deployment = self.choose(
-                self.routing.cache_now(), model, healthy, kwargs, prompt=prompt
-            )
+            router = self.routing.router_now()
+            deployment, ticket = self.choose(router, model, healthy, kwargs, prompt=prompt)
         if deployment is None:
             raise litellm.RouterRateLimitError(
                 model=model,
@@ -150,64 +174,62 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
                 cooldown_list=[],
                 model_ids=self.router.get_model_ids(model_name=model),
             )
-        self._opened(deployment, kwargs)
+        self._opened(deployment, kwargs, ticket)
         return deployment
 
     def choose(
         self,
-        cache: ViewCache | None,
+        router: Router | None,
         model: str,
         healthy: list[Deployment],
         kwargs: Mapping[str, Any],
         *,
         prompt: str | None = None,
-    ) -> Deployment | None:
-        """The deployment for one request among ``healthy`` (None: nothing may take it);
-        ``prompt``: the request's messages as the engine prefills them (``prompt_of``),
-        for the picker's prefix affinity."""
+    ) -> tuple[Deployment | None, Ticket | None]:
+        """The deployment for one request among ``healthy`` (None: nothing may take it)
+        and the poller Router's ticket that counts it (None: not chosen by a pick; the
+        caller ends the ticket, as ``async_get_available_deployment`` does through its
+        attempt). ``prompt``: the request's messages as the engine prefills them
+        (``prompt_of``), for prefix affinity."""
         if not healthy:
-            return None
-        if cache is None:
-            return self._shuffle(model, healthy, kwargs)
+            return None, None
+        if router is None:
+            return self._shuffle(model, healthy, kwargs), None
         routing = self.routing
-        targets = routing.targets(cache, healthy)
+        targets = routing.targets(router, healthy)
         mapped = [
             (d, t.endpoint_id, t)
             for d, t in zip(healthy, targets, strict=True)
             if t.endpoint_id is not None
         ]
-        endpoint_id = None
+        ticket = None
         if mapped:
-            served = {routing.asked(cache, t) for _, _, t in mapped}
+            served = {routing.asked(router, t) for _, _, t in mapped}
             if len(served) == 1:
                 ids = [e for _, e, _ in mapped]
-                endpoint_id = routing.picker.pick(
-                    cache, served.pop(), prompt=prompt, candidates=ids, local=self.local
-                )
+                ticket = router.pick(served.pop(), prompt=prompt, candidates=ids)
             else:
-                ok = routing.eligible(cache, [t for _, _, t in mapped])
+                ok = routing.eligible(router, [t for _, _, t in mapped])
                 ids = [e for (_, e, _), k in zip(mapped, ok, strict=True) if k]
                 if ids:
-                    endpoint_id = routing.picker.pick(
-                        cache, None, prompt=prompt, candidates=ids, local=self.local
-                    )
-        if endpoint_id is not None:
+                    ticket = router.pick(None, prompt=prompt, candidates=ids)
+        if ticket is not None:
             routing.something_eligible(model)
-            on_it = [d for d, e, _ in mapped if e == endpoint_id]
-            return on_it[0] if len(on_it) == 1 else self.rng.choice(on_it)
-        if routing.without_numbers(cache, targets):
-            return self._shuffle(model, healthy, kwargs)
+            on_it = [d for d, e, _ in mapped if e == ticket.id]
+            return (on_it[0] if len(on_it) == 1 else self.rng.choice(on_it)), ticket
+        if routing.without_numbers(router, targets):
+            return self._shuffle(model, healthy, kwargs), None
         unmapped = [d for d, t in zip(healthy, targets, strict=True) if t.endpoint_id is None]
         if mapped:
             routing.nothing_eligible(
-                cache,
+                router,
                 model,
                 [t for _, _, t in mapped],
                 f"sending to its {count(len(unmapped), 'uninformed deployment')}"
                 if unmapped
                 else "LiteLLM answers 'No deployments available'",
             )
-        return self._shuffle(model, unmapped, kwargs) if unmapped else None
+        return (self._shuffle(model, unmapped, kwargs) if unmapped else None), None
 
     def _shuffle(
         self, model: str, deployments: list[Deployment], kwargs: Mapping[str, Any]
@@ -220,17 +242,23 @@ class LoadAwareStrategy(CustomRoutingStrategyBase, CustomLogger):  # type: ignor
         )
         return chosen
 
-    # --- the local correction, from pick to end ----------------------------------------
+    # --- the count, from pick to end ---------------------------------------------------
 
-    def _opened(self, deployment: Mapping[str, Any], kwargs: Mapping[str, Any]) -> None:
-        cache = self.routing.source.cache
-        if cache is None:
-            return
-        target = self.routing.targets(cache, [deployment])[0]
-        if target.endpoint_id is None:
-            return
+    def _opened(
+        self, deployment: Mapping[str, Any], kwargs: Mapping[str, Any], ticket: Ticket | None
+    ) -> None:
+        """Hold the attempt's ticket until its end is reported: the pick's, or one of
+        ``track`` for a deployment LiteLLM chose itself (a shuffle, a named one)."""
+        if ticket is None:
+            router = self.routing.source.router
+            if router is None:
+                return
+            target = self.routing.targets(router, [deployment])[0]
+            if target.endpoint_id is None:
+                return
+            ticket = router.track(target.endpoint_id)
         key = (str(kwargs.get("litellm_trace_id", "")), _deployment_id(deployment))
-        self.tickets.open(target.endpoint_id, key, stream=bool(kwargs.get("stream")))
+        self.tickets.open(ticket, key, stream=bool(kwargs.get("stream")))
 
     def _ended(self, kwargs: Mapping[str, Any], *, ok: bool) -> None:
         key = _callback_key(kwargs)

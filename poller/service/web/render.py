@@ -2,7 +2,7 @@
 
 Everything shown comes from the same dict ``poller status --json`` prints, so the page
 and the CLI agree on states and numbers (the state rules live in
-``poller/reader/view.py``; ``format.shown_state`` only tells ``sleeping`` from fresh).
+``poller/reader/view/records.py``; ``format.shown_state`` only tells ``sleeping`` from fresh).
 Every value that comes from the registry or an engine page (ids, engines, owners, model
 and adapter names, failure details, discovery sources) is untrusted and goes through
 ``_e``; nothing else writes text into the markup.

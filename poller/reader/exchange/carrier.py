@@ -1,12 +1,12 @@
 """The prefix placements on the exchange's calls: what goes out, what comes back.
 
-With ``cached(share_placements=True)`` every call of poller/schema/scripts/share.lua
-that the exchange (poller/reader/exchange.py) makes carries this replica's new
-placements (``Placements.outgoing``) and reads back the other replicas' entries since
-the last one read: no command more. A refusal of the call is the stream's rights or the
-hash's; the next call, made without the stream, tells which (``answered``, ``failed``).
-The pages the exchange takes in give the table each engine's prefix-cache counters and
-KV capacity (``observe``).
+Where the placements are shared (``RoutingOptions.share_placements``, the default),
+every call of poller/schema/scripts/share.lua that the exchange makes carries this
+replica's new placements (``Placements.take_outbox``) and reads back the other replicas'
+entries since the last one read: no command more. A refusal of the call is the stream's
+rights or the hash's; the next call, made without the stream, tells which (``answered``,
+``failed``). The pages the exchange takes in give the table each engine's prefix-cache
+counters and KV capacity (``take_page``).
 """
 
 from __future__ import annotations
@@ -16,14 +16,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from poller.reader.outbox import READ_COUNT, STREAM_MAXLEN
-from poller.reader.placements import Placements
-from poller.reader.share import REFUSED_RETRY_S
+from poller.reader.exchange.wire import READ_COUNT, REFUSED_RETRY_S, STREAM_MAXLEN
+from poller.reader.prefix.placements import Placements
 
 __all__ = ["Carrier"]
 
-#: The exchange's logger: its warnings are one family, filtered by that name.
-log = logging.getLogger("poller.reader.exchange")
+log = logging.getLogger(__name__)
 
 
 class Carrier:
@@ -41,7 +39,7 @@ class Carrier:
         self._suspect = False  # refused with the stream: whose rights?
         self._retry_at = 0.0
 
-    def observe(self, endpoint_id: str, view: Any) -> None:
+    def take_page(self, endpoint_id: str, view: Any) -> None:
         """The endpoint's page: its prefix-cache counters (going back voids its
         placements) and its KV capacity (the others' placements there are judged by it
         too, not only this replica's)."""
@@ -64,7 +62,7 @@ class Carrier:
         if now < self._retry_at:
             return
         placements = self.placements
-        self._body = placements.outgoing()
+        self._body = placements.take_outbox()
         keys.append(self.key)
         age_ms = int(placements.age_s * 1000)
         args += [self._body, placements.last_id, STREAM_MAXLEN, age_ms, READ_COUNT]
@@ -75,7 +73,7 @@ class Carrier:
         if self._body is not None:
             self._refused = False
             redis_ms = int(reply[0]) * 1000 + int(reply[1]) // 1000  # the script's TIME
-            self.placements.absorb(reply[3], redis_ms)
+            self.placements.take_entries(reply[3], redis_ms)
             return 4
         if self._suspect:  # refused with the stream, answered without it
             self._suspect = False
@@ -88,7 +86,7 @@ class Carrier:
         without it, and tells."""
         body, self._body = self._body, None
         if body is not None:
-            self.placements.unsent(body)
+            self.placements.put_back(body)
             if refused:
                 self._suspect = True
                 self._retry_at = self.clock() + REFUSED_RETRY_S
@@ -105,8 +103,8 @@ class Carrier:
                 "prefix placement sharing refused by Redis: this replica uses its own "
                 "placements. The gateway's ACL user needs XADD, XTRIM, XRANGE, XREVRANGE "
                 "and PEXPIRE on %s: add (~%s +xadd +xtrim +xrange +xrevrange +pexpire) to "
-                "its line (deploy/redis/users.acl), or open the cache with "
-                "cached(share_placements=False)",
+                "its line (deploy/redis/users.acl), or open the router with "
+                "RoutingOptions(share_placements=False)",
                 self.key,
                 self.key,
             )

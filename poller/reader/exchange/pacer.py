@@ -1,4 +1,4 @@
-"""When the exchange calls Redis (poller/reader/exchange.py): at once when this replica's
+"""When the exchange calls Redis (poller/reader/exchange/exchange.py): at once when this replica's
 counts changed, while a token bucket allows, and at least every ``FLOOR_S`` otherwise.
 
 The bucket holds ``BURST`` tokens and gains ``RATE_PER_S`` a second, so at most
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from poller.reader.share import REFRESH_BEFORE_MS, TTL_MS
+from poller.reader.exchange.wire import REFRESH_BEFORE_MS, TTL_MS
 
 __all__ = ["BURST", "FLOOR_S", "RATE_PER_S", "Pacer"]
 

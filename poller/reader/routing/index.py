@@ -2,7 +2,7 @@
 
 A pick must not scan the view (1,000 endpoints cost ~0.5 ms to walk in Python; a pick
 has ~20 us). The index classifies each endpoint once per change of its records and keeps,
-per model asked for, the eligible endpoints in bags by LoRA affinity tier and saturation;
+per model asked for, the eligible endpoints in bags by LoRA tier and saturation;
 a pick draws two of them. Freshness runs out without any change: each slot carries the
 Redis time its stats stop being fresh, and a draw that meets an expired slot drops it
 (its next stats write brings it back).
@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import math
 import statistics
-import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
 
-from poller.reader.view import EndpointView
+from poller.reader.view.records import EndpointView
 from poller.schema.stats import EndpointStats
 
 __all__ = ["TIERS", "Bag", "Index", "ModelIndex", "Slot"]
 
 INF = math.inf
-#: LoRA affinity tiers in the Gateway API Inference Extension's order: the adapter is
+#: LoRA tiers in the Gateway API Inference Extension's order: the adapter is
 #: running, waiting to load, could load into a free slot, or would need a slot freed.
 TIERS = 4
 #: Relative capacity is clamped to this range: a wrong figure must not take all traffic.
@@ -74,7 +72,7 @@ class Slot:
         self.prefix_hits = stats.prefix_cache_hits_total
 
     def tier(self, model: str | None, adapter: bool) -> int | None:
-        """This endpoint's affinity tier for ``model`` (lower is better), None if it does
+        """This endpoint's LoRA tier for ``model`` (lower is better), None if it does
         not serve it. ``adapter``: the model is a LoRA adapter somewhere in the fleet; for
         a base model, every endpoint listing it is one tier (no slot is needed)."""
         if model is None:
@@ -234,13 +232,3 @@ class Index:
             index.drop(endpoint_id)
             if slot is not None and not index.put(slot):
                 del self.models[name]  # rebuilt on the next pick of that model
-
-
-def __getattr__(name: str) -> Any:
-    """``Entry``, the name of earlier releases for ``Slot``, for one release more."""
-    if name == "Entry":
-        warnings.warn(
-            "poller.reader.index.Entry is deprecated: use Slot", DeprecationWarning, stacklevel=2
-        )
-        return Slot
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,15 +6,12 @@ the rule of docs/reader.md ("The load estimate"): the fleet's requests in flight
 exact for the traffic the gateways sent, plus what the page shows beyond what the
 gateways had in flight when it was scraped (traffic from outside the gateways).
 
-A cached reader keeps one ``FleetLoad`` on its cache (``cache.fleet``). Its exchange
-(poller/reader/exchange.py, poller/schema/scripts/share.lua) writes our field when our
-counts change, publishing the write to the other replicas as it happens, and reads
-everyone else's back; the follower hears the others' writes and ``hear`` takes them
-in, so the others' counts are a few milliseconds old, not a read's period. Fields carry
-their expiry on the Redis clock: a replica that dies leaves the others' view ``ttl_ms``
-after its last write. The pick path never touches Redis: it reads ``FleetLoad.extra``.
-Redis lost, or no right to the key: the counts of this replica only,
-``cache.load_shared`` False.
+A ``Router`` keeps one. Its exchange (poller/reader/exchange/) writes this replica's
+``own_field`` when its counts change and brings the other replicas' writes back, pushed
+(``hear``) or read (``take``); fields carry their expiry on the Redis clock, so a
+replica that dies leaves the others' view with its field. The pick path never touches
+Redis: it reads ``extra``. Redis lost, or no right to the key: the counts of this
+replica only (``outside``).
 """
 
 from __future__ import annotations
@@ -31,19 +28,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from poller.reader.load import LocalLoad
-from poller.reader.peers import Peers
+from poller.reader.load.local import LocalLoad
+from poller.reader.load.peers import Peers
 
 __all__ = ["FleetLoad", "default_replica_id", "pages_of"]
 
-#: The wait after a failed exchange call (seconds); the pacer spaces the others
-#: (poller/reader/pacer.py).
-RETRY_S = 0.05
-#: How long a replica's field counts after its last write (ms): a replica that dies
-#: leaves the others' view within this.
-TTL_MS = 800
-#: An unchanged field is rewritten when this much of its TTL is left (ms).
-REFRESH_BEFORE_MS = 500
 #: Pages per endpoint the outside-traffic estimate looks back over (their minimum): a
 #: load from outside the gateways is counted once every one of them shows it, so what
 #: comes and goes between pages is not (docs/reader.md, "The load estimate").
@@ -55,11 +44,6 @@ PAGES = 8
 CURRENT_MISS = 0.03
 #: The weight of one page in the moving sums that tell it (about the last 64 pages).
 MISS_ALPHA = 1 / 64
-#: How long the exchange may go unanswered before the counts are local only (ms); the
-#: prefix placements it carries too (poller/reader/placements.py).
-LOST_AFTER_MS = 1000
-#: How often a refused exchange (no right to the key) is tried again (seconds).
-REFUSED_RETRY_S = 5.0
 
 
 def default_replica_id() -> str:
@@ -72,17 +56,17 @@ class FleetLoad:
 
     - ``attach(local)``: a ``LocalLoad`` whose requests this replica publishes (the
       picker attaches the one it is given; a replica normally has one).
-    - ``record(pages, offset_ms)`` -> this replica's field: per endpoint with requests
+    - ``own_field(pages, offset_ms)`` -> this replica's field: per endpoint with requests
       in flight, ``[in flight now, in flight at the page's scrape, that scrape's ms]``.
     - ``hear(messages, ...)``: the other replicas' writes as the channel pushed them
-      (``<expiry ms> <record or -> <replica id>``); ``absorb(fields, ...)``: their
+      (``<expiry ms> <record or -> <replica id>``); ``take(fields, ...)``: their
       fields as the share script returned them. Both recompute ``extra``; each
       replica's newest write wins, whichever way it came.
     - ``extra``: endpoint id -> the load to add to this replica's own in flight there
       (the other replicas' in flight now + the outside traffic the page shows). An
       endpoint missing from it counts its page's running + waiting. ``outside``: the
-      same without the other replicas' (what a pick adds while ``shared`` is False:
-      Redis lost, the others' counts no longer current).
+      same without the other replicas' (what a pick adds while the others' counts are
+      not current: Redis lost, ``answered_within``).
 
     ``pages`` is ``(endpoint id, running + waiting, scraped_at_ms)`` for the endpoints of
     the view, ``offset_ms`` the Redis clock minus the local clock (``ViewCache``'s).
@@ -92,15 +76,11 @@ class FleetLoad:
         self,
         replica_id: str | None = None,
         *,
-        retry_s: float = RETRY_S,
-        ttl_ms: int = TTL_MS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if replica_id is not None and (not isinstance(replica_id, str) or not replica_id):
             raise ValueError(f"replica_id must be a non-empty string, got {replica_id!r}")
         self.replica_id = replica_id or default_replica_id()
-        self.retry_s = retry_s
-        self.ttl_ms = ttl_ms
         #: Seconds of the exchange's clock (``time.monotonic``; a simulation passes its own).
         self.clock = clock
         self._locals: weakref.WeakSet[LocalLoad] = weakref.WeakSet()
@@ -131,10 +111,8 @@ class FleetLoad:
         # could have shown.
         self._missed = 0.0
         self._held = 0.0
-        self._last_record = ""
-        self._written_ms: float = -1e15
-        # This replica's field, per endpoint, as ``record`` last built it.
-        self._entries: dict[str, list[int]] | None = None
+        # This replica's field, per endpoint, as ``own_field`` last built it.
+        self._own: dict[str, list[int]] | None = None
         # The other replicas' newest writes, by replica and by endpoint.
         self._peers = Peers(self.replica_id)
         self._lock = threading.Lock()
@@ -142,14 +120,20 @@ class FleetLoad:
     # --- this replica ----------------------------------------------------------------------
 
     def attach(self, local: LocalLoad) -> None:
+        """Publish ``local``'s requests here (its changes wake the exchange)."""
         self._locals.add(local)
-        local.fleet = self
+        local.wake_on(self.wake)
 
     def detach(self, local: LocalLoad) -> None:
-        """``local`` is published no more here (it moved to another cache's fleet)."""
+        """``local`` is published no more here (it moved to another router's fleet)."""
         self._locals.discard(local)
-        if local.fleet is self:
-            local.fleet = None
+        held = local.wake_on(None)
+        if held is not None and held != self.wake:
+            local.wake_on(held)  # another fleet's: left as it was
+
+    def holds(self, local: LocalLoad) -> bool:
+        """``local`` is attached here."""
+        return local in self._locals
 
     def wake(self) -> None:
         """An attached load changed (``LocalLoad`` calls it once per exchange at most)."""
@@ -161,7 +145,7 @@ class FleetLoad:
         self, endpoint_id: str, since_local_s: float, loads: list[LocalLoad]
     ) -> tuple[int, int]:
         """(in flight now, in flight at ``since_local_s``) over ``loads`` (the attached
-        ones, listed once per call of ``record`` or ``absorb``)."""
+        ones, listed once per call of ``own_field`` or ``take``)."""
         if len(loads) == 1:
             local = loads[0]
             return local.in_flight(endpoint_id), local.in_flight_at(endpoint_id, since_local_s)
@@ -188,7 +172,7 @@ class FleetLoad:
         """An attached load started or ended a request since the last ``take_changed``."""
         return any(local.has_changed() for local in list(self._locals))
 
-    def record(
+    def own_field(
         self,
         pages: Mapping[str, tuple[int, int]],
         offset_ms: float,
@@ -199,10 +183,10 @@ class FleetLoad:
         or ended requests since the last call (None: any may have); only those are
         worked out again."""
         loads = list(self._locals)
-        entries = self._entries
+        own = self._own
         todo: Iterable[str]
-        if changed is None or entries is None:
-            entries = self._entries = {}
+        if changed is None or own is None:
+            own = self._own = {}
             todo = self._ids()
         else:
             todo = changed
@@ -211,31 +195,16 @@ class FleetLoad:
             scraped_ms = page[1] if page is not None else 0
             now, at = self._mine(endpoint_id, (scraped_ms - offset_ms) / 1000, loads)
             if now or at:
-                entries[endpoint_id] = [now, at, scraped_ms]
+                own[endpoint_id] = [now, at, scraped_ms]
             else:
-                entries.pop(endpoint_id, None)
-        if not entries:
+                own.pop(endpoint_id, None)
+        if not own:
             return ""
-        return json.dumps(dict(sorted(entries.items())), separators=(",", ":"))
-
-    def outgoing(self, record: str, now_ms: float) -> str:
-        """What the exchange writes: the record when it changed or nears its expiry,
-        "-" once when it became empty, "" (nothing) otherwise."""
-        if record == self._last_record and (
-            not record or now_ms - self._written_ms < self.ttl_ms - REFRESH_BEFORE_MS
-        ):
-            return ""
-        self._last_record = record
-        self._written_ms = now_ms
-        return record or "-"
-
-    def forget_written(self) -> None:
-        """The last write may not have landed (an error): write again next time."""
-        self._last_record = "\0"
+        return json.dumps(dict(sorted(own.items())), separators=(",", ":"))
 
     # --- the others ----------------------------------------------------------------------
 
-    def absorb(
+    def take(
         self,
         fields: Sequence[Any],
         pages: Mapping[str, tuple[int, int]],
@@ -249,7 +218,7 @@ class FleetLoad:
         returns them after its header), read by a call sent at ``asked_at`` (monotonic
         seconds): a replica missing from them is gone unless a message about it was
         heard after that. ``shared=False``: Redis did not answer, our own counts only
-        (every peer's left out). ``changed``: as for ``record`` (None: every endpoint
+        (every peer's left out). ``changed``: as for ``own_field`` (None: every endpoint
         is worked out again); then only those and the endpoints in the fields of
         replicas whose counts changed, came or went are: the others' figures depend on
         nothing else."""
@@ -268,8 +237,8 @@ class FleetLoad:
     ) -> None:
         """The other replicas' writes as the channel pushed them, and the fields past
         their expiry at ``now_ms`` (the Redis clock) dropped; ``changed`` as for
-        ``absorb``. No message at all: the pages and the expiries only. ``heard_at``:
-        now on the clock of ``absorb``'s ``asked_at`` (default ``clock()``)."""
+        ``take``. No message at all: the pages and the expiries only. ``heard_at``:
+        now on the clock of ``take``'s ``asked_at`` (default ``clock()``)."""
         heard_at = self.clock() if heard_at is None else heard_at
         moved = self._peers.hear(messages, now_ms, heard_at)
         self._estimate(pages, offset_ms, changed, moved, answered=False)
@@ -347,19 +316,18 @@ class FleetLoad:
         """The Redis-clock ms at which the first other replica's field expires."""
         return self._peers.next_expiry_ms()
 
-    @property
-    def shared(self) -> bool:
-        """The other replicas' counts are current (the last exchange answered within
-        ``LOST_AFTER_MS``): False means this replica's own counts only."""
+    def answered_within(self, seconds: float) -> bool:
+        """An exchange that brought the others' counts answered within ``seconds`` (the
+        exchange's bound, ``LOST_AFTER_MS``): their counts are current."""
         at = self.exchanged_at
-        return at is not None and (self.clock() - at) * 1000 <= LOST_AFTER_MS
+        return at is not None and self.clock() - at <= seconds
 
     def peer_in_flight(self, endpoint_id: str) -> int:
         """The other replicas' requests in flight to ``endpoint_id``, as last heard."""
         return self._peers.in_flight(endpoint_id)
 
     def __repr__(self) -> str:
-        return f"FleetLoad({self.replica_id!r}, {self.peers} peers, shared={self.shared})"
+        return f"FleetLoad({self.replica_id!r}, {self.peers} peers)"
 
 
 def pages_of(items: Iterable[tuple[str, Any]]) -> dict[str, tuple[int, int]]:

@@ -20,7 +20,7 @@ costs one dict lookup per block of its prompt. The table holds at most ``max_blo
 blocks in two generations (the newer is filled; when it holds half, it becomes the
 older and the older is dropped), so memory is bounded and recently used blocks stay.
 What this gateway replica records and what the others wrote (``Placements``,
-poller/reader/placements.py) are placed alike.
+poller/reader/prefix/placements.py) are placed alike.
 """
 
 from __future__ import annotations
@@ -32,9 +32,17 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import groupby
 
-from poller.reader.prefix import BLOCK_BYTES, BYTES_PER_TOKEN
+from poller.reader.prefix.blocks import BLOCK_BYTES, BYTES_PER_TOKEN
 
-__all__ = ["CODE_BITS", "MAX_HOLDERS", "TOKENS_PER_BLOCK", "BlockTable", "Found", "Value"]
+__all__ = [
+    "CODE_BITS",
+    "MAX_HOLDERS",
+    "MAX_TABLE_BLOCKS",
+    "TOKENS_PER_BLOCK",
+    "BlockTable",
+    "Found",
+    "Value",
+]
 
 #: A placement's value: position << CODE_BITS | endpoint code, or several of them; never 0
 #: (a position is at least 1), so a list of values is all None exactly when not any().
@@ -47,14 +55,14 @@ Found = tuple[list[Value | None], set[int], int]
 CODE_BITS = 20
 _MASK = (1 << CODE_BITS) - 1
 #: Blocks the table holds at most (both generations), 81 bytes each (measured).
-MAX_BLOCKS = 1 << 20
+MAX_TABLE_BLOCKS = 1 << 20
 #: How long an unused placement counts (s); also how long Redis keeps placements.
 AGE_S = 600.0
 #: The age is tracked in steps of this many seconds per endpoint.
 MARK_S = 10.0
 #: Capacity assumed for an engine that publishes none, when the fleet's is unknown too.
 DEFAULT_CAPACITY_TOKENS = 131072
-#: Tokens per block of the picker's (poller/reader/prefix.py): an engine's capacity in
+#: Tokens per block of the picker's (poller/reader/prefix/blocks.py): an engine's capacity in
 #: blocks is its ``kv_capacity_tokens`` over this.
 TOKENS_PER_BLOCK = BLOCK_BYTES // BYTES_PER_TOKEN
 #: Endpoints the table keeps track of (about 1 KB each); when as many were seen (a
@@ -90,7 +98,7 @@ class BlockTable:
 
     def __init__(
         self,
-        max_blocks: int = MAX_BLOCKS,
+        max_blocks: int = MAX_TABLE_BLOCKS,
         age_s: float = AGE_S,
         *,
         clock: Callable[[], float] = time.monotonic,

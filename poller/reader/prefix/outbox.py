@@ -21,10 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 __all__ = [
     "ENTRY_MAX",
     "OUT_MAX",
-    "READ_COUNT",
-    "STREAM_MAXLEN",
     "Outbox",
-    "entries",
+    "entry_placements",
     "pack",
 ]
 
@@ -32,14 +30,6 @@ __all__ = [
 OUT_MAX = 8192
 #: Block ids one exchange writes at most (one stream entry).
 ENTRY_MAX = 1024
-#: Stream entries Redis keeps at most (approximate trim: up to a stream node, 100
-#: entries, more); with ``ENTRY_MAX`` ids of ~12.5 bytes each in Redis, the key stays
-#: under ~14 MB however many replicas write.
-STREAM_MAXLEN = 1024
-#: Entries one exchange call reads at most (a replica writes at most 20 a second, so 8
-#: replicas at most 48 between two calls 300 ms apart, the slowest pace; a backlog is
-#: caught up at 64 a call, so one call never absorbs more than ~64,000 ids).
-READ_COUNT = 64
 
 
 class Outbox:
@@ -116,12 +106,12 @@ class Outbox:
         allows), for the next call, with the older half (they may have waited that
         long)."""
         self.bytes_written -= len(body)
-        for endpoint_id, ids in entries(body):
+        for endpoint_id, ids in entry_placements(body):
             self.ids_written -= len(ids)
             self.add(endpoint_id, ids, older=True)
 
 
-def entries(body: str) -> Iterator[tuple[str, list[int]]]:
+def entry_placements(body: str) -> Iterator[tuple[str, list[int]]]:
     """An entry's ``(endpoint id, block ids)`` pairs; a part that is not base64 of whole
     8-byte ids is skipped."""
     words = body.split(" ") if body else []

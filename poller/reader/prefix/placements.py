@@ -1,20 +1,20 @@
 """This gateway fleet's prefix placements: the block table, shared by every replica.
 
-``Placements`` is the table of poller/reader/table.py (block id -> the endpoints that
+``Placements`` is the table of poller/reader/prefix/table.py (block id -> the endpoints that
 could hold it) that the picker records its prefix picks in and reads them back from.
 
 Sharing (``sharing`` True, set by the cached reader's exchange): the blocks this replica
 placed that the table did not hold there already, and those it held there that were last
 placed or written ``REWRITE_AFTER`` of the engine's capacity ago, are queued
-(``outbox``, poller/reader/outbox.py) and written to ``P:gateways:placements`` on the
+(``outbox``, poller/reader/prefix/outbox.py) and written to ``P:gateways:placements`` on the
 exchange's next call (at once when this replica's counts change, at least every
-300 ms); the other replicas' are read back on the same call (``absorb``). Redis lost:
-the table goes on with this replica's own placements, ``shared`` False.
+300 ms); the other replicas' are read back on the same call (``take_entries``). Redis
+lost: the table goes on with this replica's own placements.
 
 Forks (``head``): where this replica's prompts leave the blocks placed before. A block
 two prompts went on from differently ends a head many prompts share (a system prompt);
 replicas that do not share placements agree on a conversation's engine past it
-(poller/reader/affinity.py).
+(poller/reader/routing/affinity.py).
 """
 
 from __future__ import annotations
@@ -23,37 +23,44 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from poller.reader.outbox import Outbox, entries
-from poller.reader.share import LOST_AFTER_MS
-from poller.reader.table import AGE_S, MAX_BLOCKS, REWRITE_AGE, BlockTable, Found, Value
+from poller.reader.prefix.outbox import Outbox, entry_placements
+from poller.reader.prefix.table import (
+    AGE_S,
+    MAX_TABLE_BLOCKS,
+    REWRITE_AGE,
+    BlockTable,
+    Found,
+    Value,
+)
 from poller.util.text import digits
 
-__all__ = ["FORKS_MAX", "LOST_AFTER_MS", "Found", "Placements"]
+__all__ = ["FORKS_MAX", "Found", "Placements"]
 
 #: Forks (and first continuations) remembered at most; when as many, they start over.
 FORKS_MAX = 1 << 16
 
 
 class Placements(BlockTable):
-    """The block table (poller/reader/table.py) with what the exchange needs to share it.
+    """The block table (poller/reader/prefix/table.py) with what the exchange needs to
+    share it.
 
     - ``matches(ids, limit)``: ``[(endpoint id, blocks matched), ...]``, longest first,
       of the endpoints that hold a prefix of the prompt whose block ids are ``ids``.
     - ``record(endpoint id, ids, capacity_tokens)``: the prompt went there.
     - ``observe(endpoint id, queries, hits)``: the endpoint's prefix-cache counters as a
       page shows them; going back invalidates its placements.
-    - ``outgoing()``, ``unsent(body)``, ``absorb(reply)``: the exchange's side.
+    - ``take_outbox()``, ``put_back(body)``, ``take_entries(reply)``: the exchange's side.
     """
 
     def __init__(
         self,
-        max_blocks: int = MAX_BLOCKS,
+        max_blocks: int = MAX_TABLE_BLOCKS,
         age_s: float = AGE_S,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(max_blocks, age_s, clock=clock)
-        #: Written to Redis by the exchange (set by a cached reader that shares them).
+        #: Written to Redis by the exchange (set by the exchange that carries them).
         self.sharing = False
         # this replica's placements yet to write, for at most when it rewrites a block
         self.outbox = Outbox(age_s * REWRITE_AGE, clock=clock)
@@ -69,13 +76,12 @@ class Placements(BlockTable):
         self._next: dict[int, int] = {}
         self._forks: set[int] = set()
 
-    @property
-    def shared(self) -> bool:
-        """The other replicas' placements are current (the exchange carrying them
-        answered within ``LOST_AFTER_MS``, the shared counts' bound: the same calls
-        carry both); False: this replica's own only."""
+    def answered_within(self, seconds: float) -> bool:
+        """The other replicas' placements are current: shared, and the exchange carrying
+        them answered within ``seconds`` (the exchange's bound, ``LOST_AFTER_MS``: the
+        same calls carry the shared counts); False: this replica's own only."""
         at = self.exchanged_at
-        return self.sharing and at is not None and (time.monotonic() - at) * 1000 <= LOST_AFTER_MS
+        return self.sharing and at is not None and self._clock() - at <= seconds
 
     def record(
         self,
@@ -122,15 +128,15 @@ class Placements(BlockTable):
                 return k
         return 0
 
-    # --- the exchange (poller/reader/share.py) ----------------------------------------
+    # --- the exchange (poller/reader/exchange/) ---------------------------------------
 
-    def outgoing(self) -> str:
+    def take_outbox(self) -> str:
         """The placements to write on this exchange (taken from the queue, at most
         ``ENTRY_MAX`` ids): ``<endpoint id> <base64 ids> ...``, "" when none."""
         with self._lock:
             return self.outbox.take()
 
-    def unsent(self, body: str) -> None:
+    def put_back(self, body: str) -> None:
         """The exchange carrying ``body`` failed: its ids go back to the queue (as room
         allows), for the next call."""
         with self._lock:
@@ -150,7 +156,7 @@ class Placements(BlockTable):
     def bytes_written(self) -> int:
         return self.outbox.bytes_written
 
-    def absorb(self, reply: Sequence[Any], now_ms: float | None = None) -> None:
+    def take_entries(self, reply: Sequence[Any], now_ms: float | None = None) -> None:
         """The exchange's placement reply: ``[last entry id, entry id, body, ...]``, the
         other replicas' entries since the last one read. With ``now_ms`` (the Redis
         clock), an entry ages from its id's time: one older than ``age_s`` is left out,
@@ -168,11 +174,11 @@ class Placements(BlockTable):
                     age_s = max(0.0, (now_ms - int(written)) / 1000)
                     if age_s >= self.age_s:
                         continue
-            for endpoint_id, ids in entries(body):
+            for endpoint_id, ids in entry_placements(body):
                 self.ids_read += len(ids)
                 with self._lock:
                     self._place(endpoint_id, ids, None, age_s=age_s)
-        self.exchanged_at = time.monotonic()
+        self.exchanged_at = self._clock()
 
     def __repr__(self) -> str:
-        return f"Placements({len(self)} blocks, {len(self._ids)} endpoints, shared={self.shared})"
+        return f"Placements({len(self)} blocks, {len(self._ids)} endpoints)"

@@ -1,17 +1,16 @@
 """The exchange: what the gateway replicas share, pushed as it changes.
 
-Both reader flavours run it (a task beside the asyncio follower, a thread beside the
-threaded one). A change of this replica's requests in flight (``FleetLoad``,
-poller/reader/share.py) goes out at once, while the pacer's tokens last, in one call of
-poller/schema/scripts/share.lua that writes it and publishes it on
+A ``Router`` runs it (a task beside the asyncio follower, a thread beside the threaded
+one). A change of this replica's requests in flight (``FleetLoad``,
+poller/reader/load/fleet.py) goes out at once, while the pacer's tokens last, in one
+call of poller/schema/scripts/share.lua that writes it and publishes it on
 ``P:gateways:updates``; the follower's subscription hears the other replicas' writes as
-they happen (``heard``) and this loop takes them in between its calls. With
-``cached(share_placements=True)`` the prefix placements (``Placements``,
-poller/reader/placements.py) go out and come back on the same calls (``Carrier``,
-poller/reader/carry.py): no command more. A
-call is made at least every ``FLOOR_S`` even when nothing changed: the field renewed
-before it expires, the placements and the other replicas' fields read (which mends what
-the subscription lost). The pick path never waits for any of it.
+they happen (``heard``) and this loop takes them in between its calls. Where the prefix
+placements are shared (``Placements``, poller/reader/prefix/placements.py) they go out
+and come back on the same calls (``Carrier``, carrier.py): no command more. A call is
+made at least every ``FLOOR_S`` even when nothing changed: the field renewed before it
+expires, the placements and the other replicas' fields read (which mends what the
+subscription lost). The pick path never waits for any of it.
 """
 
 from __future__ import annotations
@@ -26,11 +25,14 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from poller.reader.carry import Carrier
-from poller.reader.pacer import Pacer
-from poller.reader.placements import Placements
-from poller.reader.share import REFUSED_RETRY_S, FleetLoad, pages_of
+from poller.reader.exchange.carrier import Carrier
+from poller.reader.exchange.pacer import Pacer
+from poller.reader.exchange.wire import REFRESH_BEFORE_MS, REFUSED_RETRY_S, RETRY_S, TTL_MS
+from poller.reader.load.fleet import FleetLoad, pages_of
+from poller.reader.prefix.placements import Placements
+from poller.reader.view.cache import ViewCache
 from poller.redis.errors import store_error
+from poller.schema.lua import lua
 from poller.util.tasks import raise_if_cancelled
 
 __all__ = ["LISTEN_S", "Exchange"]
@@ -57,32 +59,37 @@ def _nothing() -> None:
 
 
 class Exchange:
-    """The share script's calls for one ``FleetLoad`` (and ``Placements``) on one cache,
-    and the other replicas' writes the follower heard."""
+    """The share script's calls for one ``FleetLoad`` (and ``Placements``) on one view
+    cache, and the other replicas' writes the follower heard. ``share_load`` False: the
+    counts are not shared (no field written, none read), only the placements are."""
 
     def __init__(
         self,
         client: Any,
         gateways_key: str,
-        cache: Any,
+        cache: ViewCache,
         fleet: FleetLoad,
         placements: Placements | None = None,
         placements_key: str = "",
         channel: str = "",
         *,
+        share_load: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        from poller.schema.lua import lua
-
         #: Monotonic seconds (a test passes its own): the pacer's, the calls', the waits'.
         self.clock = clock
+        self.share_load = share_load
+        self.ttl_ms = TTL_MS
+        self.retry_s = RETRY_S
+        self._last_record = ""
+        self._written_ms: float = -1e15
 
         self.key = gateways_key
         #: The shard channel the script publishes our writes on (``P:gateways:updates``).
         self.channel = channel or gateways_key.rsplit(":", 1)[0] + ":updates"
         self.cache = cache
         self.fleet = fleet
-        #: Carried on the same call (``cached(share_placements=True)``): no command more.
+        #: Carried on the same call (``RoutingOptions.share_placements``): no command more.
         self.carrier = None if placements is None else Carrier(placements, placements_key, clock)
         self.script = client.register_script(lua("share"))
         self.calls = 0  # commands sent, for the benchmark's commands/s
@@ -174,7 +181,7 @@ class Exchange:
             self._changed = self._unrecorded = None
             if carrier is not None:
                 for endpoint_id in pages:
-                    carrier.observe(endpoint_id, cache.base(endpoint_id))
+                    carrier.take_page(endpoint_id, cache.base(endpoint_id))
         else:
             changed = set(changes)
             for endpoint_id in changed:
@@ -185,7 +192,7 @@ class Exchange:
                 else:
                     pages[endpoint_id] = (stats.running + stats.waiting, stats.scraped_at_ms)
                     if carrier is not None:
-                        carrier.observe(endpoint_id, base)
+                        carrier.take_page(endpoint_id, base)
             # Added to what is not worked out yet (None: everything, still).
             self._changed = None if self._changed is None else self._changed | changed
             self._unrecorded = None if self._unrecorded is None else self._unrecorded | changed
@@ -211,7 +218,7 @@ class Exchange:
             return self.prepare()
         except Exception:
             self._pages_now = self._unrecorded = None  # all worked out again next time
-            self.pacer.hold(self.clock() + self.fleet.retry_s)
+            self.pacer.hold(self.clock() + self.retry_s)
             if not self._prepare_failed:
                 self._prepare_failed = True
                 log.warning("the gateway exchange could not prepare its call", exc_info=True)
@@ -236,7 +243,7 @@ class Exchange:
         """A call now if the pacer allows: our counts changed and someone listens, the
         subscription is new (what it missed read back), or there is none (the others'
         writes are read at the pacer's rate instead)."""
-        if self.cache.fleet is not self.fleet:
+        if not self.share_load:
             return False  # placements only: they go at the floor's pace
         if self._resync or not self.listening:
             return True
@@ -258,8 +265,8 @@ class Exchange:
         if self._changed is not None:
             self._changed |= ours
         todo, self._unrecorded = self._unrecorded, set()
-        record = fleet.record(pages, self.cache.offset_ms, None if todo is None else todo | ours)
-        outgoing = fleet.outgoing(record, self.cache.now_ms())
+        record = fleet.own_field(pages, self.cache.offset_ms, None if todo is None else todo | ours)
+        outgoing = self._outgoing(record, self.cache.now_ms())
         self.calls += 1
         now = self.clock()
         self.pacer.called(now)
@@ -267,10 +274,21 @@ class Exchange:
         self._resync = False
         keys: list[str] = [self.key, self.channel]
         self._published = self.publish  # what this call does: another thread may change it
-        args: list[Any] = [fleet.replica_id, fleet.ttl_ms, outgoing, int(self.publish)]
+        args: list[Any] = [fleet.replica_id, self.ttl_ms, outgoing, int(self.publish)]
         if self.carrier is not None:
             self.carrier.add_to(keys, args, now)
         return keys, args, pages
+
+    def _outgoing(self, record: str, now_ms: float) -> str:
+        """What this call writes: the record when it changed or nears its expiry, "-"
+        once when it became empty, "" (nothing) otherwise."""
+        if record == self._last_record and (
+            not record or now_ms - self._written_ms < self.ttl_ms - REFRESH_BEFORE_MS
+        ):
+            return ""
+        self._last_record = record
+        self._written_ms = now_ms
+        return record or "-"
 
     def answered(self, reply: Sequence[Any], pages: Mapping[str, tuple[int, int]]) -> None:
         self._refused = False
@@ -282,7 +300,7 @@ class Exchange:
             self._publish_suspect = False
             self._no_channel()
         changed, self._changed = self._changed, set()
-        self.fleet.absorb(
+        self.fleet.take(
             list(fields), pages, self.cache.offset_ms, changed=changed, asked_at=self._asked_at
         )
 
@@ -291,9 +309,9 @@ class Exchange:
         self.pacer.hold(self.clock() + self._failed(exc, pages))
 
     def _failed(self, exc: Exception, pages: Mapping[str, tuple[int, int]]) -> float:
-        self.fleet.forget_written()
+        self._last_record = "\0"  # the last write may not have landed: write again
         changed, self._changed = self._changed, set()
-        self.fleet.absorb([], pages, self.cache.offset_ms, shared=False, changed=changed)
+        self.fleet.take([], pages, self.cache.offset_ms, shared=False, changed=changed)
         refused = _refused(exc)
         # One suspect at a time, the channel first: the next call, not publishing, tells
         # whether it was the channel's right; then, without the stream, the stream's.
@@ -301,13 +319,13 @@ class Exchange:
             if self.carrier is not None:
                 self.carrier.failed(False)  # its body goes back, unsuspected
             self._publish_suspect, self.publish = True, False
-            return self.fleet.retry_s
+            return self.retry_s
         if self._publish_suspect:  # refused without publishing too: not the channel's
             self._publish_suspect, self.publish = False, not self._channel_refused
         if self.carrier is not None and self.carrier.failed(refused):
             # The stream's rights, or the hash's: the next call, without the stream,
             # tells which (``Carrier.answered`` or below).
-            return self.fleet.retry_s
+            return self.retry_s
         if _refused(exc):
             self.fleet.exchanged_at = None  # not shared from now: the health says so
             if not self._refused:
@@ -316,7 +334,7 @@ class Exchange:
                     "own requests in flight and the pages. The gateway's ACL user needs "
                     "HSET, HDEL and PEXPIRE on %s and SPUBLISH on %s: add (~%s &%s +hset "
                     "+hdel +pexpire +spublish) to its line (deploy/redis/users.acl), or "
-                    "open the cache with cached(share=False)",
+                    "open the router with RoutingOptions(share=False)",
                     exc,
                     self.key,
                     self.channel,
@@ -326,7 +344,7 @@ class Exchange:
             self._refused = True
             return REFUSED_RETRY_S
         log.debug("gateway load sharing failed: %s", exc)
-        return self.fleet.retry_s
+        return self.retry_s
 
     def _install(self, wake: Callable[[], None] | None) -> None:
         self._wake = wake or _nothing

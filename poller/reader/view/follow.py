@@ -3,9 +3,10 @@
     subscribe P:updates -> snapshot -> apply updates -> resync every resync_s
                                                      -> probe every probe_s when quiet
 
-The drivers (``reader.py``: asyncio and a thread) only move bytes: they hand every
-message to ``message()``, ask ``due()`` what to do next, and perform the returned
-``Action``: a snapshot, a read of one endpoint, or a probe of ``P:endpoints:rev``.
+The drivers (poller/reader/reader.py and sync.py: asyncio and a thread) only move bytes:
+they hand every message to ``message()``, ask ``due()`` what to do next, and perform the
+returned ``Action``: a snapshot, a read of one endpoint, or a probe of
+``P:endpoints:rev``.
 
 Applying an update needs no read: a stats update carries the whole record (and replaces
 the failure), a failure update the whole failure record. The reader reads back an
@@ -19,12 +20,12 @@ import logging
 from typing import Literal, NamedTuple
 
 from poller.errors import SchemaMismatch
-from poller.reader.cache import ViewCache
-from poller.reader.view import View
+from poller.reader.view.cache import ViewCache
+from poller.reader.view.snapshot import View
 from poller.schema.records import json_int, parse_update, written_ms
 from poller.util.backoff import backoff_s
 
-__all__ = ["Action", "Protocol"]
+__all__ = ["MAX_WAIT_S", "Action", "FollowProtocol"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ SNAPSHOT = Action("snapshot")
 PROBE = Action("probe")
 
 
-class Protocol:
+class FollowProtocol:
     """What a cached reader knows and decides; the clock (``now``, monotonic s) is given."""
 
     def __init__(self, cache: ViewCache, resync_s: float = 5.0, probe_s: float = 1.0) -> None:

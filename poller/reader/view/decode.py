@@ -10,12 +10,12 @@ thousand pays for ten.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from poller.errors import SchemaMismatch
-from poller.reader.view import DEFAULT_BOUND_MS, EndpointView, Timing, View
+from poller.reader.view.records import DEFAULT_BOUND_MS, EndpointView, Timing
+from poller.reader.view.snapshot import View
 from poller.redis.clock import server_ms
 from poller.schema.keys import SCHEMA_VERSION, Keys
 from poller.schema.records import FAILURE_HEADER, STATS_HEADER, split
@@ -245,17 +245,3 @@ def one_from_records(
         stale_after_intervals,
         stale_after_ms,
     )
-
-
-_RENAMED = {"entry_from_records": "view_from_records"}
-
-
-def __getattr__(name: str) -> Any:
-    """The names of earlier releases, for one release more (with a DeprecationWarning)."""
-    new = _RENAMED.get(name)
-    if new is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"poller.reader.replies.{name} is deprecated: use {new}", DeprecationWarning, stacklevel=2
-    )
-    return globals()[new]

@@ -11,7 +11,7 @@ until that engine is loaded past the bound; the next request goes to the referen
 which then holds the prompt too, and the prompt spreads over as many engines as its
 traffic needs.
 
-Replicas that share no placements (``table.shared`` False: sharing off, Redis lost) each
+Replicas that share no placements (not current: sharing off, Redis lost) each
 know an eighth of a conversation's turns when there are eight of them. They agree on its
 engine without talking. A head of the prompt that prompts went on from differently (a
 system prompt many conversations open with; ``Placements.head``) is not this
@@ -28,14 +28,15 @@ prompt nothing holds is the load-only pick's, as before.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from math import log
 
-from poller.reader.index import Index, ModelIndex, Slot
-from poller.reader.placements import Found, Placements
-from poller.reader.share import FleetLoad
+from poller.reader.prefix.placements import Found, Placements
+from poller.reader.routing.index import Slot
+from poller.reader.routing.models import Score
+from poller.reader.routing.pick import Pick
 
-__all__ = ["AGREE_MAX_ENDPOINTS", "agreeing", "prefer", "rank"]
+__all__ = ["AGREE_MAX_ENDPOINTS", "prefer", "rank"]
 
 #: The hash that replicas without shared placements agree by is taken over the model's
 #: endpoints when they are at most this many (its cost is per endpoint); above, the
@@ -49,29 +50,26 @@ _salts: dict[str, int] = {}
 
 
 def prefer(  # noqa: C901 (the hot loop's checks inline: a helper costs ~3,000 instructions a pick)
+    pick: Pick,
     table: Placements,
     ids: Sequence[int],
     found: Found,
-    index: Index,
-    models: ModelIndex,
     chosen_id: str,
-    score: Callable[[Slot], tuple[float, float]],
-    judge_ms: float,
+    bound_score: Score,
     *,
-    by_kv: bool,
     factor: float,
     slack: float,
-    allowed: Container[str] | None,
     agree: bool = False,
 ) -> str:
-    """The endpoint for a request whose prompt has block ids ``ids``, the load-only pick
-    having chosen ``chosen_id`` (``by_kv``: saturation is by KV usage only, as on the
-    fleet's estimate); ``found``: ``table.lookup(ids)``; ``allowed``: the caller's
-    candidates (None: any); ``agree``: by the hash too (``agreeing``, module doc)."""
+    """The endpoint for a request whose prompt has block ids ``ids``, ``pick`` having
+    chosen ``chosen_id`` on load alone; ``found``: ``table.lookup(ids)``;
+    ``bound_score``: the load the bound compares (the load model's, ``bound=True``);
+    ``agree``: by the hash too, the placements not shared (module doc)."""
+    index = pick.index
     chosen = index.slots.get(chosen_id)
     if chosen is None or not ids:
         return chosen_id
-    slots = index.slots
+    slots, judge_ms, allowed = index.slots, pick.judge_ms, pick.allowed
 
     def usable(endpoint_id: str) -> bool:
         slot = slots.get(endpoint_id)
@@ -84,16 +82,17 @@ def prefer(  # noqa: C901 (the hot loop's checks inline: a helper costs ~3,000 i
     holders = table.matches(ids, found=found, keep=usable)
     if not holders:  # a new prompt: nothing to weigh against the load-only choice
         return chosen_id
-    bound = score(chosen)[0] * factor + slack
-    model, adapter = models.model, models.adapter
+    bound = bound_score(chosen)[0] * factor + slack
+    model, adapter = pick.models.model, pick.models.adapter
     tier = chosen.tier(model, adapter)
     limit = 4 if tier is None else tier
-    saturated = chosen.full if by_kv else chosen.saturated
+    saturated_by = pick.load.saturated
+    saturated = saturated_by(chosen)
     best, best_n, best_load = chosen_id, 0, bound
     for endpoint_id, n in holders:
         if n < best_n:
             break  # a shorter prefix than one already within the bound
-        slot = chosen if endpoint_id == chosen_id else index.slots.get(endpoint_id)
+        slot = chosen if endpoint_id == chosen_id else slots.get(endpoint_id)
         if slot is None or slot.fresh_until_ms < judge_ms:
             continue
         if allowed is not None and endpoint_id not in allowed:
@@ -101,68 +100,50 @@ def prefer(  # noqa: C901 (the hot loop's checks inline: a helper costs ~3,000 i
         held = slot.tier(model, adapter)
         if held is None or held > limit:
             continue
-        if (slot.full if by_kv else slot.saturated) and not saturated:
+        if not saturated and saturated_by(slot):
             continue
         if table.observe(endpoint_id, slot.prefix_queries, slot.prefix_hits, slot.scraped_at_ms):
             continue  # its cache was reset since: what it held is gone
-        load = score(slot)[0]
+        load = bound_score(slot)[0]
         if load <= best_load and (n > best_n or load < best_load):
             best, best_n, best_load = endpoint_id, n, load
     if agree:
         head = table.head(ids, holders[0][1])  # a head many prompts share, known held
         if best_n <= head < len(ids) and head:  # and no holder of more within the bound
-            may_take = _MayTake(chosen, models, judge_ms, allowed, by_kv)  # the checks above
-            return _agreed(ids[head], index, models, may_take, score, bound) or best
+            may_take = _MayTake(pick, chosen, saturated)  # the checks above
+            return _agreed(ids[head], pick, may_take, bound_score, bound) or best
     return best
 
 
-def agreeing(table: Placements, fleet: FleetLoad | None) -> bool:
-    """Whether a prefix pick agrees with the other replicas by the hash: the placements
-    not ``shared``, and this replica not known to be alone (the fleet's shared counts
-    current, no other replica with a request in flight: none to agree with)."""
-    return not table.shared and not (fleet is not None and fleet.shared and not fleet.peers)
-
-
 def _agreed(
-    key: int,
-    index: Index,
-    models: ModelIndex,
-    may_take: _MayTake,
-    score: Callable[[Slot], tuple[float, float]],
-    bound: float,
+    key: int, pick: Pick, may_take: _MayTake, bound_score: Score, bound: float
 ) -> str | None:
     """Of the first two endpoints in the hash's order for the block id ``key`` that may
     take the request, the first within ``bound``; None: neither is, or the model has
     more endpoints than the hash is taken over."""
+    models, slots_of = pick.models, pick.index.slots
     if len(models.where) > AGREE_MAX_ENDPOINTS:
         return None
-    slots = [s for s in map(index.slots.get, models.where) if s is not None and may_take(s)]
+    slots = [s for s in map(slots_of.get, models.where) if s is not None and may_take(s)]
     ranked = rank(key, {s.id: s.weight for s in slots})
-    for slot in [index.slots[e] for e in ranked[:2]]:
-        if score(slot)[0] <= bound:
+    for slot in [slots_of[e] for e in ranked[:2]]:
+        if bound_score(slot)[0] <= bound:
             return slot.id
     return None
 
 
 class _MayTake:
     """Whether an endpoint may take the request as the reference ``chosen`` may: fresh,
-    among ``allowed``, in its LoRA tier or a better one, not saturated unless it is."""
+    among the candidates, in its LoRA tier or a better one, not saturated unless it is."""
 
-    __slots__ = ("adapter", "allowed", "by_kv", "judge_ms", "limit", "model", "saturated")
+    __slots__ = ("adapter", "allowed", "judge_ms", "limit", "model", "saturated", "saturated_by")
 
-    def __init__(
-        self,
-        chosen: Slot,
-        models: ModelIndex,
-        judge_ms: float,
-        allowed: Container[str] | None,
-        by_kv: bool,
-    ) -> None:
-        self.model, self.adapter = models.model, models.adapter
+    def __init__(self, pick: Pick, chosen: Slot, saturated: bool) -> None:
+        self.model, self.adapter = pick.models.model, pick.models.adapter
         tier = chosen.tier(self.model, self.adapter)
         self.limit = 4 if tier is None else tier
-        self.saturated = chosen.full if by_kv else chosen.saturated
-        self.judge_ms, self.allowed, self.by_kv = judge_ms, allowed, by_kv
+        self.saturated, self.saturated_by = saturated, pick.load.saturated
+        self.judge_ms, self.allowed = pick.judge_ms, pick.allowed
 
     def __call__(self, slot: Slot) -> bool:
         if slot.fresh_until_ms < self.judge_ms:
@@ -172,7 +153,7 @@ class _MayTake:
         held = slot.tier(self.model, self.adapter)
         if held is None or held > self.limit:
             return False
-        return self.saturated or not (slot.full if self.by_kv else slot.saturated)
+        return self.saturated or not self.saturated_by(slot)
 
 
 def rank(key: int, weights: Mapping[str, float]) -> list[str]:

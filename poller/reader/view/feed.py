@@ -33,7 +33,7 @@ __all__ = ["UpdateFeed", "open_feed"]
 class UpdateFeed(asyncio.Protocol):
     """``SSUBSCRIBE`` to one shard channel; ``next()`` returns the messages that arrived.
     ``also``: more shard channels of the same slot, each with the callable that takes
-    its messages as they arrive (the gateways' shared counts, poller/reader/exchange.py)."""
+    its messages as they arrive (the gateways' shared counts, poller/reader/exchange/)."""
 
     def __init__(
         self, channel: str, also: Mapping[str, Callable[[str], None]] | None = None

@@ -6,10 +6,8 @@ are missing from them; ``LocalLoad`` counts them so the picker can add them back
 also times them: how long requests to an endpoint took lately tells what no page says,
 an engine slower than its size, or a queue grown since the scrape (``slowness``).
 
-    local = LocalLoad()
-    target = picker.pick(cache, model=model, local=local)
-    with local.track(target):
-        await forward(request, target)
+A ``Router`` keeps one (``router.local``) and counts each ticket in it from the pick to
+the ticket's end; ``track`` counts a block by hand.
 """
 
 from __future__ import annotations
@@ -21,10 +19,6 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from poller.reader.share import FleetLoad
 
 __all__ = ["LocalLoad"]
 
@@ -90,7 +84,7 @@ class LocalLoad:
         "_starts",
         "_took",
         "_total",
-        "fleet",
+        "_waker",
     )
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -111,10 +105,9 @@ class LocalLoad:
         # Endpoints with a request started or ended since ``take_changed`` last ran.
         self._changed: set[str] = set()
         self._next_sweep = clock() + DONE_S
-        #: The gateway fleet's shared counts this load is published in (``FleetLoad``,
-        #: poller/reader/share.py); set when a picker first meets it with a cache that
-        #: shares, or by ``FleetLoad.attach``.
-        self.fleet: FleetLoad | None = None
+        # Called (no arguments, outside the lock) at the first change since the last
+        # ``take_changed``: the shared counts' exchange wakes to publish it (``wake_on``).
+        self._waker: Callable[[], None] | None = None
 
     def started(self, endpoint_id: str) -> float:
         """A request to ``endpoint_id`` starts now; returns its start time, which
@@ -131,8 +124,8 @@ class LocalLoad:
             self._total += 1
             first = not self._changed
             self._changed.add(endpoint_id)
-        if first and self.fleet is not None:
-            self.fleet.wake()  # the exchange publishes the change (at most once per call)
+        if first and self._waker is not None:
+            self._waker()  # the exchange publishes the change (at most once per call)
         return now
 
     def finished(
@@ -188,8 +181,8 @@ class LocalLoad:
                 self._failed[endpoint_id] = (share + FAILED_ALPHA * ((not ok) - share), now)
             if now >= self._next_sweep:
                 self._sweep(now)
-        if first and self.fleet is not None:
-            self.fleet.wake()
+        if first and self._waker is not None:
+            self._waker()
 
     def _sweep(self, now: float) -> None:
         """Forget the endpoints with nothing in flight whose record is past ``DONE_S``
@@ -203,7 +196,7 @@ class LocalLoad:
             for endpoint_id, (_, at) in list(table.items()):
                 if endpoint_id not in busy and at < now - FORGET_S:
                     del table[endpoint_id]
-        if self.fleet is None:  # no exchange takes the changes: keep the live ones only
+        if self._waker is None:  # no exchange takes the changes: keep the live ones only
             self._changed &= busy.keys() | self._done.keys()
 
     def _took_s(self, endpoint_id: str, took_s: float, now: float) -> None:
@@ -297,6 +290,12 @@ class LocalLoad:
             except IndexError:  # another thread trimmed it meanwhile: what was read counts
                 pass
         return count
+
+    def wake_on(self, waker: Callable[[], None] | None) -> Callable[[], None] | None:
+        """Call ``waker`` at the first change after each ``take_changed`` (None: no
+        longer); returns the one it replaces. The fleet's shared counts set it."""
+        held, self._waker = self._waker, waker
+        return held
 
     def take_changed(self) -> set[str]:
         """Endpoints a request to which started or ended since the last call (the

@@ -1,10 +1,11 @@
 """A local copy of the view that follows updates; every read is a dict lookup.
 
-The cache keeps the view as a snapshot delivers it: the registry and the two kinds of
-compact records, as strings. An endpoint is decoded (``replies.view_from_records``, the
-decode of a snapshot and of ``get(id)`` too) when first asked for after a change, and
-that one ``EndpointView`` is what every later lookup, ``view()`` and a picker's index
-read until the next change.
+It holds the view and nothing else: what a gateway replica shares or routes with sits
+above it (``poller.reader.router``). The cache keeps the view as a snapshot delivers it:
+the registry and the two kinds of compact records, as strings. An endpoint is decoded
+(``decode.view_from_records``, the decode of a snapshot and of ``get(id)`` too) when
+first asked for after a change, and that one ``EndpointView`` is what every later
+lookup, ``view()`` and a picker's index read until the next change.
 """
 
 from __future__ import annotations
@@ -13,21 +14,29 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from poller.reader.placements import Placements
-from poller.reader.replies import LazyEndpoints, check_schema, view_from_records
-from poller.reader.share import FleetLoad
-from poller.reader.view import EndpointView, View, log_schema_missing
+from poller.reader.view.decode import LazyEndpoints, check_schema, view_from_records
+from poller.reader.view.records import EndpointView
+from poller.reader.view.snapshot import View
 from poller.redis.clock import server_ms
+from poller.schema.keys import Keys
 from poller.schema.records import written_ms
 
-if TYPE_CHECKING:
-    from poller.reader.exchange import Exchange
-
-__all__ = ["ViewCache"]
+__all__ = ["ViewCache", "log_schema_missing"]
 
 log = logging.getLogger(__name__)
+
+
+def log_schema_missing(namespace: str) -> None:
+    """The one WARNING a cached reader logs when its namespace has no schema key (again
+    only after the key appeared and went)."""
+    log.warning(
+        "namespace %s has no schema key (%s): nothing ever wrote it: wrong namespace? "
+        "The view stays empty and the cache unhealthy until a poller writes there",
+        namespace,
+        Keys(namespace).schema,
+    )
 
 
 class ViewCache:
@@ -54,7 +63,10 @@ class ViewCache:
         stale_after_ms: int | None = None,
         *,
         namespace: str = "",
+        clock: Callable[[], float] = time.monotonic,
     ):
+        #: Local seconds (``time.monotonic``; a simulation passes its own).
+        self.clock = clock
         self.stale_after_intervals = stale_after_intervals
         self.stale_after_ms = stale_after_ms
         self._entries: dict[str, str] = {}
@@ -79,36 +91,9 @@ class ViewCache:
         # (start, ids changed): ids[i] made version start + i + 1. One attribute, replaced
         # whole, so a thread reading it never pairs one log with another's start.
         self._changes: tuple[int, list[str]] = (0, [])
-        #: The gateway fleet's shared requests in flight (poller/reader/share.py), kept
-        #: by a cached reader that shares (``cached(share=True)``, the default); a picker
-        #: given this cache and a ``LocalLoad`` routes on it. None: not shared.
-        self.fleet: FleetLoad | None = None
-        #: Where this replica's prefix picks sent which prompt blocks, and, when the
-        #: cached reader shares them (``cached(share_placements=True)``), the other
-        #: replicas' (poller/reader/placements.py). A picker given this cache and a
-        #: ``prompt`` reads and records it.
-        self.placements = Placements()
-        #: The share script's call that carries both (poller/reader/exchange.py; its
-        #: ``calls``: the Redis commands this replica's sharing sent). None: no sharing.
-        self.exchange: Exchange | None = None
         # Called after every change (``follow``), held weakly: a picker dropped by its
         # owner stops following.
         self._followers: list[weakref.WeakMethod[Callable[[ViewCache], None]]] = []
-
-    @property
-    def load_shared(self) -> bool:
-        """The other gateway replicas' requests in flight are current (their counts were
-        exchanged through Redis within the last second). False: no sharing, Redis lost,
-        or the gateway's ACL user lacks the right: picks use this replica's own counts
-        and the pages."""
-        return self.fleet is not None and self.fleet.shared
-
-    @property
-    def placements_shared(self) -> bool:
-        """The other gateway replicas' placements are current (exchanged through Redis
-        within the last second). False: not shared, Redis lost, or the gateway's ACL
-        user lacks the right: prefix picks use this replica's own placements."""
-        return self.placements.shared
 
     @property
     def healthy(self) -> bool:
@@ -128,20 +113,21 @@ class ViewCache:
         self.schema_missing = missing
 
     def _clock(self, redis_now_ms: int) -> None:
-        self._offset_ms = redis_now_ms - time.monotonic() * 1000
-        self.updated_at = self.confirmed_at = time.monotonic()
+        now = self.clock()
+        self._offset_ms = redis_now_ms - now * 1000
+        self.updated_at = self.confirmed_at = now
 
     def confirm(self) -> None:
         """Redis answered (an update, a probe): what the cache holds is current."""
-        self.confirmed_at = time.monotonic()
+        self.confirmed_at = self.clock()
 
     def now_ms(self) -> int:
         """The Redis clock, estimated locally."""
-        return int(time.monotonic() * 1000 + self._offset_ms)
+        return int(self.clock() * 1000 + self._offset_ms)
 
     @property
     def offset_ms(self) -> float:
-        """Redis clock minus local ``time.monotonic()``, in ms (0 before the first reply)."""
+        """Redis clock minus the local ``clock()``, in ms (0 before the first reply)."""
         return self._offset_ms
 
     def confirmed_ms(self) -> int | None:
@@ -208,7 +194,7 @@ class ViewCache:
         self.version += 1
         self._notify()
 
-    # --- changes the protocol applies (protocol.py) -------------------------------------
+    # --- changes the protocol applies (follow.py) -------------------------------------
 
     def knows(self, endpoint_id: str) -> bool:
         return endpoint_id in self._entries
@@ -300,7 +286,6 @@ class ViewCache:
             healthy=healthy,
             confirmed_ms=self.confirmed_ms(),
             schema_missing=self.schema_missing,
-            cache=self,
         )
 
     def written_ms(self, endpoint_id: str) -> tuple[int, int]:

@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["BLOCK_BYTES", "BYTES_PER_TOKEN", "MAX_BLOCKS", "block_ids", "prompt_of"]
+__all__ = ["BLOCK_BYTES", "BYTES_PER_TOKEN", "MAX_PROMPT_BLOCKS", "block_ids", "prompt_of"]
 
 #: Bytes of text per token, about (English text; the engines' tokenizers vary).
 BYTES_PER_TOKEN = 4
@@ -27,13 +27,13 @@ BYTES_PER_TOKEN = 4
 #: pick's cost is per block: 7 blocks for a 4,000-character prompt.
 BLOCK_BYTES = 512
 #: Blocks of one prompt looked at (4 MiB of text, beyond any context window).
-MAX_BLOCKS = 8192
-_MAX_BYTES = MAX_BLOCKS * BLOCK_BYTES
+MAX_PROMPT_BLOCKS = 8192
+_MAX_BYTES = MAX_PROMPT_BLOCKS * BLOCK_BYTES
 
 
 def block_ids(prompt: str, model: str | None = None) -> list[int]:
     """The id of each full block of ``prompt`` (a trailing part block is not cached by
-    an engine and has none), at most ``MAX_BLOCKS``. ``model``: a cache is per model
+    an engine and has none), at most ``MAX_PROMPT_BLOCKS``. ``model``: a cache is per model
     (and per LoRA adapter), so the ids are too."""
     if not isinstance(prompt, str):
         raise TypeError(f"prompt must be a str (the text to prefill), got {type(prompt).__name__}")
