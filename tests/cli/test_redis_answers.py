@@ -13,6 +13,7 @@ each answer checked as the exact line and exit status.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
@@ -23,8 +24,10 @@ from pathlib import Path
 
 import pytest
 import redis
+from prometheus_client import CollectorRegistry
 
 from poller.reader import RedisSettings, StatsReader, pick
+from poller.service.web.health import HealthServer
 from poller.store.store import RedisStore
 from tests.support.paths import REPO
 from tests.support.procs import poller_cli as poller
@@ -332,6 +335,33 @@ def test_a_url_at_a_web_server_says_it_does_not_speak_redis(
         line
     )
     assert line.endswith(": it answers HTTP; check the URL's port"), line
+
+
+async def test_a_url_at_a_pollers_health_port_says_it_answers_http_at_once() -> None:
+    """The poller's own health server answers a RESP command with a 400 (it waited for a
+    head RESP never ends, and the command for its Redis timeout)."""
+    health = HealthServer("127.0.0.1", 0, ready=lambda: True, registry=CollectorRegistry())
+    port = await health.start()
+    try:
+        env = {"POLLER_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+        result = await asyncio.to_thread(poller, "status", env=env)
+    finally:
+        await health.stop()
+    line = error_line(result, 1)
+    assert line.startswith("Error: the server at the Redis URL does not speak Redis's protocol"), (
+        line
+    )
+    assert line.endswith(": it answers HTTP; check the URL's port"), line
+
+
+@pytest.mark.parametrize("command", [["status"], ["endpoints", "ls"]])
+def test_a_url_where_nothing_listens_says_to_check_its_host_and_port(command: list[str]) -> None:
+    port = free_port()
+    result = poller(*command, env={"POLLER_REDIS_URL": f"redis://127.0.0.1:{port}/0"})
+    line = error_line(result, 1)
+    assert line.startswith("Error: Redis unreachable during "), line
+    assert f"127.0.0.1:{port}" in line
+    assert line.endswith(": nothing listens there; check the Redis URL's host and port"), line
 
 
 @pytest.mark.parametrize("command", [["status"], ["run", "--check"]])
