@@ -13,9 +13,7 @@ from poller.cli.common import NAMESPACE, REDIS_URL, load, redis_json, redis_line
 from poller.errors import SchemaMismatch, StoreError
 from poller.schema.keys import Keys
 from poller.service.web.render import STATES
-
-#: At most this many SCAN calls (of COUNT 1000) look for other namespaces' schema keys.
-SCAN_CALLS = 10
+from poller.store.namespaces import namespaces
 
 
 @click.command()
@@ -194,26 +192,3 @@ def no_schema(view: Any, keys: Keys, others: list[str] | None) -> list[str]:
     elif others is not None:
         said.append("no namespace on this Redis has a schema key: no poller has run here")
     return said
-
-
-async def namespaces(client: Any) -> list[str] | None:
-    """The namespaces with a schema key, sorted, from at most ``SCAN_CALLS`` SCANs; None
-    when they cannot be listed cheaply (a Cluster, a user without SCAN, a keyspace too
-    large to walk)."""
-    from redis.asyncio.cluster import RedisCluster
-
-    from poller.redis.errors import REDIS_ERRORS
-
-    if isinstance(client, RedisCluster):
-        return None
-    found: set[str] = set()
-    cursor = 0
-    try:
-        for _ in range(SCAN_CALLS):
-            cursor, names = await client.scan(cursor, match="{*}:schema", count=1000)
-            found.update(str(name)[1:].rpartition("}:schema")[0] for name in names)
-            if not cursor:
-                return sorted(found - {""})
-    except REDIS_ERRORS:
-        return None  # not permitted (a read-only ACL user) or failing: say nothing
-    return None

@@ -35,6 +35,7 @@ from poller.service.metrics import PollerMetrics, Surprises
 from poller.service.notices import Notices
 from poller.service.owned import Holdings, JobSpec, Owned, first_run, job_spec
 from poller.service.redis_state import RedisState
+from poller.store.namespaces import namespaces
 from poller.store.store import RedisStore
 from poller.util.backoff import backoff_s, member_ttl_cap_s
 from poller.util.logs import count, few
@@ -91,7 +92,7 @@ class Worker:
         self._started = False  # leftovers of an earlier run of this id released
         self._epoch = ""  # the Redis data epoch seen at the last heartbeat
         self._retry_cap_s = member_ttl_cap_s(settings.coordination.member_ttl_ms)
-        self.notices = Notices(self.id)
+        self.notices = Notices(self.id, settings.redis.namespace)
         self.drain = Drain(self.store, self.coordinator, self._wake.set)
         #: Set when the poller must stop (another schema version in Redis).
         self.fatal: PollerError | None = None
@@ -203,7 +204,8 @@ class Worker:
                 return  # a pass follows at once, with a heartbeat that sees it
             if full or changed:
                 await self.follower.sync()
-                self.notices.registry(empty=self.follower.size == 0)
+                empty = self.follower.size == 0
+                await self.notices.registry(empty, lambda: namespaces(self.store.client))
                 if not self._started:
                     # A stable id (pod name) may find leases its previous run left:
                     # release them so they get new tokens, fencing off that run.
