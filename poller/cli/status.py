@@ -78,8 +78,9 @@ def status(
 
     settings = load(None, {"redis.url": redis_url, "redis.namespace": namespace})
     console = Console()
+    narrow: int | None = console.width  # a terminal: the table fits it, cells never wrap
     if not console.is_terminal:
-        console = Console(width=200)  # piped: whole rows, never wrapped at 80 columns
+        console, narrow = Console(width=200), None  # piped: whole rows, every column
 
     async def go() -> None:
         # from_settings, not from_url: POLLER_REDIS__TLS_* and cluster settings apply too
@@ -98,7 +99,8 @@ def status(
             lines = [Text(redis_line(settings.redis))]
             lines += [Text(line, style="yellow") for line in no_schema(view, reader.keys, others)]
             extra = fleet_parts(fleet) if fleet.members else []
-            table = render(view, sort, found, extra, selected(view, states, engines))
+            only = selected(view, states, engines)
+            table = render(view, sort, found, extra, only, width=narrow)
             return Group(*lines, table)
 
         async def frame() -> Any:
