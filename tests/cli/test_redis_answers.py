@@ -134,6 +134,12 @@ def test_status_of_a_namespace_without_a_schema_key_says_so_and_names_the_others
     ]
     as_json = json.loads(poller("status", "--namespace", "llmgwx", "--json", env=env).stdout)
     assert as_json["schema_missing"] is True and as_json["namespaces"] == ["llmgw", "other"]
+    checked = poller("run", "--check", "--health-port", "0", "--namespace", "llmgwx", env=env)
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.splitlines()[-1] == (
+        "note: nothing ever wrote namespace llmgwx; namespaces on this Redis: llmgw, other "
+        "(wrong --namespace?)"
+    )
     right = poller("status", env=env)
     assert "schema key" not in right.stdout and "a  " in right.stdout
 
