@@ -12,6 +12,7 @@ instead, with how many runs of how many endpoints (``say``).
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from poller.service.metrics import PollerMetrics
@@ -22,10 +23,12 @@ __all__ = ["MissedRuns"]
 log = logging.getLogger(__name__)
 
 # The two per-run lines (APScheduler 3.x: schedulers/base.py and executors/base.py), as
-# the format strings they are logged with.
-_APSCHEDULER_LINES = (
-    'Execution of job "%s" skipped: maximum number of running instances reached',
-    'Run time of job "%s" was missed by',
+# logged (the format string) or as another filter may have left them (formatted: LiteLLM
+# redacts every record in place, in a process that imports it).
+_APSCHEDULER_LINES = re.compile(
+    r'(?:Execution of job ".*" skipped: maximum number of running instances reached'
+    r'|Run time of job ".*" was missed by)',
+    re.DOTALL,
 )
 _APSCHEDULER_LOGGERS = ("apscheduler.scheduler", "apscheduler.executors.default")
 
@@ -35,7 +38,7 @@ class _PerRunLines(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.msg
-        return not (isinstance(message, str) and message.startswith(_APSCHEDULER_LINES))
+        return not (isinstance(message, str) and _APSCHEDULER_LINES.match(message))
 
 
 def quiet_apscheduler() -> None:

@@ -443,8 +443,7 @@ def test_make_demo_installs_only_what_the_demo_needs_beside_the_dev_set(tmp_path
 
     demo = planned("demo")
     assert demo[-1] == (
-        ".venv/bin/python -m pip install --progress-bar on --config-settings editable_mode=compat "
-        "-e '.[service]' -e ./lab"
+        ".venv/bin/python -m pip install --progress-bar on -e '.[service]' -e ./lab"
     )
     assert not any("--quiet" in line or "dev" in line for line in demo)
     # a demo install does not pass for the development set ...

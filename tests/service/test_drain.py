@@ -189,7 +189,7 @@ async def test_an_empty_registry_names_the_namespaces_that_exist(
         await worker.jobs.stop()
         await worker.scraper.aclose()
         await client.aclose()
-    [empty] = [r.getMessage() for r in caplog.records]
+    [empty] = [r.getMessage() for r in caplog.records if r.name == "poller.service.notices"]
     assert empty.startswith("the registry is empty: this poller holds nothing; fill it with ")
     assert empty.endswith("; other namespaces on this Redis: llmgw, other (wrong --namespace?)")
 
