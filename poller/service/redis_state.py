@@ -34,7 +34,7 @@ from poller.errors import StoreAuthError, StoreError
 
 __all__ = ["RedisState", "Refusals"]
 
-log = logging.getLogger("poller.service.worker")  # the worker's lines, as operators grep them
+log = logging.getLogger(__name__)
 
 
 class Refusals:

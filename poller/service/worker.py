@@ -332,7 +332,7 @@ class Worker:
             if isinstance(exc, StoreAuthError) and self.redis.refusals.fatal(exc, time.monotonic()):
                 # Refused what Redis never allowed: a wrong password or user in the
                 # settings, or an ACL without a command the poller uses; stop with that
-                # one line rather than retry forever (service/refusal.py).
+                # one line rather than retry forever (service/redis_state.py).
                 self._fail(exc)
                 return True
             self.redis.seen(exc, time.monotonic())

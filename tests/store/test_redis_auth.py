@@ -161,7 +161,7 @@ async def test_a_password_changed_under_a_running_poller_is_an_error_and_readyz_
         logged = [
             ln
             for ln in proc.log().splitlines()
-            if "refused authentication" in ln and "logger=poller.service.worker" in ln
+            if "refused authentication" in ln and "logger=poller.service.redis_state" in ln
         ]
         assert len(logged) == 1 and "level=ERROR" in logged[0], logged  # once, not per retry
     finally:
@@ -390,7 +390,7 @@ async def test_a_right_taken_away_under_a_running_poller_keeps_it_unready_until_
         logged = [
             ln
             for ln in proc.log().splitlines()
-            if "refused permission" in ln and "logger=poller.service.worker" in ln
+            if "refused permission" in ln and "logger=poller.service.redis_state" in ln
         ]
         assert len(logged) == 1 and "level=ERROR" in logged[0], logged
     finally:
