@@ -16,23 +16,23 @@ LITELLM_PINS := constraints/litellm.txt
 # demo runs (the service extra and the lab). The development set holds the demo's, so it
 # stamps both; a demo install leaves `install` to do.
 DEV_STAMP := $(VENV)/.installed-dev
-# Editable installs as a path on sys.path (setuptools' compat mode), not an import hook:
-# type checkers (mypy, pyright) follow a path, so a gateway's code type-checks against
-# this checkout's poller.
-EDITABLE := --config-settings editable_mode=compat
+# Editable installs are a path on sys.path, not an import hook: type checkers (mypy,
+# pyright) follow a path, so a gateway's code type-checks against this checkout's poller.
+# setuptools' default (lenient) mode writes that path for a package-dir of "." (the two
+# pyproject.toml files); its compat mode did too, with 30 lines of deprecation warnings.
 DEMO_STAMP := $(VENV)/.installed-demo
 
 $(DEV_STAMP): pyproject.toml lab/pyproject.toml $(LITELLM_PINS) Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[dev,litellm]' -e ./lab -r $(LITELLM_PINS) -c $(LITELLM_PINS)
+	$(BIN)/python -m pip install --quiet -e '.[dev,litellm]' -e ./lab -r $(LITELLM_PINS) -c $(LITELLM_PINS)
 	@touch $@ $(DEMO_STAMP)
 
 $(DEMO_STAMP): pyproject.toml lab/pyproject.toml Makefile
 	@echo "installing the service and the lab into $(VENV) (make install adds the development set)"
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --progress-bar on --upgrade pip
-	$(BIN)/python -m pip install --progress-bar on $(EDITABLE) -e '.[service]' -e ./lab
+	$(BIN)/python -m pip install --progress-bar on -e '.[service]' -e ./lab
 	@touch $@
 
 install: $(DEV_STAMP)

@@ -176,8 +176,9 @@ class ContractError(ScrapeError):
         self.engine = engine
         #: What the engine must run with to publish them (version, flag), when known.
         self.hint = hint
-        detail = f"{engine} page lacks required metrics: {', '.join(self.missing)}"
-        super().__init__(f"{detail}. {hint}" if hint else detail, endpoint=endpoint)
+        #: The failure without the hint (``poller check`` gives its own advice).
+        self.lacks = f"{engine} page lacks required metrics: {', '.join(self.missing)}"
+        super().__init__(f"{self.lacks}; {hint}" if hint else self.lacks, endpoint=endpoint)
 
 
 class StoreError(PollerError):

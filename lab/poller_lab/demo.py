@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 
 from poller.cli.render import render
@@ -220,6 +220,13 @@ class Script:
             )
 
 
+def frame(view: View, width: int | None) -> Group:
+    """The view as the demo shows it, in a terminal of ``width`` columns (None: piped,
+    every column): at 80 columns the table leaves columns out rather than wrap a cell,
+    so the owners (the story) stay readable and every row fits in 24 lines."""
+    return render(view, "id", width=width)
+
+
 async def _watch(
     demo: Demo,
     script: Script,
@@ -232,8 +239,12 @@ async def _watch(
     started = time.monotonic()
     last_plain = 0.0
     live = None
+
+    def table(view: View) -> Group:
+        return frame(view, console.width if interactive else None)
+
     if interactive:
-        live = Live(render(await reader.snapshot(), "id"), console=console, auto_refresh=False)
+        live = Live(table(await reader.snapshot()), console=console, auto_refresh=False)
         live.start()
     try:
         while not stop["now"]:
@@ -245,13 +256,13 @@ async def _watch(
             if stop.get("story") and script.done:
                 break
             if live is not None:
-                live.update(render(view, "id"), refresh=True)
+                live.update(table(view), refresh=True)
             elif time.monotonic() - last_plain >= 5.0:
-                console.print(render(view, "id"))
+                console.print(table(view))
                 last_plain = time.monotonic()
             await asyncio.sleep(0.5)
         if live is None:
-            console.print(render(await reader.snapshot(), "id"))
+            console.print(table(await reader.snapshot()))
     finally:
         if live is not None:
             live.stop()

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from typing import Any, NoReturn, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from poller.cli.oneline import BadInput, env_names
 from poller.config import FLAT_ENV, Settings, load_settings
@@ -25,6 +26,22 @@ def option_env_names() -> frozenset[str]:
     """Every variable an option of the running ``poller`` reads: known, not a typo."""
     ctx = click.get_current_context(silent=True)
     return FLAT_ENV if ctx is None else env_names(ctx.find_root().command)
+
+
+def sources(params: dict[str, str]) -> dict[str, str]:
+    """dotted settings key -> the flag or variable that set it for this command
+    (``--timeout``, ``POLLER_TIMEOUT``), from ``params`` (dotted key -> the option's
+    parameter name), for the key's error line; options left unset are left out."""
+    ctx = click.get_current_context()
+    by_name = {param.name: param for param in ctx.command.params}
+    found = {}
+    for key, name in params.items():
+        param, source = by_name[name], ctx.get_parameter_source(name)
+        if source is ParameterSource.COMMANDLINE:
+            found[key] = max(param.opts, key=len)
+        elif source is ParameterSource.ENVIRONMENT and isinstance(param.envvar, str):
+            found[key] = param.envvar
+    return found
 
 
 def load(config: str | None, overrides: dict[str, Any]) -> Settings:

@@ -124,15 +124,21 @@ def _file_setting(config_file: str | None) -> str | None:
 
 
 def settings_and_file(
-    config_file: str | None, overrides: dict[str, Any], file: str | None = None
+    config_file: str | None,
+    overrides: dict[str, Any],
+    file: str | None = None,
+    origins: dict[str, str] | None = None,
 ) -> tuple[Settings, dict[str, Endpoint] | None]:
     """The settings and the registry file's entries (``file``, else the settings'
     ``endpoints_file``), every problem of the flags, variables, settings file and
-    registry file found in one pass: ``BadInput`` with one line each."""
+    registry file found in one pass: ``BadInput`` with one line each (``origins``: where
+    each override came from, ``common.sources``)."""
     problems: list[str] = []
     settings: Settings | None = None
     try:
-        settings = load_settings(config_file, overrides, flat_env=option_env_names())
+        settings = load_settings(
+            config_file, overrides, flat_env=option_env_names(), sources=origins
+        )
     except ConfigError as exc:
         problems += str(exc).splitlines()
     if file is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -94,16 +95,43 @@ def header(view: View) -> str:
     )
 
 
+_COLUMNS = (
+    ("ID", "left"),
+    ("ENGINE", "left"),
+    ("STATE", "left"),
+    ("OWNER", "left"),
+    ("RUN", "right"),
+    ("WAIT", "right"),
+    ("KV%", "right"),
+    ("HIT%", "right"),
+    ("LORA", "left"),
+    ("MODELS", "left"),
+    ("AGE", "right"),
+    ("URL", "left"),
+    ("LABELS", "left"),
+    ("FAILURE", "left"),
+)
+#: What a narrow terminal leaves out, first to last; ID, STATE, OWNER, RUN, WAIT and
+#: FAILURE always show (``--json`` or a wider terminal has the rest).
+_DROP_ORDER = ("LABELS", "URL", "MODELS", "LORA", "HIT%", "AGE", "ENGINE", "KV%")
+#: The failure cell's least width: its reason and how long ("http_status for 9.0s").
+_FAILURE_MIN = 20
+_GAP = 2  # between two columns (rich's padding of one on each side)
+
+
 def render(
     view: View,
     sort: str = "id",
     sources: list[dict[str, Any]] | None = None,
     extra: Sequence[RenderableType] = (),
     only: Sequence[str] | None = None,
+    width: int | None = None,
 ) -> Group:
     """The header line and the table (then the sources and ``extra``, e.g. the pollers);
     with ``only``, the table has those ids alone and says how many it shows. rich drops
-    the colours when output is piped."""
+    the colours when output is piped. ``width``: the terminal's columns; a table wider
+    leaves out the columns of ``_DROP_ORDER`` in turn and cuts the failure with an
+    ellipsis, never wrapping a cell (a cell wrapped at 80 columns read one word a line)."""
     tail = [*([sources_table(sources, view.now_ms)] if sources else []), *extra]
     if not view.endpoints:
         note = Text(
@@ -112,64 +140,99 @@ def render(
             style="yellow",
         )
         return Group(Text(header(view)), note, *tail)
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column, justify in (
-        ("ID", "left"),
-        ("ENGINE", "left"),
-        ("STATE", "left"),
-        ("OWNER", "left"),
-        ("RUN", "right"),
-        ("WAIT", "right"),
-        ("KV%", "right"),
-        ("HIT%", "right"),
-        ("LORA", "left"),
-        ("MODELS", "left"),
-        ("AGE", "right"),
-        ("URL", "left"),
-        ("LABELS", "left"),
-        ("FAILURE", "left"),
-    ):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
     rows: Iterable[EndpointView] = view.endpoints.values()
     if only is not None:
         wanted = set(only)
         rows = [e for e in rows if e.id in wanted]
-    for e in sorted(rows, key=SORT_KEYS[sort]):
-        stats, failure = e.stats, e.failure
-        failing = "-"
-        if failure is not None:
-            failing = f"{failure.reason} for {_age(max(0, view.now_ms - failure.since_ms))}"
-            if failure.missing:
-                failing += f" (missing {', '.join(failure.missing)})"
-            elif failure.detail:
-                failing += f": {clip(failure.detail)}"
-        lora = "-"
-        if stats is not None and stats.lora_max is not None:
-            lora = ",".join(stats.lora_running) or "none"
-        state = Text(e.state, style=_STATE_STYLE[e.state])
-        if stats is not None and stats.sleeping:
-            state.append(" asleep", style="magenta")  # vLLM sleep mode: never picked
-        table.add_row(
-            e.id,
-            _engine(e),
-            state,
-            e.owner or "-",
-            "-" if stats is None else str(stats.running),
-            "-" if stats is None else str(stats.waiting),
-            _pct(stats.kv_cache_usage if stats else None),
-            _pct(stats.prefix_cache_hit_rate if stats else None),
-            lora,
-            models_text(stats.models if stats is not None else None),
-            _age(e.age_ms),
-            e.entry.url if e.entry is not None else "-",
-            labels_text(e.entry.labels if e.entry is not None else None),
-            failing,
-        )
+    cells = [_row(e, view.now_ms) for e in sorted(rows, key=SORT_KEYS[sort])]
+    table = _table(cells, width)
     lines = [Text(header(view))]
     if only is not None:
         shown = len(set(only) & view.endpoints.keys())
         lines.append(Text(f"showing {shown} of {count(len(view.endpoints), 'endpoint')}"))
+    names = {str(c.header) for c in table.columns}
+    left_out = [name for name, _ in _COLUMNS if name not in names]
+    if left_out:
+        lines.append(Text(f"not shown at {width} columns: {', '.join(left_out)}", style="dim"))
     return Group(*lines, table, *tail)
+
+
+def _table(cells: list[list[str | Text]], width: int | None) -> Table:
+    """The table of ``cells`` (a row each, a cell per ``_COLUMNS``) in ``width``
+    characters (None: every column, as rich fits them)."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    if width is None:
+        for name, justify in _COLUMNS:
+            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        for row in cells:
+            table.add_row(*row)
+        return table
+    widths = [
+        max([len(name), *(_cell_len(row[i]) for row in cells)])
+        for i, (name, _) in enumerate(_COLUMNS)
+    ]
+    shown = list(range(len(_COLUMNS)))
+    failure = len(_COLUMNS) - 1
+
+    def others() -> int:  # the width of every shown column but the failure's, with gaps
+        return sum(widths[i] for i in shown if i != failure) + _GAP * (len(shown) - 1)
+
+    for name in _DROP_ORDER:
+        if others() + min(widths[failure], _FAILURE_MIN) <= width:
+            break
+        shown.remove(next(i for i, (n, _) in enumerate(_COLUMNS) if n == name))
+    for i in shown:
+        name, justify = _COLUMNS[i]
+        # The failure takes the rest of the line: a long detail is cut, never wrapped.
+        rest = max(_FAILURE_MIN, width - others()) if i == failure else None
+        table.add_column(
+            name,
+            justify=justify,  # type: ignore[arg-type]
+            no_wrap=True,
+            overflow="ellipsis",
+            width=None if rest is None else min(widths[failure], rest),
+        )
+    for row in cells:
+        table.add_row(*(row[i] for i in shown))
+    return table
+
+
+def _cell_len(cell: str | Text) -> int:
+    return cell.cell_len if isinstance(cell, Text) else cell_len(cell)
+
+
+def _row(e: EndpointView, now_ms: int) -> list[str | Text]:
+    """One endpoint's cells, in the order of ``_COLUMNS``."""
+    stats, failure = e.stats, e.failure
+    failing = "-"
+    if failure is not None:
+        failing = f"{failure.reason} for {_age(max(0, now_ms - failure.since_ms))}"
+        if failure.missing:
+            failing += f" (missing {', '.join(failure.missing)})"
+        elif failure.detail:
+            failing += f": {clip(failure.detail)}"
+    lora = "-"
+    if stats is not None and stats.lora_max is not None:
+        lora = ",".join(stats.lora_running) or "none"
+    state = Text(e.state, style=_STATE_STYLE[e.state])
+    if stats is not None and stats.sleeping:
+        state.append(" asleep", style="magenta")  # vLLM sleep mode: never picked
+    return [
+        e.id,
+        _engine(e),
+        state,
+        e.owner or "-",
+        "-" if stats is None else str(stats.running),
+        "-" if stats is None else str(stats.waiting),
+        _pct(stats.kv_cache_usage if stats else None),
+        _pct(stats.prefix_cache_hit_rate if stats else None),
+        lora,
+        models_text(stats.models if stats is not None else None),
+        _age(e.age_ms),
+        e.entry.url if e.entry is not None else "-",
+        labels_text(e.entry.labels if e.entry is not None else None),
+        failing,
+    ]
 
 
 # --- discovery sources --------------------------------------------------------------------

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from poller.cli.common import NAMESPACE, REDIS_URL, config_option, run_store_command
+from poller.cli.common import NAMESPACE, REDIS_URL, config_option, run_store_command, sources
 from poller.cli.register import settings_and_file
 from poller.util.logs import setup_logging
 
@@ -31,7 +31,6 @@ from poller.util.logs import setup_logging
     envvar="POLLER_INTERVAL",
     show_envvar=True,
     show_default="2",
-    type=float,
     metavar="S",
     help="Default scrape interval in seconds (scrape.interval_s); an entry's own wins.",
 )
@@ -41,7 +40,6 @@ from poller.util.logs import setup_logging
     envvar="POLLER_TIMEOUT",
     show_envvar=True,
     show_default="1, or half the interval if that is not below it",
-    type=float,
     metavar="S",
     help="Default scrape timeout in seconds (scrape.timeout_s), below the interval.",
 )
@@ -50,7 +48,6 @@ from poller.util.logs import setup_logging
     envvar="POLLER_HEALTH_PORT",
     show_envvar=True,
     show_default="9464, on 0.0.0.0",
-    type=int,
     metavar="N",
     help="Port for /healthz, /readyz, /metrics and the operator's page (health.port, "
     "on health.host); 0 disables.",
@@ -131,9 +128,9 @@ def run(
     redis_url: str | None,
     namespace: str | None,
     poller_id: str | None,
-    interval_s: float | None,
-    timeout_s: float | None,
-    health_port: int | None,
+    interval_s: str | None,
+    timeout_s: str | None,
+    health_port: str | None,
     endpoints_file: str | None,
     discover: tuple[str, ...],
     redis_tls_ca: str | None,
@@ -145,16 +142,19 @@ def run(
     check: bool,
 ) -> None:
     """Serve: scrape the endpoints this poller holds leases for, forever."""
-    # Every problem of the flags, variables, settings file and endpoints file at once.
+    # Every problem of the flags, variables, settings file and endpoints file at once:
+    # the numbers too are checked by the settings (click would stop at the first).
+    origins = {"scrape.interval_s": "interval_s", "scrape.timeout_s": "timeout_s"}
+    origins |= {"health.port": "health_port", "redis.namespace": "namespace"}
     settings, _ = settings_and_file(
         config_file,
         {
             "redis.url": redis_url,
             "redis.namespace": namespace,
             "id": poller_id,
-            "scrape.interval_s": interval_s,
-            "scrape.timeout_s": timeout_s,
-            "health.port": health_port,
+            "scrape.interval_s": _number(interval_s, float),
+            "scrape.timeout_s": _number(timeout_s, float),
+            "health.port": _number(health_port, int),
             "endpoints_file": endpoints_file,
             "discovery": list(discover) or None,
             "redis.tls_ca_file": redis_tls_ca,
@@ -165,6 +165,7 @@ def run(
             "log_format": log_format,
             "log_level": log_level.upper() if log_level else None,
         },
+        origins=sources(origins),
     )
     if check:
         from poller.cli.runcheck import check_run
@@ -175,3 +176,11 @@ def run(
 
     setup_logging(settings.log_level, settings.log_format, settings.id)
     sys.exit(asyncio.run(serve(settings)))
+
+
+def _number(text: str | None, kind: type[float] | type[int]) -> float | int | str | None:
+    """The option's number, or its text for the settings to refuse beside the others."""
+    try:
+        return None if text is None else kind(text)
+    except ValueError:
+        return text

@@ -24,6 +24,7 @@ from poller.redis.errors import redis_call
 from poller.schema.keys import SCHEMA_VERSION
 from poller.service.ttl import stats_ttl_ms
 from poller.store.members import read_members
+from poller.store.namespaces import namespaces
 from poller.store.store import RedisStore
 from poller.util.logs import count
 from poller.util.urls import redact_url
@@ -77,6 +78,8 @@ async def check_run(settings: Settings) -> int:
             )
         _, members = await read_members(store.client, store.keys)
         registry = await store.read_registry()
+        # Nothing ever wrote this namespace: a typo beside one that exists, most likely.
+        others = await namespaces(store.client) if schema is None else None
     finally:
         await store.close()
     pollers = ", ".join(m.id if m.state == "serving" else f"{m.id} {m.state}" for m in members)
@@ -88,4 +91,9 @@ async def check_run(settings: Settings) -> int:
         + (f" ({pollers})" if pollers else "")
         + f", registry rev {registry.rev}: {count(len(registry.ids), 'endpoint')}{invalid}"
     )
+    if others:
+        click.echo(
+            f"note: nothing ever wrote namespace {settings.redis.namespace}; namespaces on "
+            f"this Redis: {', '.join(others)} (wrong --namespace?)"
+        )
     return 0

@@ -13,9 +13,7 @@ from poller.cli.common import NAMESPACE, REDIS_URL, load, redis_json, redis_line
 from poller.errors import SchemaMismatch, StoreError
 from poller.schema.keys import Keys
 from poller.service.web.render import STATES
-
-#: At most this many SCAN calls (of COUNT 1000) look for other namespaces' schema keys.
-SCAN_CALLS = 10
+from poller.store.namespaces import namespaces
 
 
 @click.command()
@@ -80,8 +78,9 @@ def status(
 
     settings = load(None, {"redis.url": redis_url, "redis.namespace": namespace})
     console = Console()
+    narrow: int | None = console.width  # a terminal: the table fits it, cells never wrap
     if not console.is_terminal:
-        console = Console(width=200)  # piped: whole rows, never wrapped at 80 columns
+        console, narrow = Console(width=200), None  # piped: whole rows, every column
 
     async def go() -> None:
         # from_settings, not from_url: POLLER_REDIS__TLS_* and cluster settings apply too
@@ -100,7 +99,8 @@ def status(
             lines = [Text(redis_line(settings.redis))]
             lines += [Text(line, style="yellow") for line in no_schema(view, reader.keys, others)]
             extra = fleet_parts(fleet) if fleet.members else []
-            table = render(view, sort, found, extra, selected(view, states, engines))
+            only = selected(view, states, engines)
+            table = render(view, sort, found, extra, only, width=narrow)
             return Group(*lines, table)
 
         async def frame() -> Any:
@@ -194,26 +194,3 @@ def no_schema(view: Any, keys: Keys, others: list[str] | None) -> list[str]:
     elif others is not None:
         said.append("no namespace on this Redis has a schema key: no poller has run here")
     return said
-
-
-async def namespaces(client: Any) -> list[str] | None:
-    """The namespaces with a schema key, sorted, from at most ``SCAN_CALLS`` SCANs; None
-    when they cannot be listed cheaply (a Cluster, a user without SCAN, a keyspace too
-    large to walk)."""
-    from redis.asyncio.cluster import RedisCluster
-
-    from poller.redis.errors import REDIS_ERRORS
-
-    if isinstance(client, RedisCluster):
-        return None
-    found: set[str] = set()
-    cursor = 0
-    try:
-        for _ in range(SCAN_CALLS):
-            cursor, names = await client.scan(cursor, match="{*}:schema", count=1000)
-            found.update(str(name)[1:].rpartition("}:schema")[0] for name in names)
-            if not cursor:
-                return sorted(found - {""})
-    except REDIS_ERRORS:
-        return None  # not permitted (a read-only ACL user) or failing: say nothing
-    return None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -130,10 +131,13 @@ def load_settings(
     overrides: dict[str, Any] | None = None,
     environ: dict[str, str] | None = None,
     flat_env: frozenset[str] = FLAT_ENV,
+    sources: Mapping[str, str] | None = None,
 ) -> Settings:
     """Build Settings from file < env (``POLLER_<SECTION>__<KEY>``) < overrides.
 
     ``overrides`` uses dotted keys (``{"scrape.interval_s": 2}``); None values are ignored.
+    ``sources`` says where an override came from (dotted key -> ``--interval`` or
+    ``POLLER_INTERVAL``), for its error line.
     ``flat_env`` names the ``POLLER_*`` variables without ``__`` that are known (the
     command line's); any other ``POLLER_*`` variable is an error. Raises ConfigError
     with one line per problem (all of them), each naming its key or variable; ``field``
@@ -151,7 +155,8 @@ def load_settings(
             # Say where a bad value came from when it was not a flag (those name themselves).
             path = key.split(".")
             if _holds(from_flags, path):
-                problems.append((key, line))
+                where = (sources or {}).get(key)
+                problems.append((key, f"{line} (from {where})" if where else line))
             elif _holds(from_env, path):
                 problems.append((key, f"{line} (from POLLER_{'__'.join(path).upper()})"))
             elif config_file is not None and _holds(from_file, path):

@@ -24,6 +24,7 @@ Every caller (store, discovery, reader, worker, CLI) goes through ``redis_call``
 
 from __future__ import annotations
 
+import errno
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -82,6 +83,19 @@ def _not_tls(exc: BaseException) -> NotTLS | None:
     return None
 
 
+def _refused(exc: BaseException) -> bool:
+    """A connection refused (ECONNREFUSED), by ``exc`` or what it wraps: redis-py raises
+    its ConnectionError with the socket's error as the context."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        if getattr(seen, "errno", None) == errno.ECONNREFUSED:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return str(exc).startswith(f"Error {errno.ECONNREFUSED} ")
+
+
 def store_error(exc: BaseException, what: str) -> StoreError:
     """Our exception for ``exc``, raised by redis-py (or the socket) during ``what``."""
     if isinstance(exc, StoreError):
@@ -103,7 +117,11 @@ def store_error(exc: BaseException, what: str) -> StoreError:
     if isinstance(exc, rexc.ResponseError):
         return reply_error(str(exc), what)
     if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError | OSError):
-        return StoreUnreachable(f"Redis unreachable during {what}: {exc or type(exc).__name__}")
+        # Refused: nothing listens at the URL's port, which only the URL can fix.
+        said = str(exc) or type(exc).__name__
+        if _refused(exc):
+            said = said.rstrip(".") + ": nothing listens there; check the Redis URL's host and port"
+        return StoreUnreachable(f"Redis unreachable during {what}: {said}")
     if isinstance(exc, rexc.RedisClusterException):
         if "cluster mode is not enabled" in str(exc).lower():
             return StoreError(

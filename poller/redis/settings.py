@@ -228,6 +228,21 @@ class RedisSettings(BaseModel):
     def _check_url(cls, value: str) -> str:
         return check_redis_url(value)
 
+    @field_validator("namespace", mode="before")
+    @classmethod
+    def _check_namespace(cls, value: object) -> object:
+        # The key prefix copied whole, `{llmgw}`: say what to write rather than the pattern.
+        if isinstance(value, str) and len(value) > 2 and value[0] + value[-1] == "{}":
+            inner = value[1:-1]
+            if re.match(NAMESPACE_PATTERN, inner):
+                raise ValueError(
+                    f"write the namespace without the braces: {inner} (every key starts "
+                    f"with {{{inner}}}: the braces are added)"
+                )
+        if isinstance(value, str) and not re.match(NAMESPACE_PATTERN, value):
+            raise ValueError(f"{value!r} is not a namespace: 1-64 of A-Z a-z 0-9 . _ : -")
+        return value
+
     @model_validator(mode="after")
     def _check_tls(self) -> RedisSettings:
         tls_files = {

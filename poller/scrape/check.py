@@ -176,6 +176,8 @@ async def check_endpoint(
             report |= {"status": exc.status, "body": exc.body}
         if isinstance(exc, ContractError):
             report["looks_like"] = list(exc.looks_like)
+            if exc.looks_like:  # the report's own line says which engine to try
+                report["detail"] = exc.lacks
     finally:
         await scraper.aclose()
     report["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 2)

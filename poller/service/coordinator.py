@@ -162,6 +162,7 @@ class Coordinator:
         sent = time.monotonic()
         held = self.held
         renewed = await self.store.renew_leases(self.poller_id, held, ttl)
+        lapsed = []
         for e, ok in renewed.items():
             if ok:
                 result.renewed += 1
@@ -169,9 +170,13 @@ class Coordinator:
                 if record is not None:  # not discarded while the renewal was in flight
                     record.confirmed_at = sent
             else:
-                log.warning("lease lost", extra={"endpoint": e, "at": "renewal"})
                 self.holdings.discard(e, held[e])
-                result.lost.append(e)
+                lapsed.append(e)
+        if lapsed:
+            # One line, not one per endpoint: after a Redis hang they lapse all at once.
+            n = count(len(lapsed), "endpoint")
+            log.warning("lease lost at renewal: %s", n, extra={"endpoints": few(lapsed)})
+            result.lost.extend(lapsed)
 
         wanted = sorted(mine - self.held.keys())
         sent = time.monotonic()

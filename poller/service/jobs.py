@@ -28,12 +28,13 @@ from poller.errors import ScrapeError, StoreAuthError, StoreError
 from poller.schema.stats import prefix_hit_rate, stats_fields
 from poller.scrape.http.client import Scraper
 from poller.service.metrics import PollerMetrics, Surprises
+from poller.service.missed import MissedRuns, quiet_apscheduler
 from poller.service.names import ModelNames
 from poller.service.owned import Holdings, JobSpec, Owned, Window
 from poller.service.trigger import GridJitterTrigger
 from poller.service.ttl import stats_ttl_ms
 from poller.store.store import RedisStore, WriteResult
-from poller.util.logs import count
+from poller.util.logs import Tally, count
 
 __all__ = ["JobRunner"]
 
@@ -70,7 +71,11 @@ class JobRunner:
         self._background: set[asyncio.Task[None]] = set()
         # Label children resolved once, not per scrape: (engine, result) -> counter child.
         self._scrape_counters: dict[tuple[str, str], Any] = {}
-        self._missed: dict[str, Any] = {}
+        self.missed = MissedRuns(metrics)
+        # Said once per pass (``say``): a Redis back from a hang rejects many writes at once.
+        self._lost = Tally(
+            log, logging.WARNING, "lease lost at a fenced write: %(endpoints)s", detail="holders"
+        )
         self._lateness_observe = metrics.lateness.observe
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -82,6 +87,7 @@ class JobRunner:
     def start(self, *, paused: bool = False) -> None:
         """Start the scheduler. ``paused``: jobs are kept but never fire (tests drive
         scrapes with ``scrape_once``)."""
+        quiet_apscheduler()
         self._scheduler = AsyncIOScheduler(timezone=UTC)
         self._scheduler.add_listener(
             self._on_scheduler_event,
@@ -196,21 +202,21 @@ class JobRunner:
             late = time.time() - event.scheduled_run_times[-1].timestamp()
             self._lateness_observe(late if late > 0.0 else 0.0)
         elif event.code == EVENT_JOB_MISSED:
-            self._count_missed("misfire")
+            self.missed.late(event.job_id)
         else:
-            self._count_missed("still_running")
+            self.missed.skipped(event.job_id)
+
+    def say(self) -> None:
+        """Say what happened to many endpoints since the last call, a line per kind
+        (the worker calls it once per coordination pass)."""
+        self.missed.say()
+        self._lost.say()
 
     def _count_scrape(self, engine: str, result: str) -> None:
         key = (engine, result)
         child = self._scrape_counters.get(key)
         if child is None:
             child = self._scrape_counters[key] = self.metrics.scrapes.labels(engine, result)
-        child.inc()
-
-    def _count_missed(self, why: str) -> None:
-        child = self._missed.get(why)
-        if child is None:
-            child = self._missed[why] = self.metrics.missed.labels(why)
         child.inc()
 
     # --- one scrape --------------------------------------------------------------------
@@ -227,7 +233,7 @@ class JobRunner:
             await self.scrape_once(spec)
         except asyncio.CancelledError:
             # Dropped or stopping: the scrape's result would not be ours to write.
-            self._count_missed("cancelled")
+            self.missed.count("cancelled")
         except Exception as exc:
             self.surprises.report("scrape", exc)
         finally:
@@ -238,12 +244,12 @@ class JobRunner:
         """Fetch, map and write one endpoint with this job's record."""
         if not self._ready():
             # No Redis to write to (or a stuck one): spare the engine, count the skip.
-            self._count_missed("redis_unavailable")
+            self.missed.count("redis_unavailable")
             return
         record = self.holdings.get(spec.endpoint_id)
         if record is None or record.spec is not spec:
             # Replaced or dropped since APScheduler submitted this run.
-            self._count_missed("replaced")
+            self.missed.count("replaced")
             return
         window = record.window
         started = time.perf_counter()
@@ -328,7 +334,7 @@ class JobRunner:
             result = await write
         except StoreError as exc:
             self.metrics.redis_errors.labels(what).inc()
-            self._count_missed("write_failed")
+            self.missed.count("write_failed")
             fields = {"endpoint": spec.endpoint_id, "why": str(exc)}
             if isinstance(exc, StoreAuthError) and not self._refusal_logged:
                 # An ACL that lets the heartbeat through but not the writes (a key, the
@@ -351,9 +357,7 @@ class JobRunner:
             # the job dropped meanwhile): the current ownership stands.
             return
         self.metrics.lease_losses.inc()
-        log.warning(
-            "lease lost", extra={"endpoint": spec.endpoint_id, "holder": holder or "(none)"}
-        )
+        self._lost.add(spec.endpoint_id, holder)
         self.unschedule(spec.endpoint_id, "lease lost")
         self.metrics.leases_held.set(len(self.specs))
         self._wake()  # a pass now, to take what rendezvous still gives us

@@ -4,6 +4,7 @@ not once per coordination pass: an empty registry, a drain."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 from poller.util.logs import count
 
@@ -19,8 +20,9 @@ FILL = (
 
 
 class Notices:
-    def __init__(self, poller_id: str) -> None:
+    def __init__(self, poller_id: str, namespace: str) -> None:
         self.poller_id = poller_id
+        self.namespace = namespace
         self._empty: bool | None = None  # None: not known (start, or Redis lost its data)
         self._draining = False
 
@@ -28,10 +30,20 @@ class Notices:
         """Redis lost its data: whatever the registry holds now is news again."""
         self._empty = None
 
-    def registry(self, empty: bool) -> None:
-        """After each read of the registry: an empty one means we hold nothing."""
+    async def registry(
+        self, empty: bool, namespaces: Callable[[], Awaitable[list[str] | None]]
+    ) -> None:
+        """After each read of the registry: an empty one means we hold nothing. Said with
+        the other ``namespaces`` on this Redis (asked only then): a mistyped namespace
+        reads as an empty registry."""
         if empty and self._empty is not True:
-            log.warning("the registry is empty: this poller holds nothing; fill it with %s", FILL)
+            others = [n for n in await namespaces() or () if n != self.namespace]
+            hint = f"; other namespaces on this Redis: {', '.join(others)} (wrong --namespace?)"
+            log.warning(
+                "the registry is empty: this poller holds nothing; fill it with %s%s",
+                FILL,
+                hint if others else "",
+            )
         elif not empty and self._empty is True:
             log.info("the registry has entries again")
         self._empty = empty

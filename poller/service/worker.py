@@ -34,6 +34,8 @@ from poller.service.jobs import JobRunner
 from poller.service.metrics import PollerMetrics, Surprises
 from poller.service.notices import Notices
 from poller.service.owned import Holdings, JobSpec, Owned, first_run, job_spec
+from poller.service.redis_state import RedisState
+from poller.store.namespaces import namespaces
 from poller.store.store import RedisStore
 from poller.util.backoff import backoff_s, member_ttl_cap_s
 from poller.util.logs import count, few
@@ -79,18 +81,9 @@ class Worker:
             holdings=self.holdings,
             wake=lambda: self._wake.set(),
         )
-        self.redis_ok = False
-        self._redis_known = False  # no Redis call made yet: the first outcome is logged
-        self._first_pass: float | None = None  # monotonic time of the first whole pass
-        self._settled = False  # past start: a refusal no longer stops the poller
+        #: Reachable, unreachable or refusing us; when a refusal stops the poller.
+        self.redis = RedisState(settings.coordination.lease_ttl_ms, self.metrics.redis_up.set)
         self._broken = ""  # the unexpected error the last coordination pass ended in
-        self._refused_at = -math.inf  # monotonic time of the last refusal
-        # A refusal holds this long: a command refused every time it runs (a lease's
-        # renewal) runs at least once in 1.5 lease TTLs (lapse, acquire, renew), and
-        # the calls between must not read as Redis being fine again.
-        self._refusal_hold_s = 3 * self.settings.coordination.lease_ttl_ms / 1000
-        self._redis_problem = "Redis not reached yet"  # why not redis_ok, for /readyz
-        self._refused = False  # the last Redis error was a refusal of our credentials
         self.last_heartbeat = 0.0  # monotonic time of the last successful heartbeat
         self.clock_offset_ms = 0.0  # Redis clock minus local clock
         self._wake = asyncio.Event()
@@ -99,7 +92,7 @@ class Worker:
         self._started = False  # leftovers of an earlier run of this id released
         self._epoch = ""  # the Redis data epoch seen at the last heartbeat
         self._retry_cap_s = member_ttl_cap_s(settings.coordination.member_ttl_ms)
-        self.notices = Notices(self.id)
+        self.notices = Notices(self.id, settings.redis.namespace)
         self.drain = Drain(self.store, self.coordinator, self._wake.set)
         #: Set when the poller must stop (another schema version in Redis).
         self.fatal: PollerError | None = None
@@ -123,6 +116,7 @@ class Worker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.jobs.stop(timeout_s)
+        self.jobs.say()
         # Never joined: nothing to leave. Our id taken: the membership is the other's.
         joined = self.last_heartbeat or self.holdings
         if joined and not isinstance(self.fatal, IdentityConflict):
@@ -135,6 +129,14 @@ class Worker:
         self.metrics.leases_held.set(0)
         await self.scraper.aclose()
         await self.store.close()
+
+    @property
+    def redis_ok(self) -> bool:
+        return self.redis.ok
+
+    @redis_ok.setter
+    def redis_ok(self, ok: bool) -> None:
+        self.redis.ok = ok
 
     @property
     def writable(self) -> bool:
@@ -154,7 +156,7 @@ class Worker:
         if self.fatal is not None:
             return f"stopped: {self.fatal}"
         if not self.redis_ok:
-            return self._redis_problem
+            return self.redis.problem
         if self._broken:
             return self._broken
         age_s = time.monotonic() - self.last_heartbeat
@@ -202,7 +204,8 @@ class Worker:
                 return  # a pass follows at once, with a heartbeat that sees it
             if full or changed:
                 await self.follower.sync()
-                self.notices.registry(empty=self.follower.size == 0)
+                empty = self.follower.size == 0
+                await self.notices.registry(empty, lambda: namespaces(self.store.client))
                 if not self._started:
                     # A stable id (pod name) may find leases its previous run left:
                     # release them so they get new tokens, fencing off that run.
@@ -210,15 +213,19 @@ class Worker:
                     self._started = True
                 result = await self.coordinator.reconcile(self.follower.ids())
                 self.metrics.reconcile_duration.observe(result.duration_s)
-                if result.renewed:
-                    self._settled = True  # every call the leases need was allowed
                 if result.orphaned:
                     # A dead poller's leases lapse at most a lease TTL after its last
                     # renewal: try again shortly instead of a whole reconcile later.
                     asyncio.get_running_loop().call_later(0.2, self._wake.set)
                 await self._converge()
+                # Every call the leases need made: a renewal, or nothing to hold (a lease
+                # just acquired, or one another holds, waits for a pass that renews).
+                complete = result.renewed > 0 or not (self.holdings or result.contested)
+                self.redis.refusals.passed(time.monotonic(), complete=complete)
+                self.redis.seen(None, time.monotonic())
         finally:
             self._expire_unconfirmed()
+            self.jobs.say()
 
     async def _converge(self) -> None:
         """Make the jobs match the leases Redis confirmed in this pass."""
@@ -257,10 +264,12 @@ class Worker:
             return {}
 
     def _expire_unconfirmed(self) -> None:
-        for endpoint_id in self.coordinator.expire(time.monotonic()):
-            log.warning(
-                "lease unconfirmed for a TTL, stopping its job", extra={"endpoint": endpoint_id}
-            )
+        expired = self.coordinator.expire(time.monotonic())
+        if expired:
+            # One line per pass: a Redis that hung for a TTL leaves every lease unconfirmed.
+            n = count(len(expired), "endpoint")
+            fields = {"endpoints": few(expired)}
+            log.warning("lease unconfirmed for a TTL, stopping its job: %s", n, extra=fields)
         self.jobs.sweep("lease not confirmed")
         self.metrics.leases_held.set(len(self.jobs.specs))
 
@@ -277,43 +286,11 @@ class Worker:
         now_ms = self.coordinator.redis_now_ms
         self.clock_offset_ms = now_ms - (before + time.time()) * 500
         self.last_heartbeat = time.monotonic()
-        self._redis_state()
+        self.redis.seen(None, self.last_heartbeat)
         self.metrics.members.set(len(self.coordinator.members))
         self.notices.drain(self.draining, len(self.holdings))
         self.metrics.draining.set(1 if self.draining else 0)
         return changed
-
-    def _starting(self) -> bool:
-        """Not yet past start: no lease renewed yet (the calls a poller makes, all made
-        once), and the first whole coordination pass less than a refusal's hold ago."""
-        if not self._settled and self._first_pass is not None:
-            self._settled = time.monotonic() - self._first_pass >= self._refusal_hold_s
-        return not self._settled
-
-    def _redis_state(self, error: StoreError | None = None) -> None:
-        """Log once per change of Redis's state (reachable, unreachable, refusing our
-        credentials), not once per retry. A refusal holds until none came for
-        ``_refusal_hold_s``: the calls the ACL allows succeed in between."""
-        ok = error is None
-        refused = isinstance(error, StoreAuthError)
-        if refused:
-            self._refused_at = time.monotonic()
-        elif ok and self._refused and time.monotonic() - self._refused_at < self._refusal_hold_s:
-            return
-        if ok != self.redis_ok or not self._redis_known or refused != self._refused:
-            self._redis_known = True
-            if ok:
-                log.info("redis reachable")
-            elif refused:
-                # Retrying cannot fix this: say so loudly, not as a passing blip.
-                log.error("%s; retrying until the settings or the ACL change", error)
-            else:
-                log.warning("redis unreachable: %s", error)
-        self._refused = refused
-        if error is not None:
-            self._redis_problem = str(error)  # names it: unreachable, refused, rejected
-        self.redis_ok = ok
-        self.metrics.redis_up.set(1 if ok else 0)
 
     # --- loops -----------------------------------------------------------------------------
 
@@ -322,47 +299,54 @@ class Worker:
         last_full = -math.inf
         failures = 0
         while not self._stopping.is_set():
-            delay = c.heartbeat_interval_ms / 1000
-            try:
-                due = time.monotonic() - last_full >= c.reconcile_interval_ms / 1000
-                full = due or self._wake.is_set()
-                self._wake.clear()
-                await self._pass(full=full)
+            due = time.monotonic() - last_full >= c.reconcile_interval_ms / 1000
+            full = due or self._wake.is_set()
+            self._wake.clear()
+            if await self.attempt(full=full):
+                failures += 1
+                delay = backoff_s(failures, cap_s=self._retry_cap_s)
+            else:
+                failures = 0
+                delay = c.heartbeat_interval_ms / 1000
                 if full:
                     last_full = time.monotonic()
-                    if self._first_pass is None:
-                        self._first_pass = last_full
-                    self._broken = ""
-                failures = 0
-            except SchemaMismatch as exc:
-                self._fail(exc)
+            if self.fatal is not None:
                 return
-            except IdentityConflict as exc:
-                self._drop_everything()
-                self._fail(exc)
-                return
-            except StoreError as exc:
-                if isinstance(exc, StoreAuthError) and self._starting():
-                    # Refused at start: a wrong password or user in the settings, or an
-                    # ACL without a command the poller uses; stop with that one line
-                    # rather than retry forever.
-                    self._fail(exc)
-                    return
-                failures += 1
-                self._redis_state(exc)
-                self.metrics.redis_errors.labels("coordination").inc()
-                delay = backoff_s(failures, cap_s=self._retry_cap_s)
-            except Exception as exc:
-                # A bug or a client library surprise must not silently end coordination
-                # (leases would lapse while the process looks alive).
-                failures += 1
-                self.surprises.report("coordination", exc)
-                self._broken = f"coordination failing: {type(exc).__name__}: {exc}"[:300]
-                delay = backoff_s(failures, cap_s=self._retry_cap_s)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
             except TimeoutError:
                 pass
+
+    async def attempt(self, *, full: bool = True) -> bool:
+        """One pass as the coordination loop runs it: what fails is logged, counted and
+        shown on ``/readyz``, or stops the poller (``fatal``), never raised. Returns
+        whether the pass failed."""
+        try:
+            await self._pass(full=full)
+        except SchemaMismatch as exc:
+            self._fail(exc)
+        except IdentityConflict as exc:
+            self._drop_everything()
+            self._fail(exc)
+        except StoreError as exc:
+            if isinstance(exc, StoreAuthError) and self.redis.refusals.fatal(exc, time.monotonic()):
+                # Refused what Redis never allowed: a wrong password or user in the
+                # settings, or an ACL without a command the poller uses; stop with that
+                # one line rather than retry forever (service/redis_state.py).
+                self._fail(exc)
+                return True
+            self.redis.seen(exc, time.monotonic())
+            self.metrics.redis_errors.labels("coordination").inc()
+        except Exception as exc:
+            # A bug or a client library surprise must not silently end coordination
+            # (leases would lapse while the process looks alive).
+            self.surprises.report("coordination", exc)
+            self._broken = f"coordination failing: {type(exc).__name__}: {exc}"[:300]
+        else:
+            if full:
+                self._broken = ""
+            return False
+        return True
 
     def _drop_everything(self) -> None:
         """Another process holds our id: end every job and forget every lease at once,
@@ -374,7 +358,7 @@ class Worker:
     def _fail(self, exc: PollerError) -> None:
         """Stop the poller for good (``serve`` exits with ``exit_status``)."""
         self.fatal = exc
-        self._redis_problem = str(exc)
+        self.redis.problem = str(exc)
         log.error("%s", exc)
         if self.on_fatal is not None:
             self.on_fatal()

@@ -540,6 +540,28 @@ def fmt_us(us: float | None) -> str:
     return f"{us:.2f} us" if us < 10 else f"{us:.0f} us"
 
 
+def miss_note(rows: list[dict[str, Any]], loadavg: str, cores: int) -> list[str]:
+    """What a MISS means here: the targets are timings for a quiet core, so on a machine
+    busy with other work (a load average above its cores) a miss is the machine's."""
+    missed = [row["name"].strip() for row in rows if row.get("ok") is False]
+    if not missed:
+        return []
+    load = float(loadavg.split()[0])
+    said = f"MISS ({', '.join(missed)}): the targets are timings on a quiet core; "
+    if load > cores:
+        said += (
+            f"this machine was busy (load average {load:.2f} on {cores} usable cores, "
+            "this bench included): the machine missed them, not the reader; run it again "
+            "on a quiet machine"
+        )
+    else:
+        said += (
+            f"the machine was not busy (load average {load:.2f} on {cores} usable cores): "
+            "worth a look; compare with a run of main on this machine"
+        )
+    return ["", said]
+
+
 def table(result: dict[str, Any]) -> str:
     m, d, cpu, prop = result["machine"], result["dataset"], result["cpu"], result["propagation"]
     lines = [
@@ -564,6 +586,7 @@ def table(result: dict[str, Any]) -> str:
             f"{fmt_us(row.get('p99_us')):>9} {fmt_us(row.get('max_us')):>9} "
             f"{fmt_us(row.get('mean_us')):>9}  {verdict}".rstrip()
         )
+    lines += miss_note(result["rows"], m["loadavg"], m["usable_cores"])
     lines += [
         "",
         "CPU per snapshot: client process_time "

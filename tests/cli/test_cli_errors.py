@@ -99,9 +99,31 @@ def test_config_file_errors_come_all_at_once(tmp_path: Path) -> None:
             "redis+sentinel://HOST:PORT[,HOST:PORT]/MASTER[/DB]",
             "Error: scrape.jitter_s: should be a valid number, unable to parse string as a "
             "number, got 'abc' (from POLLER_SCRAPE__JITTER_S)",
-            "Error: health.port: should be at most 65535, got 70000",
+            "Error: health.port: should be at most 65535, got 70000 (from --health-port)",
         ]
     )
+
+
+@pytest.mark.parametrize("command", [["status"], ["endpoints", "ls"], ["run", "--check"]])
+def test_a_namespace_copied_with_its_braces_says_to_drop_them(command: list[str]) -> None:
+    result = poller(*command, "--namespace", "{llmgw}", "--redis-url", "redis://127.0.0.1:1/0")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(
+        "Error: redis.namespace: write the namespace without the braces: llmgw (every key "
+        "starts with {llmgw}: the braces are added)"
+    ), line
+
+
+def test_a_type_error_does_not_hide_a_range_error_beside_it() -> None:
+    # click stopped at the first option it could not convert
+    result = poller("run", env={"POLLER_INTERVAL": "-1", "POLLER_TIMEOUT": "abc"})
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        "Error: scrape.interval_s: should be at least 0.05, got -1 (from POLLER_INTERVAL)",
+        "Error: scrape.timeout_s: should be a valid number, unable to parse string as a "
+        "number, got 'abc' (from POLLER_TIMEOUT)",
+    ]
 
 
 def test_endpoints_file_errors_come_all_at_once(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ each answer checked as the exact line and exit status.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
@@ -23,9 +24,10 @@ from pathlib import Path
 
 import pytest
 import redis
+from prometheus_client import CollectorRegistry
 
 from poller.reader import RedisSettings, StatsReader
-from poller.reader.legacy import pick
+from poller.service.web.health import HealthServer
 from poller.store.store import RedisStore
 from tests.support.paths import REPO
 from tests.support.procs import poller_cli as poller
@@ -132,6 +134,12 @@ def test_status_of_a_namespace_without_a_schema_key_says_so_and_names_the_others
     ]
     as_json = json.loads(poller("status", "--namespace", "llmgwx", "--json", env=env).stdout)
     assert as_json["schema_missing"] is True and as_json["namespaces"] == ["llmgw", "other"]
+    checked = poller("run", "--check", "--health-port", "0", "--namespace", "llmgwx", env=env)
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.splitlines()[-1] == (
+        "note: nothing ever wrote namespace llmgwx; namespaces on this Redis: llmgw, other "
+        "(wrong --namespace?)"
+    )
     right = poller("status", env=env)
     assert "schema key" not in right.stdout and "a  " in right.stdout
 
@@ -154,7 +162,8 @@ async def _follow_a_namespace_without_schema(
         async with reader.router() as router:
             cache = router.cache
             assert cache.schema_missing and not cache.healthy
-            assert cache.ids() == [] and pick(cache, "any-model") is None
+            assert cache.ids() == [] and router.pick("any-model") is None
+            assert router.explain("any-model").reason == "not_ready"
             assert cache.view().schema_missing and not cache.view().healthy
             start = cache.version
             # five resyncs, each reading no schema key
@@ -334,6 +343,33 @@ def test_a_url_at_a_web_server_says_it_does_not_speak_redis(
         line
     )
     assert line.endswith(": it answers HTTP; check the URL's port"), line
+
+
+async def test_a_url_at_a_pollers_health_port_says_it_answers_http_at_once() -> None:
+    """The poller's own health server answers a RESP command with a 400 (it waited for a
+    head RESP never ends, and the command for its Redis timeout)."""
+    health = HealthServer("127.0.0.1", 0, ready=lambda: True, registry=CollectorRegistry())
+    port = await health.start()
+    try:
+        env = {"POLLER_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+        result = await asyncio.to_thread(poller, "status", env=env)
+    finally:
+        await health.stop()
+    line = error_line(result, 1)
+    assert line.startswith("Error: the server at the Redis URL does not speak Redis's protocol"), (
+        line
+    )
+    assert line.endswith(": it answers HTTP; check the URL's port"), line
+
+
+@pytest.mark.parametrize("command", [["status"], ["endpoints", "ls"]])
+def test_a_url_where_nothing_listens_says_to_check_its_host_and_port(command: list[str]) -> None:
+    port = free_port()
+    result = poller(*command, env={"POLLER_REDIS_URL": f"redis://127.0.0.1:{port}/0"})
+    line = error_line(result, 1)
+    assert line.startswith("Error: Redis unreachable during "), line
+    assert f"127.0.0.1:{port}" in line
+    assert line.endswith(": nothing listens there; check the Redis URL's host and port"), line
 
 
 @pytest.mark.parametrize("command", [["status"], ["run", "--check"]])

@@ -198,6 +198,11 @@ def test_check_without_engine_detects_it_from_the_page(sglang_engine: str) -> No
     wrong = poller("check", sglang_engine, "--engine", "vllm")
     assert wrong.returncode == 1
     assert wrong.stdout.splitlines()[-1] == "the page looks like sglang's: try --engine sglang"
+    assert wrong.stdout.count("looks like") == 1, wrong.stdout  # the advice once
+    assert wrong.stdout.splitlines()[-2] == (
+        "FAILED: contract: vllm page lacks required metrics: vllm:num_requests_running, "
+        "vllm:num_requests_waiting, vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc"
+    )
 
 
 def test_check_without_engine_says_why_it_fell_back_to_the_default() -> None:
@@ -242,7 +247,7 @@ def test_a_running_poller_gives_the_hint_in_the_failure_and_once_in_the_log(
         # a few failed scrapes: the warning is logged once, not once per scrape
         wait_for(lambda: contract_failures(proc) >= 3, "three failed scrapes")
         detail = client.hget(Keys(NS).failure("sg"), "detail")
-        assert detail is not None and detail.endswith(f". {hint}"), detail
+        assert detail is not None and detail.endswith(f"; {hint}"), detail
         warnings = [line for line in proc.log().splitlines() if "does not serve" in line]
         assert len(warnings) == 1 and f"hint={json.dumps(hint)}" in warnings[0], warnings
         status = poller("status", env=redis_env)
@@ -264,11 +269,11 @@ def test_a_running_poller_gives_the_hint_in_the_failure_and_once_in_the_log(
     [
         (
             ["run", "--check", "--interval", "0"],
-            "scrape.interval_s: should be at least 0.05, got 0",
+            "scrape.interval_s: should be at least 0.05, got 0 (from --interval)",
         ),
         (
             ["run", "--check", "--interval", "nan"],
-            "scrape.interval_s: should be a finite number, got nan",
+            "scrape.interval_s: should be a finite number, got nan (from --interval)",
         ),
         (
             ["endpoints", "add", "a", "http://10.0.0.1:8000", "--interval", "inf"],
@@ -345,9 +350,9 @@ def test_a_flag_of_the_wrong_type_does_not_hide_unknown_variables() -> None:
     assert (result.returncode, result.stderr.splitlines()) == (
         2,
         [
-            "Error: Invalid value for '--interval' (env var: 'POLLER_INTERVAL'): 'abc' is not "
-            "a valid float. (see 'poller run --help')",
             "Error: unknown environment variable POLLER_FOO (see docs/operations.md)",
+            "Error: scrape.interval_s: should be a valid number, unable to parse string as a "
+            "number, got 'abc' (from --interval)",
         ],
     )
 
@@ -438,8 +443,7 @@ def test_make_demo_installs_only_what_the_demo_needs_beside_the_dev_set(tmp_path
 
     demo = planned("demo")
     assert demo[-1] == (
-        ".venv/bin/python -m pip install --progress-bar on --config-settings editable_mode=compat "
-        "-e '.[service]' -e ./lab"
+        ".venv/bin/python -m pip install --progress-bar on -e '.[service]' -e ./lab"
     )
     assert not any("--quiet" in line or "dev" in line for line in demo)
     # a demo install does not pass for the development set ...

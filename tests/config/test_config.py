@@ -44,7 +44,7 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
         ({"scrape.default_engine": "nope"}, "scrape", "accepted: vllm, sglang"),
         ({"coordination.heartbeat_interval_ms": 1000}, "coordination", "at most a third"),
         ({"coordination.reconcile_interval_ms": 1500}, "coordination", "at most half"),
-        ({"redis.namespace": "has space"}, "redis.namespace", "pattern"),
+        ({"redis.namespace": "has space"}, "redis.namespace", "1-64 of A-Z a-z 0-9 . _ : -"),
         ({"log_level": "LOUD"}, "log_level", "'DEBUG', 'INFO', 'WARNING' or 'ERROR'"),
         ({"id": "a b"}, "id", "no spaces"),
     ],

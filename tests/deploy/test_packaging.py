@@ -376,6 +376,27 @@ async def main() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("project", ["", "lab"])
+def test_the_editable_install_is_a_plain_path_and_says_nothing(
+    tmp_path: Path, project: str
+) -> None:
+    """`make install`'s editable installs, as setuptools builds them by default: a .pth
+    naming the project's folder (type checkers follow a path, not an import hook), and
+    no warning (compat mode, asked for before, printed 30 lines of them)."""
+    source = REPO / project
+    python = _backend_python(tmp_path)
+    code = "import sys, setuptools.build_meta as b; print(b.build_editable(sys.argv[1]))"
+    done = run_tool([python, "-W", "always", "-c", code, str(tmp_path)], cwd=source)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Warning" not in done.stderr, done.stderr[-3000:]
+    wheel = tmp_path / done.stdout.strip().splitlines()[-1]
+    with zipfile.ZipFile(wheel) as built:
+        [pth] = [n for n in built.namelist() if n.endswith(".pth")]
+        assert built.read(pth).decode().split() == [str(source)]
+        assert not [n for n in built.namelist() if n.endswith("_finder.py")]
+
+
+@pytest.mark.slow
 def test_a_gateway_type_checks_against_the_installed_poller(tmp_path: Path) -> None:
     """A gateway's own code, outside this checkout, type-checks with mypy --strict
     against the poller as `make install` installed it (an editable install that type

@@ -13,8 +13,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from rich.console import Console
 
-from poller.reader.view import View
+from poller.reader.view import EndpointView, View
 from poller.service.coordinator import assign
 from poller_lab import demo as demo_mod
 from tests.support.procs import leftovers
@@ -289,3 +290,68 @@ def test_rebalanced_says_1_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     script.step(view, 1.0)
     script.step(view, 2.0)
     assert said[-1].startswith("rebalanced: poller-1 owns 1 endpoint again; ")
+
+
+def _demo_view() -> View:
+    """The demo's fleet as the table shows it: twelve endpoints of the demo's engines, in
+    turn, among three pollers; the first lacks its KV metric, the second answers 500."""
+    now_ms = 1_000_000_000
+    engines = demo_mod.ENGINES.split(",")
+    ids = [f"{engines[i % len(engines)]}-{i}" for i in range(12)]
+    owners = assign(["poller-0", "poller-1", "poller-2"], ids)
+    endpoints = {}
+    for i, e in enumerate(ids):
+        entry = json.dumps({"url": f"http://127.0.0.1:41234/e/{e}", "engine": "vllm"})
+        stats = {
+            "engine": "vllm",
+            "running": str(100 + i),
+            "waiting": str(i),
+            "kv_cache_usage": "0.4237",
+            "prefix_cache_hit_rate": "0.31",
+            "interval_ms": "1000",
+            "scraped_at_ms": str(now_ms - 400),
+            "models": "meta-llama/Llama-3.1-8B-Instruct",
+        }
+        failure: dict[str, str] = {}
+        if i < 2:
+            stats = {}
+            failure = {"reason": "contract", "since_ms": str(now_ms - 9000)}
+            failure |= {"missing": "vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc"}
+            if i == 1:
+                failure = {"reason": "http_status", "since_ms": str(now_ms - 9000)}
+                failure["detail"] = "HTTP 500 Internal Server Error: simulated failure (http500)"
+        endpoints[e] = EndpointView(
+            e,
+            state="failing" if failure else "fresh",
+            age_ms=None if failure else 400,
+            owner=owners[e],
+            token=1,
+            raw=(entry, stats, failure),
+        )
+    return View(now_ms, 3, endpoints, pollers=["poller-0", "poller-1", "poller-2"])
+
+
+def test_the_demo_table_reads_at_80_columns() -> None:
+    """At 80x24 every cell was cut to 3-4 characters (OWNER read `pol…` on every row),
+    the failure cell wrapped one word a line, and the last rows fell off the screen."""
+    view = _demo_view()
+    console = Console(width=80, record=True, color_system=None)
+    console.print(demo_mod.frame(view, 80))
+    lines = console.export_text().splitlines()
+    assert len(lines) <= 24 and all(len(line) <= 80 for line in lines), lines
+    [head] = [line for line in lines if line.startswith("ID ")]
+    at = head.index("OWNER")
+    rows = {
+        line.split()[0]: line
+        for line in lines
+        if line.split()[:1] and line.split()[0] in view.endpoints
+    }
+    assert rows.keys() == view.endpoints.keys(), lines  # no row lost
+    for endpoint_id, line in rows.items():
+        assert line[at:].split()[0] == view[endpoint_id].owner, line  # the whole poller id
+    # One line per row: nothing wrapped (the rows, the column header and the text above).
+    assert len(lines) == len(rows) + 1 + lines.index(head), lines
+    assert "http_status for 9.0s" in rows["sglang-1"] and "contract for 9.0s" in rows["vllm-0"]
+    wide = Console(width=200, record=True, color_system=None)
+    wide.print(demo_mod.frame(view, None))  # piped: every column, as before
+    assert "MODELS" in wide.export_text() and "not shown" not in wide.export_text()

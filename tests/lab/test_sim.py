@@ -558,3 +558,5 @@ async def test_run_sim_writes_the_registry(tmp_path: Path, client: httpx.AsyncCl
 def test_main_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--engines", "vllm,ollama", "--log-level", "ERROR"]) == 2
     assert "ollama" in capsys.readouterr().err
+    assert main(["--load", "-1", "--log-level", "ERROR"]) == 2
+    assert "load must be a number >= 0" in capsys.readouterr().err

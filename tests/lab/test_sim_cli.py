@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import socket
 import subprocess
@@ -265,3 +266,27 @@ def test_a_registry_file_that_cannot_be_written_is_named(tmp_path: Path) -> None
     assert result.returncode == 1, result.stderr
     assert f"error: {out}: No such file or directory" in result.stderr.splitlines()
     assert "Traceback" not in result.stderr
+
+
+def test_the_readmes_wait_for_the_simulator_ends_when_it_fails(tmp_path: Path) -> None:
+    """README, "Trying it by hand": the loop that waits for the registry file spun forever
+    when `poller sim` failed (its port taken); it ends now, with the simulator's error."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    [wait] = [line for line in readme.splitlines() if line.startswith("until [ -s ")]
+    registry = tmp_path / "sim-endpoints.json"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        sim = shlex.join(sim_command("--endpoints", "1", "--port", str(port)))
+        script = (
+            f"{sim} --registry-out {shlex.quote(str(registry))} > /dev/null &\n"
+            + wait.replace("/tmp/sim-endpoints.json", str(registry))
+        )
+        # The timeout only ends a hang: the loop ends as soon as the simulator exits.
+        result = subprocess.run(
+            ["bash", "-c", script], capture_output=True, text=True, timeout=60,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "address already in use" in result.stderr and not registry.exists()

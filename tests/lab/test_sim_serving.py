@@ -16,7 +16,7 @@ import pytest
 from poller.errors import ConfigError
 from poller.schema.stats import Signals
 from poller.scrape.engines import mapping_for
-from poller_lab.sim import EndpointSpec, Simulator
+from poller_lab.sim import EndpointSpec, Simulator, fleet
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -116,6 +116,27 @@ async def test_slots_then_fifo_queue_and_the_page_counts_them(
         assert data["choices"][0]["message"]["role"] == "assistant"
         assert data["choices"][0]["finish_reason"] == "length"
         assert answer.headers["x-sim-endpoint"] == "e"
+
+
+async def test_a_fleets_first_endpoint_answers_at_once_unless_given_a_load(
+    client: httpx.AsyncClient,
+) -> None:
+    """A newcomer's first ``curl`` goes to the first endpoint (or the lone one): with a
+    seeded background load it waited behind a queue (256 running, 189 waiting)."""
+    assert [s.load for s in fleet(3, engines="vllm")] == [0.0, None, None]
+    assert [s.load for s in fleet(2, engines="vllm", load=0.5)] == [0.5, 0.5]
+    gate = Gate()
+    async with Simulator(fleet(2, engines="vllm"), seed=1, hold=gate.hold) as sim:
+        first = read_page((await client.get(sim.metrics_url("vllm-0"))).content)
+        busy = read_page((await client.get(sim.metrics_url("vllm-1"))).content)
+        assert (first.running, first.waiting) == (0, 0)
+        assert busy.running > 0  # the others keep the seed's load: the demo's story
+        url = sim.base_url("vllm-0") + "/v1/chat/completions"
+        answer = asyncio.create_task(client.post(url, json=chat()))
+        await until(lambda: len(gate.held) == 1, "the request in a slot")
+        assert queue(sim, "vllm-0") == (1, 0)  # running at once, nothing before it
+        gate.release()
+        assert (await answer).status_code == 200
 
 
 def _events(text: str) -> list[str]:

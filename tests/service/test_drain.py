@@ -173,6 +173,27 @@ async def test_the_empty_registry_is_said_once_and_again_after_redis_lost_its_da
     assert "the registry has entries again" in said
 
 
+async def test_an_empty_registry_names_the_namespaces_that_exist(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # `poller run --namespace llmgww` beside a namespace that exists: a typo, most likely
+    client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    for namespace in ("llmgw", "other"):
+        await RedisStore(client, namespace).ensure_schema()
+    settings = Settings(id="p1", redis={"namespace": "llmgww"})
+    worker = Worker(settings, RedisStore(client, "llmgww"), transport_factory=engines)
+    caplog.set_level(logging.INFO, logger="poller.service.notices")
+    try:
+        await settle(worker)
+    finally:
+        await worker.jobs.stop()
+        await worker.scraper.aclose()
+        await client.aclose()
+    [empty] = [r.getMessage() for r in caplog.records if r.name == "poller.service.notices"]
+    assert empty.startswith("the registry is empty: this poller holds nothing; fill it with ")
+    assert empty.endswith("; other namespaces on this Redis: llmgw, other (wrong --namespace?)")
+
+
 # --- real pollers, real Redis, the CLI as a subprocess -----------------------------------
 
 

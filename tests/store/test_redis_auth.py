@@ -161,11 +161,43 @@ async def test_a_password_changed_under_a_running_poller_is_an_error_and_readyz_
         logged = [
             ln
             for ln in proc.log().splitlines()
-            if "refused authentication" in ln and "logger=poller.service.worker" in ln
+            if "refused authentication" in ln and "logger=poller.service.redis_state" in ln
         ]
         assert len(logged) == 1 and "level=ERROR" in logged[0], logged  # once, not per retry
     finally:
         proc.cleanup()
+        await admin.aclose()
+        server.cleanup()
+
+
+@pytest.mark.redis_server
+async def test_a_password_changed_before_a_renewal_holds_readyz_until_the_next_one() -> None:
+    """One rule for "refused after a successful start": Redis took our login, so a refusal
+    of it is Redis's change (hold 503 and retry), however soon after start; a pass that
+    renews the lease, not three lease TTLs (here 30 min), ends it."""
+    server = RedisProcess(extra_args=["--requirepass", PASSWORD]).start()
+    admin = aioredis.Redis(port=server.port, password=PASSWORD, decode_responses=True)
+    await _register_one(admin)
+    settings = Settings(
+        id="p1",
+        redis={"url": url(server, f":{PASSWORD}"), "namespace": NS},
+        coordination={"lease_ttl_ms": 600_000},
+    )
+    worker = Worker(settings)
+    try:
+        await worker.step()  # heartbeat, registry, e1 acquired: ready, nothing renewed yet
+        assert worker.ready and "e1" in worker.owned
+        await admin.config_set("requirepass", "rotated")
+        await admin.client_kill_filter(_type="normal", skipme=True)  # force a new login
+        assert await worker.attempt()  # failed...
+        assert worker.fatal is None  # ...and goes on: `poller run` would not exit
+        assert not worker.ready
+        assert worker.unready_reason().startswith("Redis refused authentication")
+        await admin.config_set("requirepass", PASSWORD)
+        assert not await worker.attempt()  # heartbeat, registry, e1 renewed
+        assert worker.ready, worker.unready_reason()
+    finally:
+        await worker.stop()
         await admin.aclose()
         server.cleanup()
 
@@ -237,7 +269,7 @@ async def test_a_worker_pass_raises_the_refusal_and_readyz_explains_each_state(
     )
     try:
         assert worker.unready_reason() == "Redis not reached yet"
-        worker._redis_state(StoreUnreachable("Redis unreachable during heartbeat: refused"))
+        worker.redis.seen(StoreUnreachable("Redis unreachable during heartbeat: refused"), 0.0)
         assert worker.unready_reason() == "Redis unreachable during heartbeat: refused"
         with pytest.raises(StoreAuthError, match="Redis refused authentication"):
             await worker.step()
@@ -358,7 +390,7 @@ async def test_a_right_taken_away_under_a_running_poller_keeps_it_unready_until_
         logged = [
             ln
             for ln in proc.log().splitlines()
-            if "refused permission" in ln and "logger=poller.service.worker" in ln
+            if "refused permission" in ln and "logger=poller.service.redis_state" in ln
         ]
         assert len(logged) == 1 and "level=ERROR" in logged[0], logged
     finally:

@@ -120,6 +120,14 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--dp", type=int, default=1, help="data-parallel ranks (vllm, sglang)")
     p.add_argument("--lora", default="", help="comma-separated LoRA adapters (vllm)")
     p.add_argument(
+        "--load",
+        type=float,
+        metavar="L",
+        help="every endpoint's background load per capacity (1.0 = full; more builds a "
+        "queue); default: none on the first endpoint, which answers a request at once, "
+        "0.3-0.9 from the seed on the others",
+    )
+    p.add_argument(
         "--model",
         metavar="NAME",
         help="the model every endpoint serves: /v1/models lists it, requests name it, "
@@ -157,7 +165,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m poller_lab.si
         if args.spec_file:
             specs = _read_specs(Path(args.spec_file))
         else:
-            specs = fleet(args.endpoints, engines, args.style, api_key=args.api_key)
+            specs = fleet(args.endpoints, engines, args.style, api_key=args.api_key, load=args.load)
         if args.dp > 1 or lora or args.model is not None:
             specs = [_with(s, args.dp, lora, args.model) for s in specs]
         faults = [_fault(text, {s.id for s in specs}) for text in args.fault]

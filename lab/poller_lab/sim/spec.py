@@ -23,6 +23,8 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,99}")
 #: 256 slots, so an engine's KV capacity grows with its slots.
 KV_BLOCKS_PER_SLOT = 28642 / 256
 _ADAPTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+#: The first endpoint's background load in a ``fleet`` built without one: none.
+IDLE = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,12 +177,16 @@ def fleet(
     *,
     prefix: str = "",
     api_key: str | None = None,
+    load: float | None = None,
     **common: Any,
 ) -> list[EndpointSpec]:
     """``n`` specs cycling through ``engines``: ids ``<prefix><engine>-<i>``.
 
     ``api_key`` guards the llama.cpp endpoints only (the engine whose /metrics honours
     one); ``common`` goes to every spec (e.g. ``dp=2`` needs engines that support it).
+    ``load`` is every endpoint's background load; without it the first endpoint has
+    none, so that a first request to it (a newcomer's ``curl``, a lone endpoint's) is
+    answered at once, and the others get one from the seed.
     """
     names = engines.split(",") if isinstance(engines, str) else list(engines)
     if not names:
@@ -194,6 +200,7 @@ def fleet(
             names[i % len(names)],
             style,
             api_key=api_key if names[i % len(names)] == "llamacpp" else None,
+            load=load if load is not None or i else IDLE,
             **common,
         )
         for i in range(n)

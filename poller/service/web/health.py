@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
@@ -43,6 +44,10 @@ _REASONS = {
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
+
+
+_REQUEST_LINE = re.compile(rb"[A-Z]+ [^ ]+ HTTP/\d\.\d\r\n")
+_NOT_HTTP = b"not an HTTP request: this is a poller's health port (HTTP)\n"
 
 
 class HealthServer:
@@ -82,10 +87,18 @@ class HealthServer:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             async with asyncio.timeout(5):
-                head = await reader.readuntil(b"\r\n\r\n")
-            method, target, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
-            path, _, query = target.partition("?")
-            response = await self._respond(method, path, query)
+                line = await reader.readuntil(b"\r\n")
+                if _REQUEST_LINE.fullmatch(line) is None:
+                    # Not HTTP (a Redis client given this port sends RESP, which never
+                    # ends a head): answer at once, so the client says "it answers HTTP"
+                    # rather than waiting for its timeout.
+                    response = Response(400, "text/plain", _NOT_HTTP)
+                else:
+                    while await reader.readuntil(b"\r\n") != b"\r\n":
+                        pass  # the headers: nothing here reads them
+                    method, target, _ = line.decode("latin-1").split(" ")
+                    path, _, query = target.partition("?")
+                    response = await self._respond(method, path, query)
         except (
             asyncio.IncompleteReadError,
             asyncio.LimitOverrunError,
