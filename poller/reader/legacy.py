@@ -213,7 +213,11 @@ class Picker:
             fleet = self._fleet_of(router, local)
             if fleet is not None:
                 shared = FleetLoadModel(
-                    local, fleet, LOST_AFTER_MS / 1000, use_latency=self.use_latency
+                    local,
+                    fleet,
+                    LOST_AFTER_MS / 1000,
+                    use_latency=self.use_latency,
+                    max_waiting=self.max_waiting,
                 )
                 return shared, router
         own = LocalLoadModel(local, scale_local=self.scale_local, use_latency=self.use_latency)

@@ -94,7 +94,11 @@ class Router:
         self._model: LoadModel
         if self.fleet is not None:
             self._model = FleetLoadModel(
-                self.local, self.fleet, _LOST_AFTER_S, use_latency=options.use_latency
+                self.local,
+                self.fleet,
+                _LOST_AFTER_S,
+                use_latency=options.use_latency,
+                max_waiting=options.max_waiting,
             )
         else:
             self._model = LocalLoadModel(
@@ -221,7 +225,7 @@ class Router:
         with self._indexer.lock:
             found = self._indexer.of_cache(self.cache)
             slot = None if found is None else found[0].slots.get(endpoint_id)
-            return slot is not None and self._model.saturated(slot)
+            return slot is not None and self._model.judge(found[0])(slot)  # type: ignore[index]
 
     def explain(
         self, model: str | None = None, *, candidates: Iterable[str] | None = None

@@ -139,7 +139,7 @@ def test_fallbacks_are_the_next_best_in_the_picks_order() -> None:
     assert ticket is not None and (ticket.id, ticket.fallbacks) == ("d", ("b",))
     assert router.pick("m").fallbacks == ()  # type: ignore[union-attr]
     shedding = router_on(
-        view_of(served("a", 1), served("full", 2, kv_cache_usage="0.95")),
+        view_of(served("a", 1), served("full", 2, running="3", kv_cache_usage="0.95")),
         RoutingOptions(when_saturated="none"),
     )
     ticket = shedding.pick("m", fallbacks=3)
@@ -210,7 +210,8 @@ def test_explain_says_why_no_endpoint_may_take_a_request() -> None:
     assert refusal.reason == "not_fresh" and "asleep" in refusal.detail
     assert "stale" in refusal.detail
     shedding = router_on(
-        view_of(served("full", 1, kv_cache_usage="0.95")), RoutingOptions(when_saturated="none")
+        view_of(served("full", 1, running="3", kv_cache_usage="0.95")),
+        RoutingOptions(when_saturated="none"),
     )
     assert shedding.pick("m") is None
     assert shedding.explain("m").reason == "saturated"
@@ -218,7 +219,7 @@ def test_explain_says_why_no_endpoint_may_take_a_request() -> None:
 
 def test_eligible_and_saturated_answer_for_one_endpoint() -> None:
     router = router_on(
-        view_of(served("a", 1), served("full", 2, kv_cache_usage="0.95"), served("b", 3))
+        view_of(served("a", 1), served("full", 2, running="3", kv_cache_usage="0.95"), served("b", 3))
     )
     assert router.eligible("a", "m") and not router.eligible("a", "other")
     assert router.eligible("full", "m") and router.saturated("full")  # least_loaded: it may

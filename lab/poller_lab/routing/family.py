@@ -52,6 +52,11 @@ LOGNORMAL_SIGMA = 1.0
 POLICIES = ("oracle", "picker", "picker-noshare", "known")
 #: From a replica's call to the others hearing its write (a loopback round trip's half).
 PUSH_S = 0.0005
+#: The KV usage a page shows when every slot runs: vLLM's gauge counts the blocks its
+#: running requests hold (``BlockPool.get_usage``, vllm/v1/core/block_pool.py: one minus
+#: the free blocks, cached-but-free ones among them), and its scheduler admits requests
+#: while blocks remain, so a busy engine shows 0.8-1.0 (docs/simulator.md).
+KV_FULL = 0.9
 
 
 # --- the model ---------------------------------------------------------------------------
@@ -222,7 +227,7 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
             "engine": "vllm", "running": str(running), "waiting": str(waiting),
             "interval_ms": str(int(cell.interval_s * 1000)), "scraped_at_ms": str(int(t * 1000)),
             "poller": "p", "token": "1", "seq": "1",
-            "kv_cache_usage": f"{0.7 * running / e.slots:.3f}",
+            "kv_cache_usage": f"{KV_FULL * running / e.slots:.3f}",
             "kv_capacity_tokens": str(e.slots * 1000),
         }  # fmt: skip
         return EndpointView(e.id, state="fresh", age_ms=0, owner="p", token=1, raw=("", raw, {}))

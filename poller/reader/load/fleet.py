@@ -88,6 +88,10 @@ class FleetLoad:
         self.extra: dict[str, float] = {}
         #: Endpoint id -> the outside traffic alone (``extra`` without the others').
         self.outside: dict[str, float] = {}
+        #: Endpoint id -> (our requests in flight when its newest page was scraped, the
+        #: others' then, the others' now): with ours now, what the gateways' in flight
+        #: changed by since the page (routing/models.py judges a page's age by it).
+        self.at_page: dict[str, tuple[int, int, int]] = {}
         #: Live replicas with something in flight, ours not counted.
         self.peers = 0
         #: The others' writes are heard as they happen (the exchange's subscription is
@@ -261,16 +265,19 @@ class FleetLoad:
             extra: dict[str, float] = {}
             outside: dict[str, float] = {}
             fading: dict[str, tuple[float, int]] = {}
+            at_page: dict[str, tuple[int, int, int]] = {}
             todo = pages
             for gone in [e for e in self._outside if e not in pages]:
                 del self._outside[gone]
         else:
             extra, outside, fading = self.extra, self.outside, self.fading
+            at_page = self.at_page
             todo = {*changed, *moved}
             for gone in [e for e in todo if e not in pages]:
                 extra.pop(gone, None)
                 outside.pop(gone, None)
                 fading.pop(gone, None)
+                at_page.pop(gone, None)
                 self._outside.pop(gone, None)
                 todo.discard(gone)
         for endpoint_id in todo:
@@ -299,6 +306,7 @@ class FleetLoad:
             floor = max(0, min(o for _, o, _ in history))
             extra[endpoint_id] = float(floor + peer_now)
             outside[endpoint_id] = float(floor)
+            at_page[endpoint_id] = (at_me, peer_at, peer_now)
             if beyond > floor:
                 fading[endpoint_id] = ((scraped_ms - offset_ms) / 1000, beyond - floor)
             else:
@@ -307,6 +315,7 @@ class FleetLoad:
             self.extra = extra
             self.outside = outside
             self.fading = fading
+            self.at_page = at_page
             self.current = self._held > 0 and self._missed <= CURRENT_MISS * self._held
             self.peers = self._peers.live
             if answered:

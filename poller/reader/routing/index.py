@@ -45,13 +45,17 @@ class Slot:
         "prefix_hits",
         "prefix_queries",
         "requests",
+        "running",
         "saturated",
         "scraped_at_ms",
+        "waiting",
         "weight",
     )
 
     def __init__(self, endpoint_id: str, stats: EndpointStats, fresh_until_ms: float) -> None:
         self.id = endpoint_id
+        #: The page's running and waiting requests, as of its scrape.
+        self.running, self.waiting = stats.running, stats.waiting
         self.requests = stats.running + stats.waiting
         self.kv = stats.kv_cache_usage
         capacity = stats.kv_capacity_tokens
@@ -59,8 +63,9 @@ class Slot:
         self.weight = 1.0  # set by the index, relative to the fleet's median capacity
         self.scraped_at_ms = stats.scraped_at_ms
         self.fresh_until_ms = fresh_until_ms
+        #: Saturated by the page's own rule (waiting or KV usage at their bounds).
         self.saturated = False
-        #: Saturated by its KV usage (what the fleet's estimate still saturates on).
+        #: The page's KV usage at its bound (``max_kv_cache_usage``).
         self.full = False
         self.models = stats.models
         self.lora_running = stats.lora_running

@@ -37,25 +37,26 @@ SCALE_MAX = 64.0
 class LoadModel:
     """What a pick asks of its numbers. ``scan``: the draw is the least loaded of a tier
     of up to ``SCAN_MAX`` endpoints (the numbers are current enough that the minimum
-    does not herd), else the better of two random ones. ``page_rule``: ``saturated`` is
-    the page's own rule (``Slot.saturated``, by which the index files its bags);
-    ``within_page``: an endpoint the page leaves open is never saturated by the model."""
+    does not herd), else the better of two random ones. ``page_rule``: saturation is the
+    page's own rule (``Slot.saturated``, by which the index files its bags), and a
+    saturated endpoint is skipped while any other may take the request; otherwise
+    saturation (``judge``) only sheds (``when_saturated="none"``) and bounds prefix
+    affinity, and the load alone chooses."""
 
     scan = False
     page_rule = True
-    within_page = True
 
     def scorer(self, index: Index, offset_ms: float | None, *, bound: bool = False) -> Score:
         return view_load
 
-    @staticmethod
-    def saturated(slot: Slot) -> bool:
-        """Saturated: skipped while any endpoint that is not may take the request."""
-        return slot.saturated
+    def judge(self, index: Index) -> Callable[[Slot], bool]:
+        """Whether an endpoint is saturated, for this pick."""
+        return page_saturated
 
-    @staticmethod
-    def unsaturated(slot: Slot) -> bool:
-        return not slot.saturated
+
+def page_saturated(slot: Slot) -> bool:
+    """The page's rule: ``waiting >= max_waiting`` or KV usage ``>= max_kv_cache_usage``."""
+    return slot.saturated
 
 
 class ViewLoad(LoadModel):
@@ -105,9 +106,15 @@ class FleetLoadModel(LoadModel):
     guesses, ``1 + (slowness - 1) x peers / (1 + peers)`` when the others' counts are
     read (0 when they are pushed, ``fleet.pushed``, or with one gateway: the counts are
     exact). The others' counts are current while an exchange answered them within
-    ``lost_after_s``; while not, theirs are left out. A page's ``waiting`` saturates no
-    endpoint (the estimate knows its queue better than a page a second old); its KV
-    usage still does."""
+    ``lost_after_s``; while not, theirs are left out.
+
+    No page vetoes a choice: a page is a second old or more, and its running, waiting
+    and KV usage describe the engine then; the gateways' requests in flight are exact
+    now, so the load alone chooses (with one gateway and no outside traffic, the
+    oracle's choice). Saturation (``judge``), for shedding and prefix affinity's bound,
+    is the page's as changed since: its ``waiting`` plus what the gateways' in flight
+    changed by since its scrape reaching ``max_waiting``, or its KV usage at its bound
+    while the engine ran requests and nothing of the gateways' ended since."""
 
     scan = True
     page_rule = False
@@ -119,11 +126,13 @@ class FleetLoadModel(LoadModel):
         lost_after_s: float,
         *,
         use_latency: bool = True,
+        max_waiting: int = 5,
     ) -> None:
         self.local = local
         self.fleet = fleet
         self.lost_after_s = lost_after_s
         self.use_latency = use_latency
+        self.max_waiting = max_waiting
 
     def shared(self) -> bool:
         """The others' counts are current (``FleetLoad.answered_within``)."""
@@ -135,8 +144,7 @@ class FleetLoadModel(LoadModel):
         in_flight, failing, slower = local.in_flight, local.failing, local.slowness
         # Redis lost (no answer within a second): the others' counts, no longer current,
         # are left out; this replica's own and the pages' outside traffic remain.
-        at = fleet.exchanged_at
-        shared = at is not None and fleet.clock() - at <= self.lost_after_s
+        shared = self._shared()
         extra, peers = (fleet.extra, fleet.peers) if shared else (fleet.outside, 0)
         share = 0.0 if fleet.pushed or bound or not latency else peers / (1 + peers)
         now = local.now()
@@ -165,13 +173,30 @@ class FleetLoadModel(LoadModel):
 
         return score
 
-    @staticmethod
-    def saturated(slot: Slot) -> bool:
-        return slot.full
+    def _shared(self) -> bool:
+        fleet = self.fleet
+        at = fleet.exchanged_at
+        return at is not None and fleet.clock() - at <= self.lost_after_s
 
-    @staticmethod
-    def unsaturated(slot: Slot) -> bool:
-        return not slot.full
+    def judge(self, index: Index) -> Callable[[Slot], bool]:
+        """The page's saturation as changed since its scrape (class doc)."""
+        at_page, in_flight = self.fleet.at_page, self.local.in_flight
+        shared, max_waiting = self._shared(), self.max_waiting
+
+        def saturated(slot: Slot) -> bool:
+            held = at_page.get(slot.id)
+            if held is None:  # no page of it taken in yet: the page as it is
+                changed = 0
+            elif shared:
+                ours_then, theirs_then, theirs_now = held
+                changed = in_flight(slot.id) + theirs_now - ours_then - theirs_then
+            else:  # the others' counts not current: ours alone
+                changed = in_flight(slot.id) - held[0]
+            if slot.waiting + changed >= max_waiting:
+                return True
+            return slot.full and slot.running > 0 and changed >= 0
+
+        return saturated
 
 
 def _never(endpoint_id: str, now: float | None = None) -> float:

@@ -12,7 +12,7 @@ alternatives to a choice (the fallbacks a proxy tries on a retry).
 from __future__ import annotations
 
 import random
-from collections.abc import Container
+from collections.abc import Callable, Container
 
 from poller.reader.routing.draw import Bags, fewest, two_choices
 from poller.reader.routing.index import TIERS, Bag, Index, ModelIndex, Slot
@@ -26,6 +26,7 @@ class Pick:
     """The state of one pick (built, read, dropped: never kept between picks)."""
 
     __slots__ = (
+        "_saturated",
         "allowed",
         "candidates",
         "index",
@@ -60,8 +61,18 @@ class Pick:
         self.candidates = candidates
         #: The same as a set, for the checks of prefix affinity (None: any).
         self.allowed: Container[str] | None = None if candidates is None else set(candidates)
+        self._saturated: Callable[[Slot], bool] | None = None
 
-    def choose(self) -> str | None:  # noqa: C901 (the one loop, inline: a helper a pass costs ~1,000 instructions a pick)
+    @property
+    def saturated(self) -> Callable[[Slot], bool]:
+        """Whether an endpoint is saturated, for this pick (the load model's ``judge``,
+        asked on first use: a pick that sheds nothing never asks)."""
+        judged = self._saturated
+        if judged is None:
+            judged = self._saturated = self.load.judge(self.index)
+        return judged
+
+    def choose(self) -> str | None:
         """The endpoint for the request, or None: none may take it."""
         if self.candidates is not None:
             return self._among(self.candidates)
@@ -89,35 +100,36 @@ class Pick:
                     if chosen is not None:
                         return chosen
             return None
-        # The model saturates otherwise: each tier's two bags, filtered by its rule (the
-        # page's open bag holds none the model saturates when it saturates within_page).
-        saturated, unsaturated = load.saturated, load.unsaturated
-        within = load.within_page
-        open_first = None if within else unsaturated
-        for full in (False, True):
-            if full and shed:
-                return None
-            for tier in range(TIERS):
-                open_bag, saturated_bag = bags_of[tier]
-                if not (open_bag.items or saturated_bag.items):
-                    continue  # no endpoint in this tier (a base model's 0 and 1)
-                if not full:
-                    bags: Bags = ((open_bag, open_first), (saturated_bag, unsaturated))
-                elif within:
-                    bags = ((saturated_bag, saturated),)
-                else:
-                    bags = ((open_bag, saturated), (saturated_bag, saturated))
-                chosen = fewest(rng, bags, judge_ms, models, score, scan)
-                if chosen is not None:
-                    return chosen
+        # The load alone chooses: a tier's two bags as one, saturated endpoints left out
+        # only to shed (docs/reader.md, "The Router").
+        keep = self._unsaturated() if shed else None
+        for tier in range(TIERS):
+            open_bag, saturated_bag = bags_of[tier]
+            if not (open_bag.items or saturated_bag.items):
+                continue  # no endpoint in this tier (a base model's 0 and 1)
+            bags: Bags = ((open_bag, keep), (saturated_bag, keep))
+            chosen = fewest(rng, bags, judge_ms, models, score, scan)
+            if chosen is not None:
+                return chosen
         return None
+
+    def _unsaturated(self) -> Callable[[Slot], bool]:
+        saturated = self.saturated
+        return lambda slot: not saturated(slot)
+
+    def _vetoed(self, slot: Slot) -> bool:
+        """Saturated in the sense that orders the choice: always on the page's rule;
+        with the load model's own, only when it sheds."""
+        if self.load.page_rule or self.when_saturated == "none":
+            return bool(self.saturated(slot))
+        return False
 
     def _among(self, candidates: list[str]) -> str | None:
         """The same choice limited to ``candidates`` (a scan of them, not of the view)."""
         groups: dict[tuple[bool, int], Bag] = {}
-        saturated = self.load.saturated
+        vetoed = self._vetoed
         for slot, tier in self.usable(candidates):
-            groups.setdefault((saturated(slot), tier), Bag()).add(slot)
+            groups.setdefault((vetoed(slot), tier), Bag()).add(slot)
         if not groups:
             return None
         full, tier = min(groups)
@@ -151,7 +163,7 @@ class Pick:
             return False
         if slot.tier(self.models.model, self.models.adapter) is None:
             return False
-        return self.when_saturated != "none" or not self.load.saturated(slot)
+        return self.when_saturated != "none" or not self.saturated(slot)
 
     def ranked(self, first: str, n: int) -> list[str]:
         """Up to ``n`` endpoints other than ``first`` that may take the request, best
@@ -160,12 +172,12 @@ class Pick:
         if n <= 0:
             return []
         ids = self.candidates if self.candidates is not None else list(self.models.where)
-        saturated, score = self.load.saturated, self.score
+        vetoed, score = self._vetoed, self.score
         keyed = []
         for slot, tier in self.usable(ids):
             if slot.id == first:
                 continue
-            full = saturated(slot)
+            full = vetoed(slot)
             if full and self.when_saturated == "none":
                 continue
             keyed.append(((full, tier, score(slot)), slot.id))
