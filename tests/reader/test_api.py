@@ -45,8 +45,9 @@ from tests.support.redisproc import RedisCluster, RedisProcess
 
 NS = "api"
 DOC = REPO / "docs" / "reader.md"
-#: Names docs/reader.md shows in backticks that are not this package's (redis-py's).
-FOREIGN = {"RedisCluster", "Redis"}
+#: Names docs/reader.md shows in backticks that are not this package's (redis-py's,
+#: vLLM's).
+FOREIGN = {"RedisCluster", "Redis", "BlockPool"}
 
 
 # --- exports ------------------------------------------------------------------------------

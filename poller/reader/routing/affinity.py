@@ -86,7 +86,7 @@ def prefer(  # noqa: C901 (the hot loop's checks inline: a helper costs ~3,000 i
     model, adapter = pick.models.model, pick.models.adapter
     tier = chosen.tier(model, adapter)
     limit = 4 if tier is None else tier
-    saturated_by = pick.saturated
+    saturated_by = pick.vetoed
     saturated = saturated_by(chosen)
     best, best_n, best_load = chosen_id, 0, bound
     for endpoint_id, n in holders:
@@ -142,7 +142,7 @@ class _MayTake:
         self.model, self.adapter = pick.models.model, pick.models.adapter
         tier = chosen.tier(self.model, self.adapter)
         self.limit = 4 if tier is None else tier
-        self.saturated, self.saturated_by = saturated, pick.saturated
+        self.saturated, self.saturated_by = saturated, pick.vetoed
         self.judge_ms, self.allowed = pick.judge_ms, pick.allowed
 
     def __call__(self, slot: Slot) -> bool:

@@ -117,9 +117,9 @@ class Pick:
         saturated = self.saturated
         return lambda slot: not saturated(slot)
 
-    def _vetoed(self, slot: Slot) -> bool:
-        """Saturated in the sense that orders the choice: always on the page's rule;
-        with the load model's own, only when it sheds."""
+    def vetoed(self, slot: Slot) -> bool:
+        """Saturated in the sense that orders the choice (and bounds prefix affinity):
+        always on the page's rule; with the load model's own, only when it sheds."""
         if self.load.page_rule or self.when_saturated == "none":
             return bool(self.saturated(slot))
         return False
@@ -127,7 +127,7 @@ class Pick:
     def _among(self, candidates: list[str]) -> str | None:
         """The same choice limited to ``candidates`` (a scan of them, not of the view)."""
         groups: dict[tuple[bool, int], Bag] = {}
-        vetoed = self._vetoed
+        vetoed = self.vetoed
         for slot, tier in self.usable(candidates):
             groups.setdefault((vetoed(slot), tier), Bag()).add(slot)
         if not groups:
@@ -172,7 +172,7 @@ class Pick:
         if n <= 0:
             return []
         ids = self.candidates if self.candidates is not None else list(self.models.where)
-        vetoed, score = self._vetoed, self.score
+        vetoed, score = self.vetoed, self.score
         keyed = []
         for slot, tier in self.usable(ids):
             if slot.id == first:
