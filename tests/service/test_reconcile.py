@@ -90,13 +90,20 @@ async def fake() -> AsyncIterator[Any]:
     await client.aclose()
 
 
-def make_worker(client: Any, handler: Callable[[httpx.Request], Any] | None = None) -> Worker:
+def make_worker(
+    client: Any, handler: Callable[[httpx.Request], Any] | None = None, *, lease_ttl_ms: int = 0
+) -> Worker:
+    """A worker on ``client``; ``lease_ttl_ms``: a lease that outlasts a slow scrape on a
+    loaded machine (the default's 2 s can pass between ``step`` and a big page's write)."""
     store = FaultyStore(client, "t")
 
     def factory(_: Endpoint) -> httpx.AsyncBaseTransport:
         return httpx.MockTransport(handler or (lambda r: httpx.Response(200, content=VLLM)))
 
-    return Worker(Settings(id="p1"), store, transport_factory=factory)
+    settings = Settings(id="p1")
+    if lease_ttl_ms:
+        settings = Settings(id="p1", coordination={"lease_ttl_ms": lease_ttl_ms})
+    return Worker(settings, store, transport_factory=factory)
 
 
 async def close(worker: Worker) -> None:
@@ -294,7 +301,7 @@ async def test_large_bodies_are_mapped_off_the_event_loop(
     fake: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     big = VLLM + b"# padding\n" * (Settings().scrape.thread_map_bytes // 10)
-    worker = make_worker(fake, lambda r: httpx.Response(200, content=big))
+    worker = make_worker(fake, lambda r: httpx.Response(200, content=big), lease_ttl_ms=600_000)
     try:
         await worker.store.put_endpoint(ep("e1"))
         await worker.store.ensure_schema()
@@ -319,7 +326,7 @@ async def test_large_bodies_are_mapped_off_the_event_loop(
 async def test_a_page_with_too_many_wanted_samples_is_too_large(fake: Any) -> None:
     lines = "".join(f'vllm:num_requests_running{{engine="{i}"}} 1\n' for i in range(20_000))
     page = lines.encode() + VLLM
-    worker = make_worker(fake, lambda r: httpx.Response(200, content=page))
+    worker = make_worker(fake, lambda r: httpx.Response(200, content=page), lease_ttl_ms=600_000)
     try:
         await worker.store.put_endpoint(ep("e1"))
         await worker.store.ensure_schema()
