@@ -133,9 +133,12 @@ def sim(ctx: click.Context) -> None:
     "--section",
     "sections",
     multiple=True,
-    type=click.Choice(["scrape", "cluster", "failover", "reader", "readers", "routing", "prefix"]),
+    type=click.Choice(
+        ["scrape", "cluster", "failover", "reader", "readers", "routing", "prefix", "sharing"]
+    ),
     show_default="scrape, cluster, failover, reader",
-    help="Run only these sections (repeatable); readers, routing and prefix run only when named.",
+    help="Run only these sections (repeatable); readers, routing, prefix and sharing run only "
+    "when named.",
 )
 @click.option(
     "--policy",
@@ -211,6 +214,11 @@ def bench(
         sections = tuple(s for s in sections if s != "prefix")
         if not sections:
             return
+    if "sharing" in sections:
+        _bench_sharing(quick, duration_s, redis_url, as_json)
+        sections = tuple(s for s in sections if s != "sharing")
+        if not sections:
+            return
 
     from poller_lab.bench import BenchConfig, format_table, run_bench
 
@@ -236,6 +244,23 @@ def bench(
         click.echo(f"Error: bench failed: {exc}", err=True)
         sys.exit(1)
     click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+
+
+def _bench_sharing(
+    quick: bool, duration_s: float | None, redis_url: str | None, as_json: bool
+) -> None:
+    """The sharing section: the share script's cost to Redis and to a replica as
+    replicas are added (lab/poller_lab/bench_sharing.py)."""
+    from poller_lab.bench_sharing import REPLICAS, bench_sharing, format_sharing
+
+    counts = (8, 32) if quick else REPLICAS
+    window = duration_s or (3.0 if quick else 10.0)
+    try:
+        report = bench_sharing(counts, window_s=window, redis_url=redis_url)
+    except (RuntimeError, TimeoutError) as exc:
+        click.echo(f"Error: bench failed: {exc}", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(report, indent=2) if as_json else format_sharing(report))
 
 
 def _bench_routing(

@@ -200,6 +200,7 @@ class ReaderBase:
                 placements if options.share_placements else None,
                 keys.gateways_placements,
                 keys.gateways_updates,
+                totals_keys=(keys.gateways_load, keys.gateways_changed, keys.gateways_alive),
                 share_load=options.share,
             )
         return Router(

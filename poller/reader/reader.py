@@ -38,6 +38,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from poller.errors import SchemaMismatch
 from poller.reader.base import READ_MEMBERS, STOP_BOUND_S, ReaderBase
+from poller.reader.exchange import loops
 from poller.reader.exchange.exchange import Exchange
 from poller.reader.legacy import LegacyCache
 from poller.reader.router import Router
@@ -174,7 +175,7 @@ class StatsReader(ReaderBase):
         also = self._heard(exchange)
         follow = self._follow(proto, first, stop, also, exchange)
         task = asyncio.create_task(follow, name="reader-cache")
-        sharing = None if exchange is None else asyncio.create_task(exchange.run(stop))
+        sharing = None if exchange is None else asyncio.create_task(loops.run(exchange, stop))
         try:
             try:
                 # Give the first snapshot a moment, but never fail the caller over it.
@@ -186,6 +187,8 @@ class StatsReader(ReaderBase):
             yield
         finally:
             stop.set()
+            if sharing is not None:  # its last call: this replica leaves the totals
+                await asyncio.wait({sharing}, timeout=LEAVE_S)
             await _end(task)
             if sharing is not None:
                 await _end(sharing)
@@ -278,6 +281,11 @@ class StatsReader(ReaderBase):
             proto.cache.apply_records(action.endpoint_id, reply)
         else:
             proto.loaded(await self.snapshot(), time.monotonic())
+
+
+#: How long a closing router waits for its exchange's last call (it sees its stop flag
+#: within ``LISTEN_S``; the call has a 1 s bound of its own).
+LEAVE_S = 1.5
 
 
 async def _end(task: asyncio.Task[None]) -> None:

@@ -20,6 +20,7 @@ import redis.cluster
 
 from poller.errors import SchemaMismatch
 from poller.reader.base import READ_MEMBERS, STOP_BOUND_S, ReaderBase
+from poller.reader.exchange import loops
 from poller.reader.exchange.exchange import Exchange
 from poller.reader.legacy import LegacyCache
 from poller.reader.router import Router
@@ -150,7 +151,7 @@ class SyncStatsReader(ReaderBase):
         sharing = None
         if exchange is not None:
             sharing = threading.Thread(
-                target=exchange.run_sync, args=(stop,), name="reader-share", daemon=True
+                target=loops.run_sync, args=(exchange, stop), name="reader-share", daemon=True
             )
             sharing.start()
         try:

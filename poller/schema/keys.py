@@ -46,14 +46,32 @@ class Keys:
         # endpoint, written and read by the gateways (poller/reader/load/fleet.py), pruned by
         # the share script at its expiry (docs/schema.md).
         self.gateways_inflight = f"{self.prefix}:gateways:inflight"
-        # A shard channel carrying each write of that hash as it happens ("<expiry ms>
-        # <record or -> <replica id>"), so every replica hears the others' changes at
-        # once instead of at its next read (docs/schema.md).
+        # A shard channel carrying each change of the gateways' totals as it happens
+        # ("<number> <Redis ms> <replica id> <endpoint>:<difference> ..."), so every
+        # replica hears the others' changes at once instead of at its next read.
         self.gateways_updates = f"{self.prefix}:gateways:updates"
+        # The gateways' requests in flight per endpoint, every live replica's summed
+        # (kept by the share script from the records of the hash above), the change
+        # number of each endpoint's last change, and each live replica's expiry: a
+        # replica reads only the totals that moved since its last read (docs/schema.md).
+        self.gateways_load = f"{self.prefix}:gateways:load"
+        self.gateways_changed = f"{self.prefix}:gateways:changed"
+        self.gateways_alive = f"{self.prefix}:gateways:alive"
         # A stream of the gateways' prefix placements (entries {"@": replica id, "p":
         # "<endpoint> <base64 block ids> ..."}), added and read by the share script,
         # trimmed by length and age (docs/schema.md).
         self.gateways_placements = f"{self.prefix}:gateways:placements"
+
+    def share(self, placements: bool = False) -> list[str]:
+        """The share script's keys, in its order (poller/schema/scripts/share.lua)."""
+        keys = [
+            self.gateways_inflight,
+            self.gateways_updates,
+            self.gateways_load,
+            self.gateways_changed,
+            self.gateways_alive,
+        ]
+        return [*keys, self.gateways_placements] if placements else keys
 
     def lease(self, endpoint_id: str) -> str:
         return f"{self.prefix}:lease:{endpoint_id}"

@@ -49,7 +49,7 @@ if str(ROOT) not in sys.path:  # a checkout without `pip install -e .`
 from poller.reader import Router, RoutingOptions, Ticket, ViewCache  # noqa: E402
 from poller.reader.exchange.exchange import Exchange  # noqa: E402
 from poller.reader.exchange.pacer import BURST, RATE_PER_S  # noqa: E402
-from poller.reader.load.fleet import FleetLoad, pages_of  # noqa: E402
+from poller.reader.load.fleet import FleetLoad  # noqa: E402
 from poller.reader.load.local import LocalLoad  # noqa: E402
 from poller.reader.view import View  # noqa: E402
 from poller.reader.view.decode import LazyEndpoints  # noqa: E402
@@ -146,30 +146,36 @@ def steady(median_us: float, count: int) -> dict[str, float]:
 PEERS = 7
 
 
-def peer_fields(n: int, cache: ViewCache, rng: random.Random) -> list[str]:
-    """The share script's reply for ``PEERS`` other replicas, each with requests in
-    flight on a tenth of the endpoints (``[id, value, ...]``, after the TIME pair)."""
-    pages = pages_of((i, cache.base(i)) for i in cache.ids())
-    fields = []
-    for p in range(PEERS):
-        counts = {}
+def peer_totals(n: int, cache: ViewCache, rng: random.Random) -> list[str]:
+    """The share script's totals for ``PEERS`` other replicas, each with requests in
+    flight on a tenth of the endpoints (``[endpoint, total, ...]``)."""
+    totals: dict[str, int] = {}
+    for _ in range(PEERS):
         for i in rng.sample(range(n), max(1, n // 10)):
-            page = pages.get(f"ep-{i}")
-            if page is not None:
-                counts[f"ep-{i}"] = [rng.randrange(1, 4), rng.randrange(0, 3), page[1]]
-        fields += [f"gw-{p}", f"{cache.now_ms() + 800:.0f} {json.dumps(counts)}"]
-    return fields
+            totals[f"ep-{i}"] = totals.get(f"ep-{i}", 0) + rng.randrange(1, 4)
+    return [x for e, total in totals.items() for x in (e, str(total))]
 
 
 class _Script:
-    """The share script's call without Redis: the other replicas' fields, as it returns
-    them (the round trip itself is not the exchange's CPU)."""
+    """The share script's call without Redis (the round trip itself is not the
+    exchange's CPU): every total on the first call, then a tenth of them each time, as
+    a busy fleet moves them between two calls."""
 
     def __init__(self, fields: list[str]) -> None:
-        self.reply = ["0", "0", -1, *fields]
+        self.fields, self.number = fields, 0
 
-    def __call__(self, keys: list[str], args: list[object]) -> list[str]:
-        return self.reply
+    def __call__(self, keys: list[str], args: list[object]) -> list[object]:
+        self.number += 1
+        pairs = len(self.fields) // 2
+        if self.number == 1:
+            moved = self.fields
+        else:
+            tenth = max(1, pairs // 10)
+            k = (self.number * tenth) % pairs
+            moved = [
+                x for j in range(k, min(pairs, k + tenth)) for x in self.fields[2 * j : 2 * j + 2]
+            ]
+        return ["0", "0", PEERS, self.number, 0, int(self.number == 1), 0, *moved]
 
 
 class _Client:
@@ -208,7 +214,7 @@ def shared(
     """The pick and the background exchange with the fleet's shared counts present."""
     fleet = FleetLoad("bench", clock=repeat(0.0).__next__)  # answered as of every pick
     rng = random.Random(4)
-    fields = peer_fields(n, cache, rng)
+    fields = peer_totals(n, cache, rng)
     exchange = Exchange(_Client(fields), "{bench}:gateways:inflight", cache, fleet)
     router = Router(cache, local=local, fleet=fleet, exchange=exchange, rng=random.Random(2))
 

@@ -45,7 +45,7 @@ from poller.reader.load.local import LocalLoad  # noqa: E402
 from poller.reader.prefix.blocks import block_ids  # noqa: E402
 from poller.reader.prefix.outbox import pack  # noqa: E402
 from poller.reader.prefix.placements import Placements  # noqa: E402
-from tests.bench.bench_pick import MODELS, Picks, fleet, peer_fields, steady, timed  # noqa: E402
+from tests.bench.bench_pick import MODELS, Picks, fleet, peer_totals, steady, timed  # noqa: E402
 
 CONVERSATIONS = 2000
 FILL_BLOCKS = 500_000
@@ -70,7 +70,9 @@ def gateway(n: int, rng: random.Random, fill: int = FILL_BLOCKS) -> tuple[ViewCa
         local.started(f"ep-{i}")
     fleet_load = FleetLoad("bench", clock=repeat(0.0).__next__)  # answered as of every pick
     pages = pages_of((i, cache.base(i)) for i in cache.ids())
-    fleet_load.take(peer_fields(n, cache, rng), pages, cache.offset_ms)
+    fleet_load.read(
+        1, 7, peer_totals(n, cache, rng), pages, cache.offset_ms, cache.now_ms(), full=True
+    )
     assert fleet_load.peers == 7
     table = Placements()
     table.sharing = True

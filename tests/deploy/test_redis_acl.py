@@ -255,8 +255,15 @@ def test_a_poller_and_a_reader_run_as_the_acl_users(acl_redis: _Redis, tmp_path:
 
     share = acl_redis.client(GATEWAY).register_script(lua("share"))
     record = '{"acl-vllm":[1,0,0]}'  # one request in flight, as the exchange writes it
-    shared = ["{llmgw}:gateways:inflight", "{llmgw}:gateways:updates"]
-    assert share(keys=shared, args=["acl-gw", 800, record, 1])[2:] == [0]  # nobody subscribed
+    from poller.schema.keys import Keys
+
+    shared = Keys("llmgw").share(placements=True)
+    reply = share(keys=shared, args=["acl-gw", 800, record, 1, "", 10, "", "", 64, 600_000, 64])
+    assert reply[2] == 0 and reply[8:] == ["acl-vllm", "1"]  # no other replica; the total
+    reply = share(
+        keys=shared, args=["acl-gw-2", 800, "", 1, "", 10, "e AAAAAAAAAAE=", "", 64, 600_000, 64]
+    )
+    assert reply[2] == 1 and reply[8:] == ["acl-vllm", "1"]
     assert admin.hexists("{llmgw}:gateways:inflight", "acl-gw")
     # The gateway cannot write, not even through a script it loads itself.
     gateway = acl_redis.client(GATEWAY)
@@ -324,9 +331,9 @@ def test_a_gateway_with_the_rights_of_before_the_sharing_routes_on_its_own_count
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """users.acl as it was before the gateways shared their requests in flight (the
-    gateway user without HSET, HDEL and PEXPIRE on P:gateways:inflight, nor the channel
-    P:gateways:updates): a gateway keeps routing, on its own counts and the pages, and
-    says once what right it lacks and how to give it."""
+    gateway user without the share script's writes on P:gateways:inflight and the
+    totals' keys, nor the channel P:gateways:updates): a gateway keeps routing, on its
+    own counts and the pages, and says once what right it lacks and how to give it."""
     import logging
 
     from poller.reader import StatsReader
@@ -383,7 +390,7 @@ def test_a_gateway_with_the_rights_of_before_the_sharing_routes_on_its_own_count
     said = [r.getMessage() for r in caplog.records if r.name.startswith("poller.reader.exchange")]
     load = [m for m in said if m.startswith("gateway load sharing refused")]
     assert len(load) == 1, said
-    assert "HSET, HDEL and PEXPIRE on {llmgw}:gateways:inflight" in load[0], load[0]
+    assert "writes on {llmgw}:gateways:inflight, {llmgw}:gateways:load" in load[0], load[0]
     assert INFLIGHT_SELECTOR.strip() in load[0], load[0]
     # The channel and the placements' stream were refused too, each said once.
     heard = [m for m in said if m.startswith("Redis refused the gateway's user the channel")]
@@ -392,9 +399,14 @@ def test_a_gateway_with_the_rights_of_before_the_sharing_routes_on_its_own_count
     assert len(others) <= 1 and all(PLACEMENTS_SELECTOR.strip() in m for m in others), said
 
 
-INFLIGHT_SELECTOR = (
-    " (~{llmgw}:gateways:inflight &{llmgw}:gateways:updates +hset +hdel +pexpire +spublish)"
+SHARE_KEYS = (
+    "~{llmgw}:gateways:inflight ~{llmgw}:gateways:load ~{llmgw}:gateways:changed"
+    " ~{llmgw}:gateways:alive"
 )
+SHARE_COMMANDS = (
+    "+hset +hdel +hincrby +hmget +hkeys +zadd +zrem +zrevrange +zcard +pexpire +spublish"
+)
+INFLIGHT_SELECTOR = f" ({SHARE_KEYS} &{{llmgw}}:gateways:updates {SHARE_COMMANDS})"
 PLACEMENTS_SELECTOR = " (~{llmgw}:gateways:placements +xadd +xtrim +xrange +xrevrange +pexpire)"
 CHANNEL = " &{llmgw}:gateways:updates"
 
@@ -402,10 +414,10 @@ CHANNEL = " &{llmgw}:gateways:updates"
 def test_a_gateway_with_the_rights_of_before_the_pushed_counts_still_shares_them(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """users.acl as it was before the replicas pushed their counts (the hash's selector
-    without the channel, the user without it): the view is followed as before, the
-    counts are shared by reading the hash on each call, and one WARNING says how to
-    grant the channel."""
+    """users.acl without the channel (the keys' selector without it, the user without
+    it, as before the replicas pushed their counts): the view is followed as before,
+    the counts are shared by reading the totals on each call, and one WARNING says how
+    to grant the channel."""
     import logging
 
     from poller.reader import StatsReader, SyncStatsReader
@@ -414,7 +426,7 @@ def test_a_gateway_with_the_rights_of_before_the_pushed_counts_still_shares_them
     text = ACL_FILE.read_text()
     assert INFLIGHT_SELECTOR in text and CHANNEL in text
     acl = tmp_path / "users-before-push.acl"
-    old_selector = " (~{llmgw}:gateways:inflight +hset +hdel +pexpire)"
+    old_selector = f" ({SHARE_KEYS} {SHARE_COMMANDS})"
     acl.write_text(text.replace(INFLIGHT_SELECTOR, old_selector).replace(CHANNEL, ""))
     server = _Redis(["--save", "", "--appendonly", "no", "--aclfile", str(acl)], tmp_path / "r")
 

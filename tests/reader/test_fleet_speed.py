@@ -12,7 +12,7 @@ from poller.reader.load.local import LocalLoad
 from poller.reader.prefix.blocks import block_ids
 from poller.reader.routing.options import RoutingOptions
 from tests.reader.test_pick import Clock, timed, view_of
-from tests.support.routers import router_on
+from tests.support.routers import read_others, router_on
 
 
 def placed(
@@ -34,8 +34,7 @@ def placed(
         for took, endpoint_id in ends:
             clock.t = begun + took
             local.finished(endpoint_id, a if endpoint_id == "fast" else b)
-    fields = [x for i in range(peers) for x in (f"g{i + 2}", '1 {"fast":[0,0,999500]}')]
-    fleet.take(fields, {"fast": (0, 999_500), "slow": (0, 999_500)}, 0.0)
+    read_others(fleet, {"fast": (0, 999_500), "slow": (0, 999_500)}, {}, live=peers)
     assert fleet.peers == peers
     router = router_on(view_of(timed("fast"), timed("slow")), local=local, fleet=fleet, seed=3)
     chosen: Counter[str] = Counter()
@@ -81,8 +80,7 @@ def test_an_engine_that_fails_fast_is_avoided_with_one_gateway_or_many() -> None
             local.finished("bad", local.started("bad"), ok=False)
             clock.t += 0.01
         assert local.failing("bad") > 0.8 and local.failing("good") == 0.0
-        fields = [x for i in range(peers) for x in (f"g{i + 2}", '1 {"good":[0,0,999500]}')]
-        fleet.take(fields, {"good": (6, 999_500), "bad": (0, 999_500)}, 0.0)
+        read_others(fleet, {"good": (6, 999_500), "bad": (0, 999_500)}, {}, live=peers)
         view = view_of(timed("good", running="6"), timed("bad"))
         options = RoutingOptions(use_latency=use_latency)
         router = router_on(view, options, local=local, fleet=fleet, seed=3)
@@ -133,7 +131,7 @@ def test_use_latency_off_leaves_speed_out() -> None:
     fleet = FleetLoad("g1")
     fleet.attach(local)
     slow_twice(local, clock)
-    fleet.take(["g2", '1 {"fast":[0,0,999500]}'], {"fast": (0, 999_500), "slow": (0, 999_500)}, 0.0)
+    read_others(fleet, {"fast": (0, 999_500), "slow": (0, 999_500)}, {})
     view = view_of(timed("fast"), timed("slow"))
     router = router_on(view, RoutingOptions(use_latency=False), local=local, fleet=fleet, seed=3)
     chosen: Counter[str | None] = Counter()
@@ -156,9 +154,8 @@ def test_the_prefix_bound_compares_counts_without_the_speed_factor() -> None:
     assert local.slowness("slow") > 1.2 > 0.8 > local.slowness("fast")
     fleet = FleetLoad("g1")
     fleet.attach(local)
-    fields = ["g2", '1 {"slow":[2,2,999500]}']
-    fields += [x for i in range(6) for x in (f"g{i + 3}", '1 {"fast":[0,0,999500]}')]
-    fleet.take(fields, {"fast": (0, 999_500), "slow": (0, 999_500)}, 0.0)
+    pages = {"fast": (0, 999_500), "slow": (0, 999_500)}
+    read_others(fleet, pages, {"slow": 2}, now_ms=999_500, live=7)
     assert fleet.peers == 7
     prompt = "".join(random.Random(5).choice("abcdefgh ") for _ in range(4000))
     router = router_on(view_of(timed("fast"), timed("slow")), local=local, fleet=fleet, seed=3)
@@ -168,7 +165,6 @@ def test_the_prefix_bound_compares_counts_without_the_speed_factor() -> None:
     with router.pick(prompt=prompt) as ticket:
         assert ticket.id == "slow"
     # Past the bound on the counts too (3 in flight: 4 > 3.5), the reference takes it.
-    fields[1] = '1 {"slow":[3,3,999500]}'
-    fleet.take(fields, {"fast": (0, 999_500), "slow": (0, 999_500)}, 0.0)
+    read_others(fleet, pages, {"slow": 3}, now_ms=999_500, live=7)
     with router.pick(prompt=prompt) as ticket:
         assert ticket.id == "fast"

@@ -18,7 +18,7 @@ from poller.reader.router import Router
 from poller.reader.routing.options import RoutingOptions
 from poller.reader.ticket import Ticket
 from tests.reader.test_pick import Clock, timed, view_of
-from tests.support.routers import router_on
+from tests.support.routers import read_others, router_on
 
 SCRAPED_S = 100.0  # the pages' scrape, on the gateway's clock (Redis ms = s x 1000)
 
@@ -63,7 +63,7 @@ def fleet_of(
         held += [router.track(f"e{i}") for _ in range(n)]
     clock.t = SCRAPED_S + 0.5  # the pages taken in half a second after their scrape
     pages = pages_of((e.id, e) for e in endpoints)
-    fleet.take([], pages, 0.0)  # one gateway: no other's field; Redis answered now
+    read_others(fleet, pages, {}, live=0)  # one gateway: no other; Redis answered now
     return router, held, clock
 
 

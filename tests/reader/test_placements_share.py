@@ -128,7 +128,8 @@ def test_redis_lost_means_local_placements_and_the_router_says_so() -> None:
     placements.record("e1", ids)
     for _ in range(3):
         keys, args, pages = exchange.prepare()
-        assert keys == ["k1", "k0", "k2"] and args[4]  # the placements ride on the call
+        assert keys == ["k1", "k0", "k1:load", "k1:changed", "k1:alive", "k2"]
+        assert args[6]  # the placements ride on the call
         try:
             exchange.script(keys=keys, args=args)
         except redis.ConnectionError as exc:
@@ -155,11 +156,8 @@ def test_the_stream_is_capped_by_length_and_age_and_one_placement_costs_bytes(
     for i in range(200):
         table.record(f"e{i % 16}", [rng.getrandbits(64) for _ in range(ENTRY_MAX)])
         body = table.take_outbox()
-        args = [f"gw-{i % 4}", 800, "", 1, body, "0-0", maxlen, 600_000, 1]
-        share(
-            keys=[keys.gateways_inflight, keys.gateways_updates, keys.gateways_placements],
-            args=args,
-        )
+        args = [f"gw-{i % 4}", 800, "", 1, "", 10, body, "0-0", maxlen, 600_000, 1]
+        share(keys=keys.share(placements=True), args=args)
     length = client.xlen(keys.gateways_placements)
     assert maxlen <= length <= maxlen + 10, length
     used = client.memory_usage(keys.gateways_placements) or 0
@@ -171,8 +169,8 @@ def test_the_stream_is_capped_by_length_and_age_and_one_placement_costs_bytes(
     aged = Keys("aged")
     for n in range(1, 11):
         client.xadd(aged.gateways_placements, {"@": "old", "p": ""}, id=f"1-{n}")
-    args = ["gw-0", 800, "", 1, "e1 AAAAAAAAAAE=", "0-0", maxlen, 1000, 1]
-    share(keys=[aged.gateways_inflight, aged.gateways_updates, aged.gateways_placements], args=args)
+    args = ["gw-0", 800, "", 1, "", 10, "e1 AAAAAAAAAAE=", "0-0", maxlen, 1000, 1]
+    share(keys=aged.share(placements=True), args=args)
     assert client.xrange(aged.gateways_placements, "-", "1-10") == []
     assert client.xlen(aged.gateways_placements) == 1
     assert 0 < client.pttl(aged.gateways_placements) <= 1000
@@ -185,11 +183,11 @@ def test_a_replica_reads_the_others_entries_once_and_never_its_own(
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
     keys = Keys("own")
     share = client.register_script(lua("share"))
-    both = [keys.gateways_inflight, keys.gateways_updates, keys.gateways_placements]
+    both = keys.share(placements=True)
 
     def call(replica: str, body: str, last: str) -> list[Any]:
-        reply = share(keys=both, args=[replica, 800, "", 1, body, last, 100, 600_000, 10])
-        return list(reply[3])
+        args = [replica, 800, "", 1, "", 10, body, last, 100, 600_000, 10]
+        return list(share(keys=both, args=args)[7])
 
     assert call("a", "e1 AAAAAAAAAAE=", "")[1:] == []  # its own entry only
     first = call("b", "", "")  # a new replica: the newest entries, oldest first
@@ -207,7 +205,8 @@ class _Answers:
 
     def register_script(self, source: str) -> Any:
         def call(keys: list[str], args: list[Any]) -> Any:
-            return ["0", "0", -1, [args[5] or "0-0"]] if len(keys) > 2 else ["0", "0", -1]
+            head = ["0", "0", 0, 1, 0, 1, 0]
+            return [*head, [args[7] or "0-0"]] if len(keys) > 5 else head
 
         return call
 

@@ -28,7 +28,7 @@ from poller.reader.prefix.placements import Placements
 from poller.reader.prefix.table import MAX_HOLDERS, TOKENS_PER_BLOCK
 from poller.reader.routing.affinity import rank
 from tests.reader.test_pick import picks, timed, view_of
-from tests.support.routers import lasting, router_on
+from tests.support.routers import lasting, read_others, router_on
 
 
 class Clock:
@@ -583,13 +583,13 @@ def test_a_replica_that_knows_itself_alone_keeps_the_rule_until_it_hears_another
     fleet = FleetLoad("g1", clock=clock)  # a frozen clock: the counts stay current
     fleet.attach(local)
     pages = dict.fromkeys("abcdef", (0, 999_500))
-    fleet.take([], pages, 0.0)
+    read_others(fleet, pages, {}, live=0)
     assert fleet.answered_within(1.0) and fleet.peers == 0
     view = view_of(*(timed(e, models="m") for e in "abcdef"))
     router = knows_head(router_on(view, local=local, fleet=fleet, seed=6), "ab")
     with router.pick("m", prompt=conversation(k1)) as ticket:
         assert ticket.id in ("a", "b")
-    fleet.take(["g2", '1 {"c":[1,1,999500]}'], pages, 0.0)
+    read_others(fleet, pages, {"c": 1}, now_ms=999_500)
     assert fleet.peers == 1
     with router.pick("m", prompt=conversation(k2)) as ticket:
         assert ticket.id == tops[k2]

@@ -219,7 +219,9 @@ def test_explain_says_why_no_endpoint_may_take_a_request() -> None:
 
 def test_eligible_and_saturated_answer_for_one_endpoint() -> None:
     router = router_on(
-        view_of(served("a", 1), served("full", 2, running="3", kv_cache_usage="0.95"), served("b", 3))
+        view_of(
+            served("a", 1), served("full", 2, running="3", kv_cache_usage="0.95"), served("b", 3)
+        )
     )
     assert router.eligible("a", "m") and not router.eligible("a", "other")
     assert router.eligible("full", "m") and router.saturated("full")  # least_loaded: it may

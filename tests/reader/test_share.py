@@ -19,12 +19,14 @@ import pytest
 import redis
 
 from poller.reader.exchange.exchange import Exchange
+from poller.reader.exchange.loops import run, run_sync
+from poller.reader.exchange.pacer import FLOOR_S
 from poller.reader.exchange.wire import TTL_MS
 from poller.reader.load.fleet import PAGES, FleetLoad, default_replica_id
 from poller.reader.load.local import LocalLoad
 from poller.reader.view.cache import ViewCache
 from tests.support.redisproc import RedisProcess
-from tests.support.routers import counted, router_on
+from tests.support.routers import counted, read_others, router_on
 
 
 class Clock:
@@ -48,7 +50,7 @@ def test_one_gateway_counts_exactly_what_it_sent() -> None:
     local.finished("a", starts[1])
     local.started("a")
     pages = {"a": (4, 100_000), "b": (2, 100_000)}  # b: 2 from outside the gateways
-    fleet.take([], pages, 0.0)
+    read_others(fleet, pages, {}, live=0)
     assert fleet.extra == {"a": 0, "b": 2}
     assert local.in_flight("a") == 3 and local.in_flight_at("a", 100.0) == 4
 
@@ -59,8 +61,9 @@ def test_peers_add_their_counts_and_the_page_only_what_they_did_not_send() -> No
     fleet = FleetLoad("g1")
     fleet.attach(local)
     local.started("a")
-    peer = json.dumps({"a": [5, 4, 100_000]})
-    fleet.take(["g2", f"1 {peer}"], {"a": (7, 100_000)}, 0.0)
+    pages = {"a": (7, 100_000)}
+    read_others(fleet, pages, {"a": 4}, now_ms=99_900)  # as the page was scraped
+    read_others(fleet, pages, {"a": 5}, now_ms=100_400)  # and now
     # 7 on the page, of which 4 were g2's and 1 ours: 2 from outside; g2 has 5 now.
     assert fleet.extra == {"a": 2 + 5} and fleet.peers == 1
     assert fleet.own_field({"a": (7, 100_000)}, 0.0) == '{"a":[1,1,100000]}'
@@ -74,7 +77,7 @@ def test_outside_load_counts_once_every_one_of_the_last_pages_shows_it() -> None
     fleet.attach(LocalLoad(clock=Clock()))
 
     def page(k: int, steady: int, burst: int = 0) -> float:
-        fleet.take([], {"a": (steady + burst, 100_000 + 1000 * k)}, 0.0)
+        read_others(fleet, {"a": (steady + burst, 100_000 + 1000 * k)}, {})
         return fleet.extra["a"]
 
     assert page(0, 0) == 0
@@ -97,7 +100,7 @@ def _pages_over(fleet: FleetLoad, local: LocalLoad, clock: Clock, lag_s: float) 
         scraped = 100.0 + k + 0.25
         shown = local.in_flight_at("a", scraped - lag_s)
         clock.t = 100.0 + k + 0.75
-        fleet.take([], {"a": (shown, int(scraped * 1000))}, 0.0)
+        read_others(fleet, {"a": (shown, int(scraped * 1000))}, {})
 
 
 def test_pages_are_current_while_they_show_what_the_gateways_had_in_flight() -> None:
@@ -129,7 +132,7 @@ def test_a_current_page_s_outside_requests_count_fading_with_the_request_time() 
         assert local.request_s == pytest.approx(0.5)
         # The next page: 3 requests from outside the gateways, none of ours.
         clock.t = 141.0
-        fleet.take([], {"a": (3, 141_000)}, 0.0)
+        read_others(fleet, {"a": (3, 141_000)}, {})
         assert fleet.extra["a"] == 0  # the floor of the last pages: none steady
         slot = Slot("a", timed("a", running="3").stats, math.inf)  # weight 1
         for age_s in (0.0, 0.5, 2.0):
@@ -148,7 +151,9 @@ def test_the_picker_routes_on_the_fleet_as_the_oracle_would() -> None:
     fleet.attach(local)
     # Pages a second old say "a" is empty and "b" busy; the fleet knows better.
     view = view_of(timed("a", running="0"), timed("b", running="6"))
-    fleet.take(["g2", '1 {"a":[6,0,999500]}'], {"a": (0, 999_500), "b": (6, 999_500)}, 0.0)
+    pages = {"a": (0, 999_500), "b": (6, 999_500)}
+    read_others(fleet, pages, {}, now_ms=999_000)  # the others' none at the pages
+    read_others(fleet, pages, {"a": 6}, now_ms=999_600)  # and 6 on "a" now
     fleet.extra["b"] = 0  # b's requests all ended since its page
     router = router_on(view, local=local, fleet=fleet)
     assert set(counted(router, 20)) == {"b"}
@@ -189,7 +194,7 @@ def test_redis_lost_leaves_the_others_counts_out_of_the_load() -> None:
     fleet = FleetLoad("g1", clock=clock)
     fleet.attach(local)
     local.started("a")
-    fleet.take(["g2", '1 {"a":[4,4,100000]}'], {"a": (7, 100_000)}, 0.0)
+    read_others(fleet, {"a": (7, 100_000)}, {"a": 4}, now_ms=100_000)
     slot = Slot("a", timed("a", running="7").stats, math.inf)  # weight 1
     lost_after_s = LOST_AFTER_MS / 1000
     assert fleet.answered_within(lost_after_s)
@@ -240,8 +245,8 @@ async def test_a_killed_replica_leaves_the_view_within_a_second(
     redis_server: RedisProcess,
 ) -> None:
     """A gateway replica killed mid-run (SIGKILL: no goodbye): its counts leave the
-    survivor's view at its field's expiry, 800 ms after its last write, by the
-    survivor's own clock; no engine is left looking busy."""
+    totals at the survivor's first call after its alive entry expired (800 ms after its
+    last call, on the Redis clock); no engine is left looking busy."""
     from poller.reader import StatsReader
     from tests.support.procs import until
 
@@ -260,8 +265,8 @@ async def test_a_killed_replica_leaves_the_view_within_a_second(
             killed = time.monotonic()
             await until(lambda: fleet.peer_in_flight("a") == 0, 60, "the killed replica gone")
             gone_s = time.monotonic() - killed
-            # The field's own expiry bounds it: 800 ms after its last write.
-            assert gone_s <= TTL_MS / 1000 + 1.0, gone_s  # headroom for a loaded machine
+            # The TTL and the survivor's floor call bound it: 800 + 300 ms.
+            assert gone_s <= TTL_MS / 1000 + FLOOR_S + 1.0, gone_s  # headroom: a loaded CI
             assert fleet.peers == 0 and not fleet.extra.get("a")
             print(f"killed replica gone from the survivor's view after {gone_s:.2f} s")
     finally:
@@ -272,15 +277,21 @@ async def test_a_killed_replica_leaves_the_view_within_a_second(
 
 
 def test_redis_lost_means_local_counts_and_the_router_says_so() -> None:
+    from poller.reader.exchange.wire import LOST_AFTER_MS
     from poller.reader.routing.options import RoutingOptions
 
     assert not router_on([], RoutingOptions(share=False)).load_shared  # no sharing at all
-    router = router_on([])
-    assert router.fleet is not None and not router.load_shared  # never exchanged
-    router.fleet.take([], {}, 0.0)
-    assert router.load_shared
-    router.fleet.take(["g2", '1 {"a":[3,0,0]}'], {"a": (0, 0)}, 0.0, shared=False)
-    assert router.fleet.peer_in_flight("a") == 0  # the peers' counts are dropped at once
+    clock = Clock()
+    fleet = FleetLoad("g1", clock=clock)
+    router = router_on([], fleet=fleet)
+    assert not router.load_shared  # never exchanged
+    read_others(fleet, {"a": (0, 0)}, {"a": 3})
+    assert router.load_shared and fleet.peer_in_flight("a") == 3
+    clock.t += 0.5
+    fleet.lost({"a": (0, 0)}, 0.0)  # unanswered: the counts as last known, for now
+    assert router.load_shared and fleet.peer_in_flight("a") == 3
+    clock.t += LOST_AFTER_MS / 1000
+    assert not router.load_shared  # no answer for LOST_AFTER_MS: local counts only
 
 
 async def test_two_cached_readers_see_each_others_requests(redis_server: RedisProcess) -> None:
@@ -322,7 +333,7 @@ def test_a_large_bag_on_the_fleet_estimate_chooses_by_load_whatever_the_pages_sa
     queued = [timed(f"queued-{i}", waiting="10", kv_cache_usage="0.1") for i in range(n)]
     local = LocalLoad(clock=Clock())
     fleet = FleetLoad("g1")
-    fleet.take([], {}, 0.0)  # the others' counts current (none): the extra below is read
+    read_others(fleet, {}, {})  # the others' counts current (none): the extra below is read
     busy = {f"{kind}-{i}": 50.0 if i % 2 else 0.0 for kind in ("full", "queued") for i in range(n)}
     fleet.extra = fleet.outside = busy
     router = router_on(view_of(*full, *queued), local=local, fleet=fleet, seed=5)
@@ -333,9 +344,9 @@ def test_a_large_bag_on_the_fleet_estimate_chooses_by_load_whatever_the_pages_sa
 
 
 def test_an_exchange_that_works_on_what_changed_agrees_with_one_that_works_on_all() -> None:
-    """``record`` and ``absorb`` given what changed (pages, our requests started or
-    ended) redo only those endpoints and the ones in peers' fields that changed: the
-    same figures as redoing every endpoint."""
+    """``own_field`` and ``read`` given what changed (pages, our requests started or
+    ended) redo only those endpoints and the ones whose totals moved: the same figures
+    as redoing every endpoint."""
     import random
 
     rng = random.Random(6)
@@ -346,7 +357,7 @@ def test_an_exchange_that_works_on_what_changed_agrees_with_one_that_works_on_al
     part.attach(local)
     pages = {f"e{i}": (rng.randrange(5), 100_000) for i in range(30)}
     open_: list[tuple[str, float]] = []
-    last_peer: dict[str, list[int]] = {}
+    others = {"e1": 1}
     for step in range(60):
         clock.t += 0.1
         changed = set(rng.sample(sorted(pages), 5))
@@ -357,28 +368,40 @@ def test_an_exchange_that_works_on_what_changed_agrees_with_one_that_works_on_al
         else:
             e = f"e{rng.randrange(30)}"
             open_.append((e, local.started(e)))
-        peer = {f"e{rng.randrange(30)}": [rng.randrange(1, 4), 0, 0] for _ in range(3)}
-        if step % 3 == 0:  # g2's counts unchanged since the last exchange
-            peer = last_peer
-        last_peer = peer
-        steady = json.dumps({"e1": [1, 0, 0]})  # g3's never change
-        fields = ["g3", f"1 {steady}"] + (["g2", f"1 {json.dumps(peer)}"] if step % 7 else [])
+        moved: dict[str, int] = {}
+        if step % 3:  # the others' counts moved on a few endpoints
+            moved = {f"e{rng.randrange(30)}": rng.randrange(0, 4) for _ in range(3)}
+        others.update(moved)
         changed |= local.take_changed()
-        assert part.own_field(pages, 0.0, changed if step else None) == whole.own_field(pages, 0.0)
-        whole.take(fields, pages, 0.0)
-        part.take(fields, pages, 0.0, changed=changed if step else None)
+        record = part.own_field(pages, 0.0, changed if step else None)
+        assert record == whole.own_field(pages, 0.0)
+        written = whole.written
+        for fleet in (whole, part):
+            fleet.wrote(record or "-")
+        # The totals as the script returns them: every one, or those that moved.
+        mine = {e: c for e, c in whole.written.items()}
+        todo = set(pages) if step == 0 else set(moved) | set(mine) | set(written)
+        fields: list[object] = []
+        for e in sorted(todo):
+            fields += [e, str(others.get(e, 0) + mine.get(e, 0))]
+        now_ms = clock.t * 1000
+        whole.read(step + 1, 2, fields, pages, 0.0, now_ms, full=step == 0)
+        part.read(step + 1, 2, fields, pages, 0.0, now_ms, full=step == 0,
+                  changed=changed if step else None)  # fmt: skip
         assert part.extra == whole.extra, step
-        assert part.peers == whole.peers
+        assert part.peers == whole.peers == 2
+        assert all(whole.peer_in_flight(e) == n for e, n in others.items())
 
 
 class _Script:
-    """A share script that answers as Redis would (``receivers`` got our publish, no
-    field of anyone else) or fails as ``outcomes`` say, recording when it was called."""
+    """A share script that answers as Redis would (``live`` other replicas, whose
+    totals never move) or fails as ``outcomes`` say, recording when it was called."""
 
-    def __init__(self, clock: Clock, receivers: int, outcomes: list[Exception | None]) -> None:
-        self.clock, self.receivers = clock, receivers
+    def __init__(self, clock: Clock, live: int, outcomes: list[Exception | None]) -> None:
+        self.clock, self.live = clock, live
         self.outcomes = itertools.cycle(outcomes)
         self.at: list[float] = []
+        self.number = 0
 
     def register_script(self, source: str) -> _Script:
         return self
@@ -388,7 +411,8 @@ class _Script:
         failure = next(self.outcomes)
         if failure is not None:
             raise failure
-        return [0, 0, self.receivers if args[2] else -1]
+        self.number += 1 if args[2] else 0  # a record written moves a total
+        return [0, 0, self.live, self.number, 0, 0, 0]
 
 
 def _run_busy(script: _Script, clock: Clock, seconds: float, *, listening: bool) -> None:
@@ -417,7 +441,7 @@ def _run_busy(script: _Script, clock: Clock, seconds: float, *, listening: bool)
                 stop.set()
             return True
 
-    exchange.run_sync(stop, Wake())
+    run_sync(exchange, stop, Wake())
 
 
 async def test_an_exchange_whose_cancel_a_call_swallowed_still_ends() -> None:
@@ -447,7 +471,7 @@ async def test_an_exchange_whose_cancel_a_call_swallowed_still_ends() -> None:
     fleet.attach(local)
     local.started("a")
     stop = asyncio.Event()
-    task = asyncio.create_task(Exchange(Swallowing(), "P:gw", cache, fleet).run(stop))
+    task = asyncio.create_task(run(Exchange(Swallowing(), "P:gw", cache, fleet), stop))
     try:
         await asyncio.wait_for(called.wait(), 30)
         task.cancel()  # once, as asyncio.run does
@@ -476,7 +500,7 @@ def test_the_exchange_makes_at_most_20_commands_in_any_second_on_every_path() ->
     # A refusal is tried once more without publishing (the channel's right?); refused
     # again, it is the hash's: the next try waits REFUSED_RETRY_S.
     outcomes: list[Exception | None] = [None] * 40 + [away] + [None] * 40 + [refused] * 2
-    script = _Script(clock, 2, outcomes)
+    script = _Script(clock, 1, outcomes)
     _run_busy(script, clock, 30.0, listening=True)
     at = script.at
     assert _most_in_a_second(at) <= 20, _most_in_a_second(at)
@@ -498,7 +522,7 @@ def test_a_call_that_cannot_be_prepared_is_said_once_and_the_loop_goes_on(
     from poller.reader.exchange.wire import RETRY_S
 
     clock = Clock()
-    script = _Script(clock, 2, [None])
+    script = _Script(clock, 1, [None])
     failures = iter([True, True, True])
     record = FleetLoad.own_field
 
@@ -520,17 +544,17 @@ def test_a_call_that_cannot_be_prepared_is_said_once_and_the_loop_goes_on(
 
 
 def test_a_replica_nobody_listens_to_calls_at_the_floor_only() -> None:
-    """Our publish reached only ourselves and no other replica has a field: changes go
-    out with the next floor call (every ``FLOOR_S``), not at once; with no subscription
-    at all the others' writes are read at the pacer's rate instead."""
-    from poller.reader.exchange.pacer import FLOOR_S, RATE_PER_S
+    """No other replica is alive: changes go out with the next floor call (every
+    ``FLOOR_S``), not at once; with no subscription at all the others' totals are read
+    at the pacer's rate instead."""
+    from poller.reader.exchange.pacer import RATE_PER_S
 
     clock = Clock()
-    alone = _Script(clock, 1, [None])
+    alone = _Script(clock, 0, [None])
     _run_busy(alone, clock, 30.0, listening=True)
     assert len(alone.at) <= 30 / FLOOR_S + 2, len(alone.at)
     assert all(b - a >= FLOOR_S - 1e-9 for a, b in itertools.pairwise(alone.at[1:]))
-    deaf = _Script(clock, 1, [None])
+    deaf = _Script(clock, 0, [None])
     _run_busy(deaf, clock, 30.0, listening=False)
     assert len(deaf.at) >= 0.9 * RATE_PER_S * 30 and _most_in_a_second(deaf.at) <= 20
 
@@ -551,46 +575,52 @@ def test_a_change_wakes_the_exchange_once_per_call() -> None:
     assert woken == [1, 1]
 
 
-def test_pushed_writes_and_read_fields_merge_newest_first() -> None:
-    """Each replica's newest write wins whichever way it came: a message older than the
-    field a read brought is dropped, a read sent before a message was heard does not
-    undo it, a deletion holds until its expiry, a field past its expiry leaves."""
+def test_read_and_heard_totals_merge_by_change_number() -> None:
+    """A total is replaced only by one of a higher change number, whichever way it
+    came: a message at or below the last read's number is in it already, a read
+    answered after a newer message was heard does not undo it, and the others' share
+    is the total less ours as written."""
     fleet = FleetLoad("g1")
-    fleet.attach(LocalLoad(clock=Clock()))
-    pages = {"a": (0, 0)}
-    fleet.hear(['2000 {"a":[3,3,0]} g2'], pages, 0.0, 1000, heard_at=10.0)
-    assert fleet.peer_in_flight("a") == 3 and fleet.peers == 1
-    fleet.hear(['1900 {"a":[9,9,0]} g2', '2000 {"a":[1,1,0]} g1'], pages, 0.0, 1000)
-    assert fleet.peer_in_flight("a") == 3  # older than held; our own echo ignored
-    # A read sent at 9 s, before the message was heard: g2's field there is older.
-    fleet.take(["g2", '1950 {"a":[5,5,0]}'], pages, 0.0, asked_at=9.0)
-    assert fleet.peer_in_flight("a") == 3
-    # Sent at 11 s, after: the read is newer (the same ms included).
-    fleet.take(["g2", '2000 {"a":[4,4,0]}'], pages, 0.0, asked_at=11.0)
-    assert fleet.peer_in_flight("a") == 4
-    fleet.hear(["2100 - g2"], pages, 0.0, 1000, heard_at=12.0)  # nothing in flight now
-    assert fleet.peer_in_flight("a") == 0 and fleet.peers == 0
-    fleet.take(["g2", '2000 {"a":[4,4,0]}'], pages, 0.0, asked_at=11.5)  # crossed it
+    local = LocalLoad(clock=Clock())
+    fleet.attach(local)
+    local.started("a")
+    pages = {"a": (0, 0), "b": (0, 0)}
+    fleet.own_field(pages, 0.0)
+    fleet.wrote('{"a":[1,0,0]}')  # ours: 1 on "a", in the totals below
+    fleet.read(10, 1, ["a", "4", "b", "2"], pages, 0.0, 1000, full=True)
+    assert (fleet.peer_in_flight("a"), fleet.peer_in_flight("b"), fleet.peers) == (3, 2, 1)
+    fleet.hear(["9 1001 a:9", "10 1001 b:7"], pages, 0.0)  # in the read already
+    assert (fleet.peer_in_flight("a"), fleet.peer_in_flight("b")) == (3, 2)
+    fleet.hear(["12 1002 a:6 b:0"], pages, 0.0)
+    assert (fleet.peer_in_flight("a"), fleet.peer_in_flight("b")) == (5, 0)
+    fleet.hear(["11 1002 a:2"], pages, 0.0)  # older than what is held
+    assert fleet.peer_in_flight("a") == 5
+    # A read answered at 11, after the message of 12 was heard: both stay 12's.
+    fleet.read(11, 1, ["a", "3", "b", "1"], pages, 0.0, 1003)
+    assert (fleet.peer_in_flight("a"), fleet.peer_in_flight("b")) == (5, 0)
+    fleet.read(13, 1, ["a", "1"], pages, 0.0, 1004)  # newer than any heard
     assert fleet.peer_in_flight("a") == 0
-    fleet.hear(['2200 {"a":[2,2,0]} g3 with spaces'], pages, 0.0, 1000, heard_at=13.0)
-    assert fleet.peer_in_flight("a") == 2 and fleet.next_expiry_ms() == 2100
-    fleet.hear([], pages, 0.0, 2201)  # past every expiry: gone without a word
-    assert fleet.peer_in_flight("a") == 0 and fleet.next_expiry_ms() == math.inf
-    fleet.hear(["junk", "1 x", '3000 {"a":"x"} g4'], pages, 0.0, 2300)
-    assert fleet.peers == 0 and fleet.peer_in_flight("a") == 0  # nothing readable
+    fleet.hear(["junk", "14 x a:1", "15 1005 a:-1 a:x :3 b:2"], pages, 0.0)
+    assert (fleet.peer_in_flight("a"), fleet.peer_in_flight("b")) == (0, 2)
+    # Redis started a new run of numbers: the full read is all there is.
+    fleet.read(5, 0, ["b", "1"], pages, 0.0, 2000, full=True)
+    assert (fleet.peer_in_flight("a"), fleet.peer_in_flight("b"), fleet.peers) == (0, 1, 0)
 
 
-def test_a_field_nested_past_the_stack_is_skipped_not_fatal() -> None:
-    """Another writer's JSON nested deeper than Python's recursion limit, read or
-    heard: skipped like any unreadable field; the fields and messages beside it count."""
+def test_the_others_as_they_stood_at_a_page_come_from_their_history() -> None:
+    """What the others had in flight when a page was scraped is read from the totals'
+    history on the Redis clock: a page shows the others' requests of its moment, and
+    only what is beyond them counts as outside traffic."""
     fleet = FleetLoad("g1")
     fleet.attach(LocalLoad(clock=Clock()))
-    pages = {"a": (0, 0)}
-    deep = '{"a":' + "[" * 5000 + "]" * 5000 + "}"
-    fleet.take(["g2", '9000 {"a":[2,0,0]}', "g3", f"9000 {deep}"], pages, 0.0, asked_at=1.0)
-    assert fleet.peer_in_flight("a") == 2 and fleet.answered_within(1.0)
-    fleet.hear([f"9100 {deep} g3", '9100 {"a":[5,0,0]} g4'], pages, 0.0, 1000, heard_at=2.0)
-    assert fleet.peer_in_flight("a") == 2 + 5
+    read_others(fleet, {"a": (0, 0)}, {"a": 2}, now_ms=10_000)
+    fleet.hear([f"{10**6} 10500 a:5"], {"a": (0, 0)}, 0.0)
+    read_others(fleet, {"a": (0, 0)}, {"a": 3}, now_ms=11_000)
+    # (the page's scrape, what it shows, the others' then): beyond them, 0 or 1 outside.
+    for scraped_ms, shown, then in ((10_200, 2, 2), (10_700, 6, 5), (11_500, 4, 3)):
+        fleet.lost({"a": (shown, scraped_ms)}, 0.0)
+        assert fleet.at_page["a"] == (0, then, 3), scraped_ms  # (ours then, theirs then, now)
+        assert fleet.extra["a"] == fleet.outside["a"] + 3
 
 
 def test_a_user_who_may_not_publish_shares_by_reading(caplog: pytest.LogCaptureFixture) -> None:
@@ -611,7 +641,7 @@ def test_a_user_who_may_not_publish_shares_by_reading(caplog: pytest.LogCaptureF
                     raise redis.ResponseError(
                         "ERR The user executing the script can't publish to the channel"
                     )
-                return [0, 0, -1, "g2", '99999999999999 {"a":[2,2,0]}']
+                return [0, 0, 1, 7, 0, 1, 0, "a", "2"]
 
             return call
 
@@ -668,7 +698,7 @@ def test_a_page_taken_in_between_calls_still_reaches_our_record() -> None:
         def register_script(self, source: str) -> object:
             def call(keys: list[str], args: list[object]) -> list[object]:
                 written.append(str(args[2]))
-                return [0, 0, 2]
+                return [0, 0, 1, 1, 0, 0, 0]
 
             return call
 
@@ -721,23 +751,19 @@ def test_only_redis_refusing_the_channel_drops_it_from_the_subscription() -> Non
         assert one.publish
 
 
-def test_counts_out_of_range_are_skipped_never_fatal() -> None:
-    """A field or message from a writer not of ours: counts that overflow a float
-    (``1e999``, a 400-digit integer), negative ones, an expiry past any clock. Each bad
+def test_totals_out_of_range_are_skipped_never_fatal() -> None:
+    """Totals from a writer not of ours, read or heard: ones that overflow a float
+    (``1e999``, a 400-digit integer), negative ones, a number past any clock. Each bad
     entry is skipped, the good ones beside it kept; nothing raises."""
     fleet = FleetLoad("g1")
     fleet.attach(LocalLoad(clock=Clock()))
     pages = {"a": (0, 0), "b": (0, 0)}
     huge = "9" * 400
-    bad = [
-        '2000 {"a":[1e999,0,0],"b":[2,2,0]} g2',
-        f'2000 {{"a":[{huge},0,0]}} g3',
-        '2000 {"a":[-5,0,0]} g4',
-        f'{huge} {{"a":[1,1,0]}} g5',
-        '2000 {"a":[1,1,1e999]} g6',
-        '2000 {"a":"abc"} g7',
-    ]
-    fleet.hear(bad, pages, 0.0, 1000, heard_at=1.0)
+    fleet.read(1, 1, ["a", "1e999", "b", "2", "c", huge, "d", "-5"], pages, 0.0, 0, full=True)
     assert fleet.peer_in_flight("a") == 0 and fleet.peer_in_flight("b") == 2
-    fleet.take(["g8", f'2000 {{"a":[{huge},1,0]}}', "g9", '2000 {"a":[3,3,0]}'], pages, 0.0)
-    assert fleet.peer_in_flight("a") == 3 and math.isfinite(fleet.extra["a"])
+    bad = [f"2 1000 a:1e999 b:{huge}", "3 1e999 a:4", f"{huge} 1000 a:5", "4 1000 a:-5 b:3"]
+    fleet.hear(bad, pages, 0.0)
+    assert fleet.peer_in_flight("a") == 0 and fleet.peer_in_flight("b") == 3
+    fleet.hear(["5 1001 a:4"], pages, 0.0)  # a number past any clock held nothing back
+    assert fleet.peer_in_flight("a") == 4
+    assert math.isfinite(fleet.extra["a"])

@@ -141,10 +141,14 @@ async def test_every_script_touches_only_what_its_keys_declare(client: DeclaredK
     await reader._get_records(keys=keys, args=args)
     assert await reader.live_pollers() == ["p1"]
     share = client.register_script(lua("share"))
-    shared = [reader.keys.gateways_inflight, reader.keys.gateways_updates]
-    assert (await share(keys=shared, args=["g1", 800, '{"e1":[1,0,0]}', 1]))[2:] == [0]
-    assert (await share(keys=shared, args=["g2", 800, "", 1]))[2:] == [-1, "g1", ANY_VALUE]
-    assert (await share(keys=shared, args=["g1", 800, "-", 1]))[2:] == [0]
+    shared = reader.keys.share()
+    written = await share(keys=shared, args=["g1", 800, '{"e1":[1,0,0]}', 1, "", 10])
+    number = int(written[3])
+    assert written[2:] == [0, number, 0, 1, 0, "e1", "1"]
+    read = await share(keys=shared, args=["g2", 800, "", 1, number, 10])
+    assert read[2:] == [1, number, 1, 0, 0]  # nothing moved since; g2 never wrote
+    left = await share(keys=shared, args=["g1", 800, ".", 1, number, 10])
+    assert left[2:5] == [1, number + 1, 0] and left[7:] == ["e1", "0"]
 
     assert await store.release_leases("p1", {"e1": first.token}) == 1
     assert await store.remove_endpoint("e2") is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -101,3 +102,25 @@ def fleet_score(local: LocalLoad, fleet: FleetLoad, **kwargs: bool) -> Score:
     """The fleet load model's score for a pick now (``bound=True``: prefix affinity's)."""
     model = FleetLoadModel(local, fleet, LOST_AFTER_MS / 1000)
     return model.scorer(Index([], timed, 5, 0.8), None, **kwargs)
+
+
+_numbers = itertools.count(1)
+
+
+def read_others(
+    fleet: FleetLoad,
+    pages: Mapping[str, tuple[int, int]],
+    others: Mapping[str, int],
+    *,
+    now_ms: float = 0.0,
+    live: int = 1,
+    offset_ms: float = 0.0,
+    changed: set[str] | None = None,
+) -> None:
+    """An exchange call answered: the share script's totals (every one) say the ``live``
+    other replicas have ``others`` in flight, this replica's as last written besides."""
+    written = fleet.written
+    fields: list[object] = []
+    for e in sorted(others.keys() | written.keys()):
+        fields += [e, str(others.get(e, 0) + written.get(e, 0))]
+    fleet.read(next(_numbers), live, fields, pages, offset_ms, now_ms, full=True, changed=changed)

@@ -9,10 +9,10 @@ scraping every engine once per interval (staggered) whose page shows the engine 
 view cache, ``LocalLoad``, ``FleetLoad`` and ``Exchange``, poller/reader/) on the sim
 clock, and makes the share script's call when its exchange's pacer says (at once when
 its counts changed and tokens are left, at least every ``FLOOR_S``); the script is
-played here on an in-memory hash with the same expiry rule: the write, the others'
-fields read back, and the write pushed to every other replica ``PUSH_S`` later, as the
-channel does. Every policy of a cell serves the same arrivals (times, sizes, gateways,
-outside choices).
+played in memory (``ShareScript``, script.py): the write, the totals that moved read
+back, and the totals published (at most every ``PUBLISH_EVERY_MS``) reaching every
+other replica ``PUSH_S`` later, as the channel does. Every policy of a cell serves the
+same arrivals (times, sizes, gateways, outside choices).
 
 Policies: ``oracle`` (the true queues at each request, least expected time to finish),
 ``picker`` (the defaults, sharing on), ``picker-noshare`` (sharing off: local counts on
@@ -44,6 +44,7 @@ from poller.reader.load.local import LocalLoad
 from poller.reader.view import EndpointView, View, ViewCache
 from poller_lab.bench_fleet import percentile
 from poller_lab.routing.cells import MIXES, Cell
+from poller_lab.routing.script import ShareScript
 
 __all__ = ["POLICIES", "run_cell", "run_family"]
 
@@ -160,7 +161,7 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
     arrivals = _arrivals(cell, engines, duration_s, seed)
     clock = [0.0]
     gateways = [_Gateway(g, policy, clock, seed * 1000 + g, push) for g in range(cell.gateways)]
-    shared_hash: dict[str, tuple[float, str]] = {}
+    script = ShareScript()  # poller/schema/scripts/share.lua, played in memory
     events: list[tuple[float, int, int, Any]] = []  # (time, seq, kind, data)
     seq = itertools.count()
     ARRIVE, DONE, SCRAPE, CALL, HEAR, LISTEN = 0, 1, 2, 3, 4, 5
@@ -305,31 +306,14 @@ def run_cell(  # noqa: C901 (one event loop: splitting it would only pass its st
             if t != gw.call_at:
                 continue  # a later schedule of a call made sooner since
             _, args, numbers = exchange.prepare()
-            replica_id, ttl_ms, outgoing, published = args[0], args[1], args[2], args[3]
-            now_ms = t * 1000
-            # poller/schema/scripts/share.lua, played on the in-memory hash.
-            expiry = f"{now_ms + ttl_ms:.0f}"
-            if outgoing == "-":
-                shared_hash.pop(replica_id, None)
-            elif outgoing:
-                shared_hash[replica_id] = (now_ms + ttl_ms, outgoing)
-            receivers = -1
-            if outgoing and published:
-                receivers = len(gateways)  # every replica's follower listens, this one's too
-                message = f"{expiry} {outgoing} {replica_id}"
+            reply, message = script.call(round(t * 1_000_000), args)
+            if message is not None:
                 for other in gateways:
                     if other is not gw:
                         heapq.heappush(
                             events, (t + PUSH_S, next(seq), HEAR, (other.index, message))
                         )
-            fields: list[str] = []
-            for rid, (expires, body) in list(shared_hash.items()):
-                if expires < now_ms:
-                    del shared_hash[rid]
-                elif rid != replica_id:
-                    fields += [rid, f"{expires:.0f} {body}"]
-            sec, ms = divmod(int(now_ms), 1000)
-            exchange.answered([sec, ms * 1000, receivers, *fields], numbers)
+            exchange.answered(reply, numbers)
             gw.call_at = math.inf
             if t + exchange.pacer.floor_s < duration_s + 30:
                 call_when(gw)

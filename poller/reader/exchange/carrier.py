@@ -67,18 +67,18 @@ class Carrier:
         age_ms = int(placements.age_s * 1000)
         args += [self._body, placements.last_id, STREAM_MAXLEN, age_ms, READ_COUNT]
 
-    def answered(self, reply: Sequence[Any]) -> int:
-        """The call answered: the others' entries taken in. Returns where the other
-        replicas' fields start in ``reply``."""
+    def answered(self, reply: Sequence[Any], at: int) -> int:
+        """The call answered: the others' entries (``reply[at]``, when the call carried
+        the stream) taken in. Returns where the rest of ``reply`` starts."""
         if self._body is not None:
             self._refused = False
             redis_ms = int(reply[0]) * 1000 + int(reply[1]) // 1000  # the script's TIME
-            self.placements.take_entries(reply[3], redis_ms)
-            return 4
+            self.placements.take_entries(reply[at], redis_ms)
+            return at + 1
         if self._suspect:  # refused with the stream, answered without it
             self._suspect = False
             self._refused_now()
-        return 3
+        return at
 
     def failed(self, refused: bool) -> bool:
         """The call failed (``refused``: Redis said no to a right): what it carried goes

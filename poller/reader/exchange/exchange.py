@@ -3,37 +3,43 @@
 A ``Router`` runs it (a task beside the asyncio follower, a thread beside the threaded
 one). A change of this replica's requests in flight (``FleetLoad``,
 poller/reader/load/fleet.py) goes out at once, while the pacer's tokens last, in one
-call of poller/schema/scripts/share.lua that writes it and publishes it on
-``P:gateways:updates``; the follower's subscription hears the other replicas' writes as
-they happen (``heard``) and this loop takes them in between its calls. Where the prefix
-placements are shared (``Placements``, poller/reader/prefix/placements.py) they go out
-and come back on the same calls (``Carrier``, carrier.py): no command more. A call is
-made at least every ``FLOOR_S`` even when nothing changed: the field renewed before it
-expires, the placements and the other replicas' fields read (which mends what the
+call of poller/schema/scripts/share.lua: the script moves the gateways' totals per
+endpoint (``P:gateways:load``) by what changed, publishes the change on
+``P:gateways:updates``, and returns the totals that moved since this replica's last
+read. The follower's subscription hears the others' changes as they happen
+(``heard``) and this loop takes them in between its calls. Every piece of work, in
+Redis and here, follows the endpoints that changed, never the number of replicas.
+Where the prefix placements are shared (``Placements``,
+poller/reader/prefix/placements.py) they go out and come back on the same calls
+(``Carrier``, carrier.py): no command more. A call is made at least every ``FLOOR_S``
+even when nothing changed: the field renewed before it expires (a replica that stops
+calling leaves the totals), the placements and the totals read (which mends what the
 subscription lost). The pick path never waits for any of it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from poller.reader.exchange import rights
 from poller.reader.exchange.carrier import Carrier
 from poller.reader.exchange.pacer import Pacer
-from poller.reader.exchange.wire import REFRESH_BEFORE_MS, REFUSED_RETRY_S, RETRY_S, TTL_MS
+from poller.reader.exchange.wire import (
+    PUBLISH_EVERY_MS,
+    REFRESH_BEFORE_MS,
+    REFUSED_RETRY_S,
+    RETRY_S,
+    TTL_MS,
+)
 from poller.reader.load.fleet import FleetLoad, pages_of
 from poller.reader.prefix.placements import Placements
 from poller.reader.view.cache import ViewCache
-from poller.redis.errors import store_error
 from poller.schema.lua import lua
-from poller.util.tasks import raise_if_cancelled
 
 __all__ = ["LISTEN_S", "Exchange"]
 
@@ -42,16 +48,6 @@ log = logging.getLogger(__name__)
 #: The loop takes in the pages that changed (no command) and looks at its stop flag at
 #: least this often (s).
 LISTEN_S = 0.05
-
-
-#: Redis's refusal of a subscription (7.0; 7.2 and later name the channel instead).
-_CHANNELS_REFUSED = "one of the channels used as arguments"
-
-
-def _refused(exc: Exception) -> bool:
-    """Redis said no to the share script: the user lacks a right it needs (NOPERM for
-    a command, "The user executing the script can't ..." for one inside the script)."""
-    return getattr(store_error(exc, "the share script"), "kind", None) == "permission"
 
 
 def _nothing() -> None:
@@ -73,6 +69,7 @@ class Exchange:
         placements_key: str = "",
         channel: str = "",
         *,
+        totals_keys: tuple[str, str, str] = ("", "", ""),
         share_load: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -85,8 +82,17 @@ class Exchange:
         self._written_ms: float = -1e15
 
         self.key = gateways_key
-        #: The shard channel the script publishes our writes on (``P:gateways:updates``).
-        self.channel = channel or gateways_key.rsplit(":", 1)[0] + ":updates"
+        prefix = gateways_key.rsplit(":", 1)[0]
+        #: The shard channel the script publishes the changes on (``P:gateways:updates``).
+        self.channel = channel or prefix + ":updates"
+        #: The gateways' totals (``P:gateways:load``), the endpoints' change numbers
+        #: (``P:gateways:changed``) and the live replicas (``P:gateways:alive``).
+        self.totals_keys = tuple(
+            given or f"{prefix}:{name}"
+            for given, name in zip(totals_keys, ("load", "changed", "alive"), strict=True)
+        )
+        #: The change number of the last read of the totals (None: read them all).
+        self.number: int | None = None
         self.cache = cache
         self.fleet = fleet
         #: Carried on the same call (``RoutingOptions.share_placements``): no command more.
@@ -107,9 +113,10 @@ class Exchange:
         #: The follower's subscription carries ``channel`` (False: the others' writes
         #: are read on each call instead, at the pacer's rate).
         self.listening = False
-        self._resync = False  # subscribed again: read the fields at once
-        self._others: int | None = None  # other receivers of our last publish
-        self._asked_at = math.inf  # when the call in flight was sent (monotonic)
+        self._resync = False  # subscribed again: read soon, what was pushed meanwhile lost
+        # Our last call's change waits for the script's next publish (``PUBLISH_EVERY_MS``):
+        # a call then, unless a message of that number or later is heard first.
+        self._held: tuple[int, float] | None = None
         #: Publish our writes on ``channel`` (False once Redis refused the channel).
         self.publish = True
         self._publish_suspect = False  # refused while publishing: the channel's rights?
@@ -132,10 +139,7 @@ class Exchange:
         Redis refused this user the channel (an ACL of before the pushed counts), said
         once; the follower then subscribes without it, and the others' writes are read
         on each call at the pacer's rate."""
-        text = str(exc)
-        if getattr(exc, "kind", None) != "permission" or not any(
-            mark in text for mark in (_CHANNELS_REFUSED, f"'{self.channel}' channel")
-        ):
+        if not rights.refused_channel(exc, self.channel):
             return False
         self._no_channel()
         self.subscribed(False)
@@ -149,17 +153,7 @@ class Exchange:
             if self._channel_refused:
                 return
             self._channel_refused = True
-        log.warning(
-            "Redis refused the gateway's user the channel %s: the other replicas' counts "
-            "are read on each call instead of heard as they change (up to 20 calls/s). "
-            "Grant it: add &%s to the user's channels and make its selector of the key "
-            "(~%s &%s +hset +hdel +pexpire +spublish) as in deploy/redis/users.acl, then "
-            "restart the gateway",
-            self.channel,
-            self.channel,
-            self.key,
-            self.channel,
-        )
+        rights.say_no_channel(self.channel, [self.key, *self.totals_keys])
 
     def subscribed(self, up: bool) -> None:
         """The follower's subscription to ``channel`` is in place (True) or lost."""
@@ -211,33 +205,24 @@ class Exchange:
                 self._listen_failed = True
                 log.warning("the gateway exchange could not take in an update", exc_info=True)
 
-    def _prepared(self) -> tuple[list[str], list[Any], dict[str, tuple[int, int]]] | None:
-        """``prepare()``, or None when it failed (a bug, never bad input, which is
-        skipped): said once, and the loop goes on to try again ``retry_s`` later."""
-        try:
-            return self.prepare()
-        except Exception:
-            self._pages_now = self._unrecorded = None  # all worked out again next time
-            self.pacer.hold(self.clock() + self.retry_s)
-            if not self._prepare_failed:
-                self._prepare_failed = True
-                log.warning("the gateway exchange could not prepare its call", exc_info=True)
-            return None
-
     def _listen(self) -> None:
         inbox = self._inbox
         messages = [inbox.popleft() for _ in range(len(inbox))]
         pages = self._pages()
         changed, self._changed = self._changed, set()
         cache = self.cache
-        now_ms = cache.now_ms()
-        self.fleet.hear(
-            messages, pages, cache.offset_ms, now_ms, changed=changed, heard_at=self.clock()
-        )
+        if self._held is not None and messages:
+            number = messages[-1].partition(" ")[0]
+            if number.isdigit() and int(number) >= self._held[0]:
+                self._held = None  # published by another's call
+        self.fleet.hear(messages, pages, cache.offset_ms, changed=changed)
 
     def call_in(self, now: float) -> float:
         """Seconds until the next call may go (0: now)."""
-        return max(0.0, self.pacer.next_call(now, self._urgent()) - now)
+        at = self.pacer.next_call(now, self._urgent())
+        if self._held is not None:  # a held change goes out once the window allows
+            at = min(at, max(self._held[1], self.pacer.next_call(now, True)))
+        return max(0.0, at - now)
 
     def _urgent(self) -> bool:
         """A call now if the pacer allows: our counts changed and someone listens, the
@@ -249,14 +234,11 @@ class Exchange:
             return True
         if not self.fleet.has_changed():
             return False
-        others = self._others
-        return others is None or others > 0 or self.fleet.peers > 0
+        return self.number is None or self.fleet.peers > 0
 
     def wait_s(self, now: float, call_in: float) -> float:
-        """How long the loop may sleep: until the next call, the first of the other
-        replicas' fields to expire, or ``LISTEN_S``."""
-        expiry_s = (self.fleet.next_expiry_ms() - float(self.cache.now_ms())) / 1000
-        return max(0.001, min(call_in, expiry_s, LISTEN_S))
+        """How long the loop may sleep: until the next call, or ``LISTEN_S``."""
+        return max(0.001, min(call_in, LISTEN_S))
 
     def prepare(self) -> tuple[list[str], list[Any], dict[str, tuple[int, int]]]:
         pages = self._pages()
@@ -267,17 +249,41 @@ class Exchange:
         todo, self._unrecorded = self._unrecorded, set()
         record = fleet.own_field(pages, self.cache.offset_ms, None if todo is None else todo | ours)
         outgoing = self._outgoing(record, self.cache.now_ms())
+        fleet.wrote(outgoing)
         self.calls += 1
         now = self.clock()
         self.pacer.called(now)
-        self._asked_at = now
         self._resync = False
-        keys: list[str] = [self.key, self.channel]
+        keys: list[str] = [self.key, self.channel, *self.totals_keys]
         self._published = self.publish  # what this call does: another thread may change it
-        args: list[Any] = [fleet.replica_id, self.ttl_ms, outgoing, int(self.publish)]
+        number = "" if self.number is None else self.number
+        args: list[Any] = [
+            fleet.replica_id,
+            self.ttl_ms,
+            outgoing,
+            int(self.publish),
+            number,
+            PUBLISH_EVERY_MS,
+        ]
         if self.carrier is not None:
             self.carrier.add_to(keys, args, now)
         return keys, args, pages
+
+    def leaving(self) -> tuple[list[str], list[Any]] | None:
+        """The last call, as the loop stops (None: nothing ever written): this replica's
+        requests leave the totals and it leaves the live replicas at once."""
+        if not self.share_load or self.calls == 0:
+            return None
+        number = "" if self.number is None else self.number
+        args = [
+            self.fleet.replica_id,
+            self.ttl_ms,
+            ".",
+            int(self.publish),
+            number,
+            PUBLISH_EVERY_MS,
+        ]
+        return [self.key, self.channel, *self.totals_keys], args
 
     def _outgoing(self, record: str, now_ms: float) -> str:
         """What this call writes: the record when it changed or nears its expiry, "-"
@@ -292,17 +298,28 @@ class Exchange:
 
     def answered(self, reply: Sequence[Any], pages: Mapping[str, tuple[int, int]]) -> None:
         self._refused = False
-        receivers = int(reply[2])
-        if receivers >= 0:  # we published: every other replica listening received it
-            self._others = receivers - 1 if self.listening else receivers
-        fields = reply[3 if self.carrier is None else self.carrier.answered(reply) :]
+        live, number, again, full, held = (int(x) for x in reply[2:7])
+        fields = reply[7 if self.carrier is None else self.carrier.answered(reply, 7) :]
+        if again and self._last_record:  # taken out of the totals: write it whole
+            self._last_record = "\0"
+        window_s = PUBLISH_EVERY_MS * min(1.0, (live + 1) / 64) / 1000  # as the script's
+        self._held = (number, self.clock() + window_s) if held else None
         if self._publish_suspect:  # answered without publishing: the channel's rights
             self._publish_suspect = False
             self._no_channel()
         changed, self._changed = self._changed, set()
-        self.fleet.take(
-            list(fields), pages, self.cache.offset_ms, changed=changed, asked_at=self._asked_at
+        now_ms = int(reply[0]) * 1000 + int(reply[1]) // 1000  # the script's TIME
+        self.fleet.read(
+            number,
+            live,
+            list(fields),
+            pages,
+            self.cache.offset_ms,
+            now_ms,
+            full=bool(full),
+            changed=changed,
         )
+        self.number = number
 
     def failed(self, exc: Exception, pages: Mapping[str, tuple[int, int]]) -> None:
         """Local counts only; the next try waits ``retry_s`` (a refusal: ``REFUSED_RETRY_S``)."""
@@ -311,8 +328,8 @@ class Exchange:
     def _failed(self, exc: Exception, pages: Mapping[str, tuple[int, int]]) -> float:
         self._last_record = "\0"  # the last write may not have landed: write again
         changed, self._changed = self._changed, set()
-        self.fleet.take([], pages, self.cache.offset_ms, shared=False, changed=changed)
-        refused = _refused(exc)
+        self.fleet.lost(pages, self.cache.offset_ms, changed=changed)
+        refused = rights.refused(exc)
         # One suspect at a time, the channel first: the next call, not publishing, tells
         # whether it was the channel's right; then, without the stream, the stream's.
         if refused and self._published and not self._publish_suspect:
@@ -326,92 +343,29 @@ class Exchange:
             # The stream's rights, or the hash's: the next call, without the stream,
             # tells which (``Carrier.answered`` or below).
             return self.retry_s
-        if _refused(exc):
+        if refused:
             self.fleet.exchanged_at = None  # not shared from now: the health says so
             if not self._refused:
-                log.warning(
-                    "gateway load sharing refused by Redis (%s): this replica routes on its "
-                    "own requests in flight and the pages. The gateway's ACL user needs "
-                    "HSET, HDEL and PEXPIRE on %s and SPUBLISH on %s: add (~%s &%s +hset "
-                    "+hdel +pexpire +spublish) to its line (deploy/redis/users.acl), or "
-                    "open the router with RoutingOptions(share=False)",
-                    exc,
-                    self.key,
-                    self.channel,
-                    self.key,
-                    self.channel,
-                )
+                rights.say_refused(exc, self.channel, [self.key, *self.totals_keys])
             self._refused = True
             return REFUSED_RETRY_S
         log.debug("gateway load sharing failed: %s", exc)
         return self.retry_s
 
-    def _install(self, wake: Callable[[], None] | None) -> None:
+    def install(self, wake: Callable[[], None] | None) -> None:
+        """The loop's wake-up (None: the loop ended): a change of ours or a message."""
         self._wake = wake or _nothing
         self.fleet.waker = wake
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Until ``stop`` is set: take in what was heard, call when the pacer says."""
-        loop = asyncio.get_running_loop()
-        wake = asyncio.Event()
-        owner = threading.get_ident()
-
-        def waker() -> None:  # from the loop's own thread, or a gateway's thread
-            if threading.get_ident() == owner:
-                wake.set()
-            else:
-                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                    loop.call_soon_threadsafe(wake.set)
-
-        self._install(waker)
+    def prepared(self) -> tuple[list[str], list[Any], dict[str, tuple[int, int]]] | None:
+        """``prepare()``, or None when it failed (a bug, never bad input, which is
+        skipped): said once, and the loop goes on to try again ``retry_s`` later."""
         try:
-            while not stop.is_set():
-                raise_if_cancelled()
-                wake.clear()
-                self.listen()
-                now = self.clock()
-                call_in = self.call_in(now)
-                prepared = self._prepared() if call_in <= 0.0 else None
-                if prepared is not None:
-                    keys, args, pages = prepared
-                    try:
-                        async with asyncio.timeout(1.0):
-                            reply = await self.script(keys=keys, args=args)
-                        self.answered(reply, pages)
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception as exc:  # Redis away, NOPERM: routing goes on, locally
-                        self.failed(exc, pages)
-                    continue
-                if call_in <= 0.0:  # not prepared: the pacer holds the next try
-                    call_in = self.call_in(self.clock())
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.wait_s(now, call_in)):
-                        await wake.wait()
-        finally:
-            self._install(None)
-
-    def run_sync(self, stop: threading.Event, wake: threading.Event | None = None) -> None:
-        """Until ``stop`` is set (the threaded reader's thread); ``wake``: the event the
-        loop sleeps on, set by a change or a message (a test passes its own)."""
-        wake = wake or threading.Event()
-        self._install(wake.set)
-        try:
-            while not stop.is_set():
-                wake.clear()
-                self.listen()
-                now = self.clock()
-                call_in = self.call_in(now)
-                prepared = self._prepared() if call_in <= 0.0 else None
-                if prepared is not None:
-                    keys, args, pages = prepared
-                    try:
-                        self.answered(self.script(keys=keys, args=args), pages)
-                    except Exception as exc:
-                        self.failed(exc, pages)
-                    continue
-                if call_in <= 0.0:  # not prepared: the pacer holds the next try
-                    call_in = self.call_in(self.clock())
-                wake.wait(self.wait_s(now, call_in))
-        finally:
-            self._install(None)
+            return self.prepare()
+        except Exception:
+            self._pages_now = self._unrecorded = None  # all worked out again next time
+            self.pacer.hold(self.clock() + self.retry_s)
+            if not self._prepare_failed:
+                self._prepare_failed = True
+                log.warning("the gateway exchange could not prepare its call", exc_info=True)
+            return None

@@ -20,8 +20,9 @@ __all__ = ["BURST", "FLOOR_S", "RATE_PER_S", "Pacer"]
 #: whatever the request rate.
 BURST = 4
 RATE_PER_S = 16.0
-#: A call at least this often (s), changed or not: the field is renewed before its
-#: expiry (``TTL_MS - REFRESH_BEFORE_MS``), the placements and the others' fields read.
+#: A call at least this often (s), changed or not: the replica kept alive and its record
+#: renewed before their expiry (``TTL_MS - REFRESH_BEFORE_MS``), the placements and the
+#: totals that moved read.
 FLOOR_S = (TTL_MS - REFRESH_BEFORE_MS) / 1000
 
 

@@ -7,17 +7,17 @@ exact for the traffic the gateways sent, plus what the page shows beyond what th
 gateways had in flight when it was scraped (traffic from outside the gateways).
 
 A ``Router`` keeps one. Its exchange (poller/reader/exchange/) writes this replica's
-``own_field`` when its counts change and brings the other replicas' writes back, pushed
-(``hear``) or read (``take``); fields carry their expiry on the Redis clock, so a
-replica that dies leaves the others' view with its field. The pick path never touches
-Redis: it reads ``extra``. Redis lost, or no right to the key: the counts of this
-replica only (``outside``).
+``own_field`` when its counts change; Redis keeps the gateways' totals per endpoint, and
+the others' share of them comes back pushed as it changes (``hear``) or read (``read``,
+the totals that moved: ``Others``, others.py). A replica that stops calling is taken
+out of the totals within the exchange's TTL. The pick path never touches Redis: it
+reads ``extra``. Redis lost, or no right to the keys: the counts of this replica only
+(``outside``).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import socket
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from poller.reader.load.local import LocalLoad
-from poller.reader.load.peers import Peers
+from poller.reader.load.others import Others
 
 __all__ = ["FleetLoad", "default_replica_id", "pages_of"]
 
@@ -58,10 +58,12 @@ class FleetLoad:
       picker attaches the one it is given; a replica normally has one).
     - ``own_field(pages, offset_ms)`` -> this replica's field: per endpoint with requests
       in flight, ``[in flight now, in flight at the page's scrape, that scrape's ms]``.
-    - ``hear(messages, ...)``: the other replicas' writes as the channel pushed them
-      (``<expiry ms> <record or -> <replica id>``); ``take(fields, ...)``: their
-      fields as the share script returned them. Both recompute ``extra``; each
-      replica's newest write wins, whichever way it came.
+    - ``wrote(record)``: the record the exchange's call carries (this replica's share of
+      the totals from then on).
+    - ``read(number, live, fields, ...)``: the totals that moved, as the share script
+      returned them; ``hear(messages, ...)``: the totals that moved as the channel
+      pushed them (``<number> <Redis ms> <endpoint>:<total> ...``); ``lost``:
+      Redis did not answer. Each recomputes ``extra`` where something moved.
     - ``extra``: endpoint id -> the load to add to this replica's own in flight there
       (the other replicas' in flight now + the outside traffic the page shows). An
       endpoint missing from it counts its page's running + waiting. ``outside``: the
@@ -78,8 +80,12 @@ class FleetLoad:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if replica_id is not None and (not isinstance(replica_id, str) or not replica_id):
-            raise ValueError(f"replica_id must be a non-empty string, got {replica_id!r}")
+        if replica_id is not None and (
+            not isinstance(replica_id, str) or not replica_id or len(replica_id.split()) != 1
+        ):
+            raise ValueError(
+                f"replica_id must be a non-empty string without spaces, got {replica_id!r}"
+            )
         self.replica_id = replica_id or default_replica_id()
         #: Seconds of the exchange's clock (``time.monotonic``; a simulation passes its own).
         self.clock = clock
@@ -92,9 +98,9 @@ class FleetLoad:
         #: others' then, the others' now): with ours now, what the gateways' in flight
         #: changed by since the page (routing/models.py judges a page's age by it).
         self.at_page: dict[str, tuple[int, int, int]] = {}
-        #: Live replicas with something in flight, ours not counted.
+        #: Other live replicas (the last read's count).
         self.peers = 0
-        #: The others' writes are heard as they happen (the exchange's subscription is
+        #: The others' changes are heard as they happen (the exchange's subscription is
         #: up): their counts are exact but for a few milliseconds, not a read's age.
         self.pushed = False
         #: ``clock()`` seconds of the last exchange Redis answered; None: never.
@@ -117,8 +123,11 @@ class FleetLoad:
         self._held = 0.0
         # This replica's field, per endpoint, as ``own_field`` last built it.
         self._own: dict[str, list[int]] | None = None
-        # The other replicas' newest writes, by replica and by endpoint.
-        self._peers = Peers(self.replica_id)
+        # This replica's requests in flight per endpoint as its last write put them in
+        # Redis's totals (``wrote``).
+        self._written: dict[str, int] = {}
+        # The other replicas' requests in flight, summed per endpoint.
+        self._others = Others()
         self._lock = threading.Lock()
 
     # --- this replica ----------------------------------------------------------------------
@@ -206,45 +215,67 @@ class FleetLoad:
             return ""
         return json.dumps(dict(sorted(own.items())), separators=(",", ":"))
 
+    @property
+    def written(self) -> dict[str, int]:
+        """This replica's requests in flight per endpoint as the totals in Redis hold
+        them (its last record written)."""
+        return dict(self._written)
+
+    def wrote(self, record: str) -> None:
+        """The record the exchange's call writes (``own_field``'s, "-" for nothing in
+        flight; "" writes nothing): the share of the totals that is ours."""
+        if record == "-":
+            self._written = {}
+        elif record:
+            own = self._own or {}
+            self._written = {e: counts[0] for e, counts in own.items() if counts[0]}
+
     # --- the others ----------------------------------------------------------------------
 
-    def take(
+    def read(
         self,
+        number: int,
+        live: int,
         fields: Sequence[Any],
         pages: Mapping[str, tuple[int, int]],
         offset_ms: float,
+        now_ms: float,
         *,
-        shared: bool = True,
+        full: bool = False,
         changed: Iterable[str] | None = None,
-        asked_at: float = math.inf,
     ) -> None:
-        """The other replicas' fields (``[id, value, id, value, ...]`` as the script
-        returns them after its header), read by a call sent at ``asked_at`` (monotonic
-        seconds): a replica missing from them is gone unless a message about it was
-        heard after that. ``shared=False``: Redis did not answer, our own counts only
-        (every peer's left out). ``changed``: as for ``own_field`` (None: every endpoint
-        is worked out again); then only those and the endpoints in the fields of
-        replicas whose counts changed, came or went are: the others' figures depend on
-        nothing else."""
-        moved = self._peers.take(fields if shared else [], asked_at if shared else math.inf)
-        self._estimate(pages, offset_ms, changed, moved, answered=shared)
+        """A read of the gateways' totals (``[endpoint, total, ...]``: those that moved
+        since the last read, or every one when ``full``) answered at change number
+        ``number``, with ``live`` other replicas, at ``now_ms`` of the Redis clock.
+        ``changed``: as for ``own_field`` (None: every endpoint is worked out again);
+        then only those and the endpoints whose totals moved are: the others' figures
+        depend on nothing else."""
+        moved = self._others.read(number, live, fields, self._written, now_ms, full=full)
+        self._estimate(pages, offset_ms, changed, moved, answered=True)
+
+    def lost(
+        self,
+        pages: Mapping[str, tuple[int, int]],
+        offset_ms: float,
+        *,
+        changed: Iterable[str] | None = None,
+    ) -> None:
+        """Redis did not answer: the others' figures stay as last known (a pick leaves
+        them out once no exchange answered for ``LOST_AFTER_MS``); the pages are taken in."""
+        self._estimate(pages, offset_ms, changed, set(), answered=False)
 
     def hear(
         self,
         messages: Iterable[str],
         pages: Mapping[str, tuple[int, int]],
         offset_ms: float,
-        now_ms: float,
         *,
         changed: Iterable[str] | None = None,
-        heard_at: float | None = None,
     ) -> None:
-        """The other replicas' writes as the channel pushed them, and the fields past
-        their expiry at ``now_ms`` (the Redis clock) dropped; ``changed`` as for
-        ``take``. No message at all: the pages and the expiries only. ``heard_at``:
-        now on the clock of ``take``'s ``asked_at`` (default ``clock()``)."""
-        heard_at = self.clock() if heard_at is None else heard_at
-        moved = self._peers.hear(messages, now_ms, heard_at)
+        """The gateways' totals as the channel pushed them (``<number> <Redis ms>
+        <endpoint>:<total> ...``); ``changed`` as for ``read``. No message at all: the
+        pages only."""
+        moved = self._others.hear(messages)
         self._estimate(pages, offset_ms, changed, moved, answered=False)
 
     def _estimate(
@@ -259,7 +290,7 @@ class FleetLoad:
         """``extra`` again for ``changed`` and ``moved`` (None: for every endpoint): a
         new dict, or the held one changed in place (a pick reads one entry at a time)."""
         loads = list(self._locals)
-        index = self._peers.by_endpoint
+        others = self._others
         todo: Iterable[str]
         if changed is None:
             extra: dict[str, float] = {}
@@ -272,7 +303,18 @@ class FleetLoad:
         else:
             extra, outside, fading = self.extra, self.outside, self.fading
             at_page = self.at_page
-            todo = {*changed, *moved}
+            todo = set(changed)
+            for endpoint_id in moved - todo:
+                # Only the others' count moved (the most common case by far, as they
+                # are heard): the outside floor and their count at the page stand.
+                known = at_page.get(endpoint_id)
+                page = pages.get(endpoint_id)
+                if known is None or page is None or others.at(endpoint_id, page[1]) != known[1]:
+                    todo.add(endpoint_id)
+                    continue
+                peer_now = others.now(endpoint_id)
+                extra[endpoint_id] = outside[endpoint_id] + peer_now
+                at_page[endpoint_id] = (known[0], known[1], peer_now)
             for gone in [e for e in todo if e not in pages]:
                 extra.pop(gone, None)
                 outside.pop(gone, None)
@@ -283,13 +325,7 @@ class FleetLoad:
         for endpoint_id in todo:
             requests, scraped_ms = pages[endpoint_id]
             _, at_me = self._mine(endpoint_id, (scraped_ms - offset_ms) / 1000, loads)
-            peer_now = peer_at = 0
-            holders = index.get(endpoint_id)
-            if holders:
-                for now, at, scraped in holders.values():
-                    peer_now += now
-                    # A replica that has not seen this page yet: its now, its best guess.
-                    peer_at += at if scraped == scraped_ms else now
+            peer_now, peer_at = others.now(endpoint_id), others.at(endpoint_id, scraped_ms)
             history = self._outside.get(endpoint_id)
             if history is None:
                 history = self._outside[endpoint_id] = deque(maxlen=PAGES)
@@ -317,13 +353,9 @@ class FleetLoad:
             self.fading = fading
             self.at_page = at_page
             self.current = self._held > 0 and self._missed <= CURRENT_MISS * self._held
-            self.peers = self._peers.live
+            self.peers = self._others.live
             if answered:
                 self.exchanged_at = self.clock()
-
-    def next_expiry_ms(self) -> float:
-        """The Redis-clock ms at which the first other replica's field expires."""
-        return self._peers.next_expiry_ms()
 
     def answered_within(self, seconds: float) -> bool:
         """An exchange that brought the others' counts answered within ``seconds`` (the
@@ -332,8 +364,8 @@ class FleetLoad:
         return at is not None and self.clock() - at <= seconds
 
     def peer_in_flight(self, endpoint_id: str) -> int:
-        """The other replicas' requests in flight to ``endpoint_id``, as last heard."""
-        return self._peers.in_flight(endpoint_id)
+        """The other replicas' requests in flight to ``endpoint_id``, as last known."""
+        return self._others.now(endpoint_id)
 
     def __repr__(self) -> str:
         return f"FleetLoad({self.replica_id!r}, {self.peers} peers)"
