@@ -767,3 +767,34 @@ def test_totals_out_of_range_are_skipped_never_fatal() -> None:
     fleet.hear(["5 1001 a:4"], pages, 0.0)  # a number past any clock held nothing back
     assert fleet.peer_in_flight("a") == 4
     assert math.isfinite(fleet.extra["a"])
+
+
+def test_a_change_the_window_held_goes_out_with_a_call_unless_heard_published() -> None:
+    """The script held our change for its publish window: the exchange calls again once
+    the window is over (it scales with the live replicas: 10 ms at 64), unless a message
+    of that change's number or later is heard first (another replica's call published
+    it)."""
+    from poller.reader.exchange.pacer import FLOOR_S
+    from poller.reader.exchange.wire import PUBLISH_EVERY_MS
+
+    clock = Clock()
+    replies = iter([[0, 0, 63, 5, 0, 1, 1], [0, 0, 63, 9, 0, 0, 1]])
+
+    class Client:
+        def register_script(self, source: str) -> object:
+            return lambda keys, args: next(replies)
+
+    fleet = FleetLoad("g1")
+    exchange = Exchange(Client(), "P:gateways:inflight", ViewCache(), fleet, clock=clock)
+    exchange.subscribed(True)
+    for _ in range(2):
+        keys, args, pages = exchange.prepare()
+        exchange.answered(exchange.script(keys=keys, args=args), pages)
+        assert exchange.call_in(clock.t) == pytest.approx(PUBLISH_EVERY_MS / 1000)
+        clock.t += 0.001
+    exchange.heard("8 1000 a:1")  # an older number: ours is still held
+    exchange.listen()
+    assert exchange.call_in(clock.t) < FLOOR_S / 2
+    exchange.heard("9 1000 a:2")
+    exchange.listen()
+    assert exchange.call_in(clock.t) == pytest.approx(FLOOR_S - 0.001)  # the floor's call
