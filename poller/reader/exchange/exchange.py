@@ -352,6 +352,19 @@ class Exchange:
         log.debug("gateway load sharing failed: %s", exc)
         return self.retry_s
 
+    def next_step(
+        self,
+    ) -> tuple[tuple[list[str], list[Any], dict[str, tuple[int, int]]] | None, float]:
+        """What the loop does now: take in what was heard, then the call to make (its
+        keys, args and pages; None: not now) and otherwise how long it may sleep."""
+        self.listen()
+        now = self.clock()
+        call_in = self.call_in(now)
+        prepared = self.prepared() if call_in <= 0.0 else None
+        if prepared is None and call_in <= 0.0:  # not prepared: the pacer holds the next try
+            call_in = self.call_in(self.clock())
+        return prepared, self.wait_s(now, call_in)
+
     def install(self, wake: Callable[[], None] | None) -> None:
         """The loop's wake-up (None: the loop ended): a change of ours or a message."""
         self._wake = wake or _nothing

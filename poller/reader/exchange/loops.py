@@ -38,10 +38,7 @@ async def run(exchange: Exchange, stop: asyncio.Event) -> None:
         while not stop.is_set():
             raise_if_cancelled()
             wake.clear()
-            exchange.listen()
-            now = exchange.clock()
-            call_in = exchange.call_in(now)
-            prepared = exchange.prepared() if call_in <= 0.0 else None
+            prepared, sleep_s = exchange.next_step()
             if prepared is not None:
                 keys, args, pages = prepared
                 try:
@@ -53,10 +50,8 @@ async def run(exchange: Exchange, stop: asyncio.Event) -> None:
                 except Exception as exc:  # Redis away, NOPERM: routing goes on, locally
                     exchange.failed(exc, pages)
                 continue
-            if call_in <= 0.0:  # not prepared: the pacer holds the next try
-                call_in = exchange.call_in(exchange.clock())
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(exchange.wait_s(now, call_in)):
+                async with asyncio.timeout(sleep_s):
                     await wake.wait()
         leaving = exchange.leaving()
         if leaving is not None:
@@ -77,10 +72,7 @@ def run_sync(
     try:
         while not stop.is_set():
             wake.clear()
-            exchange.listen()
-            now = exchange.clock()
-            call_in = exchange.call_in(now)
-            prepared = exchange.prepared() if call_in <= 0.0 else None
+            prepared, sleep_s = exchange.next_step()
             if prepared is not None:
                 keys, args, pages = prepared
                 try:
@@ -88,9 +80,7 @@ def run_sync(
                 except Exception as exc:
                     exchange.failed(exc, pages)
                 continue
-            if call_in <= 0.0:  # not prepared: the pacer holds the next try
-                call_in = exchange.call_in(exchange.clock())
-            wake.wait(exchange.wait_s(now, call_in))
+            wake.wait(sleep_s)
         leaving = exchange.leaving()
         if leaving is not None:
             with contextlib.suppress(Exception):  # best effort: the TTL does it anyway
