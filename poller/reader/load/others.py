@@ -54,11 +54,16 @@ class Others:
 
     def at(self, endpoint_id: str, at_ms: float) -> int:
         """The others' requests in flight at ``at_ms`` (Redis ms): as known then, from
-        the history (a moment before it starts: its first value)."""
+        the history (a moment before it starts: its first value). It is asked of the
+        endpoint's current page, whose scrape only moves forward: what comes before
+        the value at ``at_ms`` is dropped, so the history holds about one interval."""
         history = self._history.get(endpoint_id)
         if not history:
             return self._now.get(endpoint_id, 0)
         k = bisect.bisect_right(history, (at_ms, math.inf)) - 1
+        if k > 0:
+            del history[:k]
+            k = 0
         return history[max(k, 0)][1]
 
     def read(
