@@ -66,12 +66,15 @@ class Indexer:
 
     def of_cache(self, cache: ViewCache) -> Found | None:
         """The cache's index (under ``lock``), or None: no numbers may be used (never
-        loaded, or Redis lost for longer than ``stale_grace_s``)."""
+        loaded, a namespace without its schema key, or Redis lost for longer than
+        ``stale_grace_s``)."""
         if not cache.loaded:
             return None
         if cache.healthy:
             judge_ms: float = cache.now_ms()
         else:
+            if cache.schema_missing:  # nothing ever wrote the namespace: no view at all
+                return None
             at, confirmed = cache.confirmed_at, cache.confirmed_ms()
             if at is None or confirmed is None or cache.clock() - at > self.stale_grace_s:
                 return None
