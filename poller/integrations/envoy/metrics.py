@@ -88,10 +88,18 @@ class _RouterCollector(Collector):
             "Requests in flight per endpoint, as this replica counts them.",
             labels=["endpoint"],
         )
-        local = router.local
+        peers = GaugeMetricFamily(
+            "epp_peer_in_flight",
+            "Requests in flight per endpoint from the other replicas, as last heard.",
+            labels=["endpoint"],
+        )
+        local, fleet = router.local, router.fleet
         for endpoint_id in router.cache.ids():
             in_flight.add_metric([endpoint_id], local.in_flight(endpoint_id))
+            if fleet is not None:
+                peers.add_metric([endpoint_id], fleet.peer_in_flight(endpoint_id))
         yield in_flight
+        yield peers
         yield GaugeMetricFamily(
             "epp_ready", "1 while readiness is SERVING (the view current).", value=router.ready
         )
