@@ -133,9 +133,12 @@ def sim(ctx: click.Context) -> None:
     "--section",
     "sections",
     multiple=True,
-    type=click.Choice(["scrape", "cluster", "failover", "reader", "readers", "routing", "prefix"]),
+    type=click.Choice(
+        ["scrape", "cluster", "failover", "reader", "readers", "routing", "prefix", "epp"]
+    ),
     show_default="scrape, cluster, failover, reader",
-    help="Run only these sections (repeatable); readers, routing and prefix run only when named.",
+    help="Run only these sections (repeatable); readers, routing, prefix and epp run only "
+    "when named.",
 )
 @click.option(
     "--policy",
@@ -209,6 +212,11 @@ def bench(
     if "prefix" in sections:
         _bench_prefix(quick, duration_s, policies, redis_url, as_json, seed)
         sections = tuple(s for s in sections if s != "prefix")
+        if not sections:
+            return
+    if "epp" in sections:
+        _bench_epp(quick, duration_s, redis_url, as_json)
+        sections = tuple(s for s in sections if s != "epp")
         if not sections:
             return
 
@@ -304,6 +312,18 @@ def _run_section(run: Callable[[], dict[str, Any]], as_json: bool) -> None:
         click.echo(json.dumps(result, indent=2))
     else:
         click.echo(f"  (took {result['elapsed_s']} s)")
+
+
+def _bench_epp(quick: bool, duration_s: float | None, redis_url: str | None, as_json: bool) -> None:
+    """The epp section (lab/poller_lab/epp_bench.py): rows as they come (to stderr under
+    --json), then the report."""
+    from poller_lab.epp_bench import EppBenchConfig, run_epp_bench
+
+    out = sys.stderr if as_json else sys.stdout
+    cfg = EppBenchConfig.quick() if quick else EppBenchConfig()
+    if duration_s is not None:
+        cfg = dataclasses.replace(cfg, duration_s=duration_s)
+    _run_section(lambda: run_epp_bench(cfg, redis_url, out), as_json)
 
 
 def _bench_prefix(

