@@ -81,6 +81,7 @@ def _port(flag: str, env: str, default: str, what: str) -> Callable[[F], F]:
     "--tls-cert",
     envvar="POLLER_EPP__TLS_CERT_FILE",
     show_envvar=True,
+    show_default="none: plaintext",
     metavar="FILE",
     help="Serve ext_proc and health over TLS with this certificate (PEM), with --tls-key.",
 )
@@ -88,6 +89,7 @@ def _port(flag: str, env: str, default: str, what: str) -> Callable[[F], F]:
     "--tls-key",
     envvar="POLLER_EPP__TLS_KEY_FILE",
     show_envvar=True,
+    show_default="none",
     metavar="FILE",
     help="The TLS certificate's private key (PEM).",
 )
