@@ -1,7 +1,7 @@
 """The EPP's ext_proc streams, message by message, on a Router built by hand: where each
 body mode picks, what goes back to Envoy, the served endpoint, the refusals, and the
 in-flight count from the pick to the end however the stream ends. No server: the
-messages are Envoy's generated ones (xds-protos); tests/envoy runs the real Envoy."""
+messages are Envoy's generated ones (xds-protos); tests/epp runs the real Envoy."""
 
 from __future__ import annotations
 

@@ -32,8 +32,8 @@ __all__ = [
     "trailers_continue",
 ]
 
-#: The protocol's names (docs/proposals/004-endpoint-picker-protocol of
-#: kubernetes-sigs/gateway-api-inference-extension).
+#: The protocol's names (the proposal "Endpoint Picker Protocol",
+#: proposals/004-endpoint-picker-protocol of kubernetes-sigs/gateway-api-inference-extension).
 DESTINATION = "x-gateway-destination-endpoint"
 LB_NAMESPACE = "envoy.lb"
 SERVED = "x-gateway-destination-endpoint-served"

@@ -133,6 +133,18 @@ def _in_flight(epp: EppProc, key: str = "epp_in_flight") -> float:
     return sum(v for k, v in epp.metrics().items() if k.startswith(key + "{"))
 
 
+async def _ending(stream: httpx.Response) -> str:
+    """How a held streamed answer ended: ``complete`` (it reached ``[DONE]``) or the
+    error the client got."""
+    try:
+        text = (await stream.aread()).decode()
+    except httpx.HTTPError as exc:
+        return type(exc).__name__
+    finally:
+        await stream.aclose()
+    return "complete" if "data: [DONE]" in text else "cut"
+
+
 def _stopped(*procs: Any) -> None:
     for proc in procs:
         (proc.kill if isinstance(proc, EppProc) else proc.stop)()
@@ -308,6 +320,9 @@ def test_replicas_all_serving_and_one_killed_mid_run(fleet: Fleet) -> None:
                 )  # fmt: skip
                 killed_at = time.monotonic()
                 second.kill()
+                # Before Envoy's health check has seen it: what new requests get.
+                early = [(await asyncio.to_thread(_post, envoy, _chat())).status_code
+                         for _ in range(4)]  # fmt: skip
                 await asyncio.to_thread(
                     wait_until, lambda: seen() == 0, WAIT_S, "the killed replica's counts gone"
                 )
@@ -317,12 +332,17 @@ def test_replicas_all_serving_and_one_killed_mid_run(fleet: Fleet) -> None:
                     "Envoy's health check taking the killed replica out",
                 )  # fmt: skip
                 statuses = [_post(envoy, _chat()).status_code for _ in range(6)]
-                for stream in streams:
-                    await stream.aclose()
-            return gone_s, statuses
+                ends = [await _ending(stream) for stream in streams]
+            return gone_s, statuses, ends, early
 
-        gone_s, statuses = asyncio.run(scenario())
+        gone_s, statuses, ends, early = asyncio.run(scenario())
+        print(f"sent before the health check saw the kill: {early}")
+        assert set(early) <= {200, 500}
         assert statuses == [200] * 6
+        # What the clients of the killed replica's requests saw (docs/epp.md says it):
+        # those whose ext_proc stream was on it are cut (Envoy resets them).
+        print(f"held streams ended: {ends}")
+        assert "complete" in ends  # the other replica's went on
         # The shared counts' field expires 800 ms after its last write (docs/reader.md).
         print(f"the killed replica's in-flight left the other's view after {gone_s:.2f} s")
         wait_until(lambda: _in_flight(first) == 0, WAIT_S, "in-flight back to zero")
