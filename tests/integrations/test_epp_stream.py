@@ -275,3 +275,20 @@ def test_the_body_gives_the_model_and_the_prompt() -> None:
     assert read_body(completion) == ("m", "one", True)
     with pytest.raises(BadRequest, match="names no model"):
         read_body(b'{"model": ""}')
+
+
+def test_readiness_follows_the_router_and_liveness_does_not() -> None:
+    from grpc_health.v1 import health_pb2
+
+    from poller import Router, ViewCache
+    from poller.integrations.envoy.server import EXT_PROC_SERVICE, _Health
+
+    serving, not_serving = (
+        health_pb2.HealthCheckResponse.SERVING,
+        health_pb2.HealthCheckResponse.NOT_SERVING,
+    )
+    ready = _Health(router(a=0))
+    assert {ready.status(s) for s in ("liveness", "readiness", EXT_PROC_SERVICE)} == {serving}
+    unloaded = _Health(Router(ViewCache()))  # no view read yet (or Redis lost, or no schema)
+    assert unloaded.status("liveness") == serving
+    assert unloaded.status("readiness") == unloaded.status(EXT_PROC_SERVICE) == not_serving

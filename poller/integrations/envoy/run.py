@@ -4,6 +4,7 @@ SIGTERM/SIGINT (``run_epp``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from typing import Any
@@ -12,7 +13,7 @@ from prometheus_client import start_http_server
 
 from poller.integrations.envoy.metrics import EppMetrics
 from poller.integrations.envoy.server import EppOptions, EppServer
-from poller.reader import RedisSettings, RoutingOptions, StatsReader
+from poller.reader import RedisSettings, Router, RoutingOptions, SchemaMismatch, StatsReader
 
 __all__ = ["run_epp"]
 
@@ -42,40 +43,59 @@ async def run_epp(
             loop.add_signal_handler(sig, stop.set)
             handled.append(sig)
     metrics = EppMetrics()
-    http: Any = None
     reader = StatsReader.from_settings(redis)
     try:
-        async with reader.router(routing, replica_id=replica_id) as router:
-            server = EppServer(router, options, metrics)
+        async with contextlib.AsyncExitStack() as stack:
             try:
-                await server.start()
-                if metrics_port:
-                    http, _ = start_http_server(metrics_port, options.host, metrics.registry)
-            except OSError as exc:
-                log.error("cannot listen: %s", exc)
-                await server.stop(0)
+                router = await stack.enter_async_context(
+                    reader.router(routing, replica_id=replica_id)
+                )
+            except SchemaMismatch as exc:
+                # Another schema version: nothing this EPP could ever route on.
+                log.error("cannot route on namespace %s: %s", redis.namespace, exc)
                 return 1
-            log.info(
-                "epp serving",
-                extra={
-                    "grpc_port": server.grpc_port,
-                    "grpc_health_port": server.health_port or None,
-                    "metrics_port": metrics_port or None,
-                    "replica": router.replica_id,
-                    "namespace": redis.namespace,
-                    "ready": router.ready,
-                },
-            )
-            try:
-                await stop.wait()
-            finally:
-                log.info("epp stopping")
-                await server.stop()
+            return await _serve(router, options, metrics, metrics_port, redis.namespace, stop)
     finally:
-        if http is not None:
-            http.shutdown()
-            http.server_close()
         await reader.aclose()
         for sig in handled:
             asyncio.get_running_loop().remove_signal_handler(sig)
+
+
+async def _serve(
+    router: Router,
+    options: EppOptions,
+    metrics: EppMetrics,
+    metrics_port: int,
+    namespace: str,
+    stop: asyncio.Event,
+) -> int:
+    server = EppServer(router, options, metrics)
+    http: Any = None
+    try:
+        await server.start()
+        if metrics_port:
+            http, _ = start_http_server(metrics_port, options.host, metrics.registry)
+    except OSError as exc:
+        log.error("cannot listen: %s", exc)
+        await server.stop(0)
+        return 1
+    log.info(
+        "epp serving",
+        extra={
+            "grpc_port": server.grpc_port,
+            "grpc_health_port": server.health_port or None,
+            "metrics_port": metrics_port or None,
+            "replica": router.replica_id,
+            "namespace": namespace,
+            "ready": router.ready,
+        },
+    )
+    try:
+        await stop.wait()
+    finally:
+        log.info("epp stopping")
+        await server.stop()
+        if http is not None:
+            http.shutdown()
+            http.server_close()
     return 0

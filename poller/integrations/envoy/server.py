@@ -171,6 +171,7 @@ class EppServer:
         (each ends its ticket as it goes)."""
         if self._resolving is not None:
             self._resolving.cancel()
+            await asyncio.gather(self._resolving, return_exceptions=True)
         await asyncio.gather(*(s.stop(grace_s) for s in self._servers))
         self._servers = []
 
