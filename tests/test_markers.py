@@ -15,6 +15,7 @@ from tests.support import markers
 from tests.support.cdp import chromium_binary
 from tests.support.deploy import promtool_binary
 from tests.support.dnsproc import dnsmasq_binary
+from tests.support.envoyproc import envoy_binary
 from tests.support.litellm_fleet import litellm_proxy
 from tests.support.paths import REPO
 from tests.support.procs import PollerProc
@@ -93,6 +94,7 @@ def _starters(tmp_path: Path) -> dict[str, list[Callable[[], object]]]:
         "chromium": [chromium_binary],
         "promtool": [promtool_binary],
         "litellm_proxy": [lambda: litellm_proxy(tmp_path / "c", 1, tmp_path / "log", {})],
+        "envoy": [envoy_binary],
     }
 
 

@@ -134,11 +134,21 @@ def sim(ctx: click.Context) -> None:
     "sections",
     multiple=True,
     type=click.Choice(
-        ["scrape", "cluster", "failover", "reader", "readers", "routing", "prefix", "sharing"]
+        [
+            "scrape",
+            "cluster",
+            "failover",
+            "reader",
+            "readers",
+            "routing",
+            "prefix",
+            "sharing",
+            "epp",
+        ]
     ),
     show_default="scrape, cluster, failover, reader",
-    help="Run only these sections (repeatable); readers, routing, prefix and sharing run only "
-    "when named.",
+    help="Run only these sections (repeatable); readers, routing, prefix, sharing and epp run "
+    "only when named.",
 )
 @click.option(
     "--policy",
@@ -204,21 +214,21 @@ def bench(
     seed: int,
 ) -> None:
     """Measure scrape cost, cluster behaviour, failover, reader latency and routing locally."""
-    if "routing" in sections:
-        _bench_routing(quick, duration_s, policies, redis_url, as_json, full, family_only, seed)
-        sections = tuple(s for s in sections if s != "routing")
-        if not sections:
-            return
-    if "prefix" in sections:
-        _bench_prefix(quick, duration_s, policies, redis_url, as_json, seed)
-        sections = tuple(s for s in sections if s != "prefix")
-        if not sections:
-            return
-    if "sharing" in sections:
-        _bench_sharing(quick, duration_s, redis_url, as_json)
-        sections = tuple(s for s in sections if s != "sharing")
-        if not sections:
-            return
+    # The sections that run only when named, each a bench of its own.
+    named: dict[str, Callable[[], None]] = {
+        "routing": lambda: _bench_routing(
+            quick, duration_s, policies, redis_url, as_json, full, family_only, seed
+        ),
+        "prefix": lambda: _bench_prefix(quick, duration_s, policies, redis_url, as_json, seed),
+        "sharing": lambda: _bench_sharing(quick, duration_s, redis_url, as_json),
+        "epp": lambda: _bench_epp(quick, duration_s, redis_url, as_json),
+    }
+    for name, run in named.items():
+        if name in sections:
+            run()
+    if sections and all(s in named for s in sections):
+        return
+    sections = tuple(s for s in sections if s not in named)
 
     from poller_lab.bench import BenchConfig, format_table, run_bench
 
@@ -329,6 +339,18 @@ def _run_section(run: Callable[[], dict[str, Any]], as_json: bool) -> None:
         click.echo(json.dumps(result, indent=2))
     else:
         click.echo(f"  (took {result['elapsed_s']} s)")
+
+
+def _bench_epp(quick: bool, duration_s: float | None, redis_url: str | None, as_json: bool) -> None:
+    """The epp section (lab/poller_lab/epp_bench.py): rows as they come (to stderr under
+    --json), then the report."""
+    from poller_lab.epp_bench import EppBenchConfig, run_epp_bench
+
+    out = sys.stderr if as_json else sys.stdout
+    cfg = EppBenchConfig.quick() if quick else EppBenchConfig()
+    if duration_s is not None:
+        cfg = dataclasses.replace(cfg, duration_s=duration_s)
+    _run_section(lambda: run_epp_bench(cfg, redis_url, out), as_json)
 
 
 def _bench_prefix(

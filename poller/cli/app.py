@@ -18,6 +18,7 @@ from poller._version import __version__
 from poller.cli.check import check
 from poller.cli.drain import drain
 from poller.cli.endpoints import endpoints
+from poller.cli.epp import epp
 from poller.cli.oneline import BadInput, PollerGroup
 from poller.cli.run import run
 from poller.cli.status import status
@@ -59,7 +60,7 @@ def _missing_lab(name: str, summary: str, why: str = "which is not installed") -
 
 
 def _add_commands(group: click.Group) -> None:
-    for command in (run, endpoints, status, drain, check):
+    for command in (run, endpoints, status, drain, check, epp):
         group.add_command(command)
     for point in entry_points(group=COMMANDS_GROUP):
         try:

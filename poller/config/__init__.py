@@ -5,6 +5,7 @@
 ``coordination``   ``[coordination]``: lease and membership timings
 ``scrape``         ``[scrape]``: interval, timeouts, engines, API keys
 ``discovery``      ``[discovery]``: DNS sources (SRV, A/AAAA)
+``epp``            ``[epp]``: the Endpoint Picker ``poller epp`` serves to Envoy
 ``allowlist``      the hosts scrapes may reach
 ``load``           the TOML file, ``POLLER_*`` variables and flags, merged
 ``registry_file``  YAML/TOML files of registry entries
@@ -23,6 +24,7 @@ from poller.config.settings import (
     CoordinationSettings,
     DiscoverySource,
     EngineSettings,
+    EppSettings,
     HealthSettings,
     HostAllowlist,
     RedisSettings,
@@ -44,6 +46,7 @@ __all__ = [
     "CoordinationSettings",
     "DiscoverySource",
     "EngineSettings",
+    "EppSettings",
     "HealthSettings",
     "HostAllowlist",
     "RedisSettings",

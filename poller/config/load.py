@@ -22,7 +22,7 @@ __all__ = [
 ]
 
 #: ``POLLER_*`` variables without ``__``: the command-line options' (``poller run``,
-#: ``status``, ``endpoints``), which click reads. Any other ``POLLER_`` name without
+#: ``status``, ``endpoints``, ``epp``), which click reads. Any other ``POLLER_`` name without
 #: ``__`` is a typo, reported rather than silently ignored. (``POLLER_PAGE_SCREENSHOT``
 #: is the page test's switch to rewrite the README's screenshot.)
 FLAT_ENV = frozenset(
@@ -39,6 +39,13 @@ FLAT_ENV = frozenset(
         "POLLER_LOG_FORMAT",
         "POLLER_LOG_LEVEL",
         "POLLER_PAGE_SCREENSHOT",
+        "POLLER_GRPC_PORT",
+        "POLLER_GRPC_HEALTH_PORT",
+        "POLLER_METRICS_PORT",
+        "POLLER_REPLICA_ID",
+        "POLLER_FALLBACKS",
+        "POLLER_WHEN_SATURATED",
+        "POLLER_MAX_BODY_BYTES",
     }
 )
 

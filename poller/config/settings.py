@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from poller.config.allowlist import HostAllowlist
 from poller.config.coordination import CoordinationSettings
 from poller.config.discovery import DiscoverySource, discovery_sources, parse_discovery_uri
+from poller.config.epp import EppSettings
 from poller.config.load import (
     FLAT_ENV,
     env_overrides,
@@ -51,6 +52,7 @@ __all__ = [
     "CoordinationSettings",
     "DiscoverySource",
     "EngineSettings",
+    "EppSettings",
     "HealthSettings",
     "HostAllowlist",
     "RedisSettings",
@@ -90,6 +92,8 @@ class Settings(BaseModel):
     coordination: CoordinationSettings = CoordinationSettings()
     scrape: ScrapeSettings = ScrapeSettings()
     health: HealthSettings = HealthSettings()
+    #: ``poller epp``, the Endpoint Picker (poller/config/epp.py).
+    epp: EppSettings = EppSettings()
     #: Keep the registry equal to this YAML/TOML file.
     endpoints_file: str | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

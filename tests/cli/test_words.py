@@ -430,7 +430,13 @@ def test_shell_completion_completes_commands() -> None:
 
 def test_make_demo_installs_only_what_the_demo_needs_beside_the_dev_set(tmp_path: Path) -> None:
     """``make demo`` and ``make install`` share .venv, each with its own stamp."""
-    for name in ("Makefile", "pyproject.toml", "lab/pyproject.toml", "constraints/litellm.txt"):
+    for name in (
+        "Makefile",
+        "pyproject.toml",
+        "lab/pyproject.toml",
+        "constraints/litellm.txt",
+        "constraints/epp.txt",
+    ):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / name, tmp_path / name)
 
@@ -450,7 +456,7 @@ def test_make_demo_installs_only_what_the_demo_needs_beside_the_dev_set(tmp_path
     (tmp_path / ".venv").mkdir()
     (tmp_path / ".venv" / ".installed-demo").touch()
     assert planned("demo") == []
-    assert any("'.[dev,litellm]'" in line for line in planned("install"))
+    assert any("'.[dev,litellm,epp]'" in line for line in planned("install"))
     # ... and the development set holds the demo's
     (tmp_path / ".venv" / ".installed-dev").touch()
     assert planned("install") == [] and planned("demo") == []

@@ -75,11 +75,12 @@ def test_dockerfile_matches_the_package() -> None:
             assert not re.search(r"pip |apt-get install|gcc|build-essential", rest), rest
     assert "USER" in words and words.index("USER") < words.index("ENTRYPOINT")
 
-    # The stage the runtime copies from installs the wheel with the service extra.
+    # The stage the runtime copies from installs the wheel with the service and epp
+    # extras: one image for `poller run` and `poller epp` (deploy/k8s/components/epp).
     [source] = {rest.split()[0].removeprefix("--from=") for w, rest in final if w == "COPY"}
     build = dict(builders)[source]
-    assert any("[service]" in rest for w, rest in build if w == "RUN")
-    assert "service" in pyproject["project"]["optional-dependencies"]
+    assert any("[service,epp]" in rest for w, rest in build if w == "RUN")
+    assert {"service", "epp"} <= set(pyproject["project"]["optional-dependencies"])
     patterns = dockerignore_patterns()
     for word, rest in build:
         if word != "COPY" or rest.startswith("--from="):

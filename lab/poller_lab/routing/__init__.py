@@ -2,7 +2,8 @@
 
 ``fleet`` (the engines and ``RoutingConfig``), ``policies`` (the name -> factory
 registry: round-robin, random, the deterministic pick, the picker with and without local
-correction, the oracle), ``litellm_policies`` (LiteLLM's, opt-in), ``replica`` (one
+correction, the oracle), ``litellm_policies`` (LiteLLM's, opt-in), ``envoy_policy``
+(through Envoy and ``poller epp`` replicas, opt-in), ``replica`` (one
 gateway replica process), ``report`` (figures and the table), ``run``
 (``run_routing``, what ``poller bench --section routing`` calls), and the family in
 virtual time: ``cells`` (the engine mixes and designs) and ``family`` (``run_cell``,
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 # LiteLLM's strategies register themselves, opt-in (litellm is imported only when a
 # replica builds one).
+import poller_lab.routing.envoy_policy
 import poller_lab.routing.litellm_policies  # noqa: F401
 from poller_lab.routing.fleet import RoutingConfig
 from poller_lab.routing.policies import POLICIES, Policy, PolicyContext, register

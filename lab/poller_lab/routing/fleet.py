@@ -65,12 +65,14 @@ class RoutingConfig:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def engine_specs() -> list[dict[str, Any]]:
-    """The simulator's spec file: path-style vLLM endpoints, no background load."""
+def engine_specs(style: str = "path") -> list[dict[str, Any]]:
+    """The simulator's spec file: vLLM endpoints, no background load; path-style (one
+    port for all), or a port each (``port``: what Envoy needs, which dials addresses)."""
     return [
         {
             "id": i,
             "engine": "vllm",
+            "style": style,
             "capacity": slots,
             "speed_tps": speed,
             "model": model,

@@ -54,6 +54,9 @@ class PolicyContext:
     #: Endpoint id -> base URL, and the bench's Redis (for policies that send themselves).
     urls: Mapping[str, str] = field(default_factory=dict)
     redis_url: str | None = None
+    #: The gateway a policy sends through (``uses_envoy``: the cell's Envoy, whose
+    #: ext_proc cluster holds one ``poller epp`` per replica).
+    gateway_url: str | None = None
 
 
 class Policy(Protocol):
@@ -77,6 +80,9 @@ class PolicyDef:
     default: bool = True
     #: ``RoutingOptions`` fields of the Router the replica opens (with ``uses_view``).
     options: Mapping[str, Any] = field(default_factory=dict)
+    #: The bench starts an Envoy and one ``poller epp`` per replica for the cell, and the
+    #: replicas send through that Envoy (routing/envoy_policy.py).
+    uses_envoy: bool = False
 
 
 POLICIES: dict[str, PolicyDef] = {}
@@ -90,9 +96,12 @@ def register(
     uses_oracle: bool = False,
     default: bool = True,
     options: Mapping[str, Any] | None = None,
+    uses_envoy: bool = False,
 ) -> None:
     """Add a policy (a later registration under the same name replaces it)."""
-    POLICIES[name] = PolicyDef(factory, uses_view, uses_oracle, default, dict(options or {}))
+    POLICIES[name] = PolicyDef(
+        factory, uses_view, uses_oracle, default, dict(options or {}), uses_envoy
+    )
 
 
 class _Base:

@@ -83,6 +83,7 @@ async def run_replica(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
             options=dict(cfg.get("options", {})),
             urls=urls,
             redis_url=cfg["redis_url"],
+            gateway_url=cfg.get("gateway_url"),
         )
         async with _view(cfg, ctx) if definition.uses_view else contextlib.nullcontext():
             policy = definition.factory(ctx)

@@ -23,7 +23,15 @@ import aiohttp
 
 from poller.errors import ConfigError
 from poller_lab.bench_fleet import sync_registry
-from poller_lab.embedded import Proc, redis_for, start_pollers, start_sim, wait_until, workdir
+from poller_lab.embedded import (
+    Proc,
+    free_port,
+    redis_for,
+    start_pollers,
+    start_sim,
+    wait_until,
+    workdir,
+)
 from poller_lab.routing import fleet
 from poller_lab.routing.fleet import FAILER, SLEEPER, RoutingConfig
 from poller_lab.routing.policies import POLICIES
@@ -44,6 +52,7 @@ class _Bench:
         self.cfg, self.work, self.redis_url, self.admin = cfg, work, redis_url, admin
         self.urls: dict[str, str] = {}
         self.cell = 0
+        self.gateway_url: str | None = None
 
     async def _admin(self, http: aiohttp.ClientSession, path: str, body: Any = None) -> Any:
         async with http.post(self.admin + path, json=body if body is not None else {}) as r:
@@ -109,9 +118,12 @@ class _Bench:
         cell_dir = self.work / f"cell-{self.cell}"
         cell_dir.mkdir()
         rate = load * fleet.capacity_per_s(cfg.mean_tokens) / replicas
+        gateway: list[Proc] = []
         async with aiohttp.ClientSession() as http:
             await self.heal(http)
             await self._admin(http, "/admin/queue/reset")
+            if POLICIES[policy].uses_envoy:
+                gateway = await asyncio.to_thread(self._gateway, replicas, cell_dir)
             procs = [self._start(policy, i, rate, cell_dir) for i in range(replicas)]
             try:
                 shown: dict[str, float | None] = {SLEEPER: None, FAILER: None}
@@ -130,7 +142,7 @@ class _Bench:
                 await watch
                 queues = await self._get(http, "/admin/queue")
             finally:
-                for p in procs:
+                for p in procs + gateway:
                     p.stop()
         records = []
         for i in range(replicas):
@@ -142,6 +154,29 @@ class _Bench:
         async with http.get(self.admin + path) as r:
             r.raise_for_status()
             return await r.json()
+
+    def _gateway(self, replicas: int, cell_dir: Path) -> list[Proc]:
+        """An Envoy in front of one ``poller epp`` per replica (all active), ready:
+        every EPP healthy in Envoy's eyes. ``gateway_url`` is where replicas send."""
+        from poller_lab.envoy import admin_get, render, start_envoy, start_epp
+
+        epps = [start_epp(cell_dir, self.redis_url, NS, f"epp-{i}") for i in range(replicas)]
+        procs = [p for p, _, _ in epps]
+        try:
+            port, admin = free_port(), free_port()
+            config = render(listen_port=port, admin_port=admin, epps=[(g, h) for _, g, h in epps])
+            procs.append(start_envoy(cell_dir, config, "envoy"))
+            wait_until(
+                lambda: admin_get(admin, "/clusters").count("::health_flags::healthy") == replicas,
+                60,
+                "every EPP healthy in Envoy's health check",
+            )
+        except BaseException:
+            for p in procs:
+                p.stop()
+            raise
+        self.gateway_url = f"http://127.0.0.1:{port}"
+        return procs
 
     def _start(self, policy: str, index: int, rate: float, cell_dir: Path) -> Proc:
         cfg = self.cfg
@@ -158,6 +193,7 @@ class _Bench:
             "duration_s": cfg.duration_s,
             "max_requests": cfg.max_requests,
             "mean_tokens": cfg.mean_tokens,
+            "gateway_url": self.gateway_url if POLICIES[policy].uses_envoy else None,
             "ready": str(cell_dir / f"ready-{index}"),
             "go": str(cell_dir / "go"),
             "out": str(cell_dir / f"out-{index}.json"),
@@ -224,7 +260,9 @@ def run_routing(cfg: RoutingConfig, redis_url: str | None, out: TextIO) -> dict[
     out.flush()
     with workdir("poller-routing-") as work, redis_for(work, redis_url) as (url, _):
         specs = work / "specs.json"
-        specs.write_text(json.dumps(fleet.engine_specs()))
+        # Envoy dials addresses: with a policy through it, every engine a port of its own.
+        style = "port" if any(POLICIES[p].uses_envoy for p in policies) else "path"
+        specs.write_text(json.dumps(fleet.engine_specs(style)))
         sim, admin, registry = start_sim(work, 1, "vllm", extra=["--spec-file", str(specs)])
         try:
             asyncio.run(sync_registry(url, NS, registry))
