@@ -43,6 +43,11 @@ __all__ = ["Refusal", "Router"]
 _LOST_AFTER_S = LOST_AFTER_MS / 1000
 
 
+#: How long an explanation stands for the same request on the same view (seconds): the
+#: freshness it judged may change with time alone, not much within this.
+EXPLAINED_S = 0.25
+
+
 class Refusal(NamedTuple):
     """Why no endpoint may take a request now (``Router.explain``). ``reason``:
 
@@ -91,6 +96,8 @@ class Router:
         self._indexer = Indexer(
             options.max_waiting, options.max_kv_cache_usage, options.stale_grace_s
         )
+        # The last explanation: (model, candidates, the view's version, when), refusal.
+        self._explained: tuple[tuple[object, ...], float, Refusal] | None = None
         self._model: LoadModel
         if self.fleet is not None:
             self._model = FleetLoadModel(
@@ -230,11 +237,24 @@ class Router:
     def explain(
         self, model: str | None = None, *, candidates: Iterable[str] | None = None
     ) -> Refusal:
-        """Why ``pick(model, candidates=...)`` answers None now (``Refusal``); linear in
-        the view: for the refusal's answer and the log, not per request."""
+        """Why ``pick(model, candidates=...)`` answers None now (``Refusal``). Linear in
+        the view; asked again for the same request on the same view within
+        ``EXPLAINED_S``, the answer is the one worked out then (a gateway that refuses
+        every request, all engines stale, asks once per request)."""
         check_pick(model, candidates, 0)
         cache = self.cache
         ids = cache.ids() if candidates is None else list(dict.fromkeys(candidates))
+        key = (model, None if candidates is None else tuple(ids), cache.version, cache.loaded)
+        now = cache.clock()
+        explained = self._explained
+        if explained is not None and explained[0] == key and now - explained[1] < EXPLAINED_S:
+            return explained[2]
+        refusal = self._explain(model, ids)
+        self._explained = (key, now, refusal)
+        return refusal
+
+    def _explain(self, model: str | None, ids: list[str]) -> Refusal:
+        cache = self.cache
         with self._indexer.lock:
             found = self._indexer.of_cache(cache)
             if found is None:

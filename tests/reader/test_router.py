@@ -217,6 +217,35 @@ def test_explain_says_why_no_endpoint_may_take_a_request() -> None:
     assert shedding.explain("m").reason == "saturated"
 
 
+def test_an_explanation_is_worked_out_once_per_view_and_moment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A gateway that refuses every request (every engine asleep) asks ``explain`` per
+    request: on the same view within ``EXPLAINED_S`` it is worked out once; a change
+    of the view, of the request or of the moment works it out again."""
+    import poller.reader.router as router_module
+
+    cache = cache_on(view_of(served("asleep", 1, sleeping="1")))
+    router = Router(cache)
+    worked: list[object] = []
+    explain = router._explain
+
+    def counted_explain(model: str | None, ids: list[str]) -> object:
+        worked.append(model)
+        return explain(model, ids)
+
+    router._explain = counted_explain  # type: ignore[method-assign,assignment]
+    for _ in range(5):
+        assert router.explain("m").reason == "not_fresh"
+    assert worked == ["m"]
+    assert router.explain("other").reason == "no_endpoint" and worked == ["m", "other"]
+    cache.load(view_of(served("asleep", 1, sleeping="1"), served("b", 2, sleeping="1")))
+    router.explain("other")
+    monkeypatch.setattr(router_module, "EXPLAINED_S", -1.0)  # every moment a new one
+    router.explain("other")
+    assert worked == ["m", "other", "other", "other"]
+
+
 def test_eligible_and_saturated_answer_for_one_endpoint() -> None:
     router = router_on(
         view_of(
