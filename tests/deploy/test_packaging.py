@@ -252,10 +252,10 @@ def _copied_from(stage: list[tuple[str, str]]) -> set[str]:
     return {f for f in froms if not f.startswith("--")} - {""}
 
 
-def test_the_image_installs_only_the_service_extra_and_no_lab() -> None:
+def test_the_image_installs_only_the_service_and_epp_extras_and_no_lab() -> None:
     """The production image (the final stage, and every stage it copies from) installs the
-    service extra and never the lab; only the `lab` stage, a separate `--target` for
-    compose's simulator, does."""
+    service and epp extras (`poller run` and `poller epp`) and never the lab; only the
+    `lab` stage, a separate `--target` for compose's simulator, does."""
     stages = docker_stages()
     final = list(stages)[-1]
     assert final != "lab", "the default target must be the production image"
@@ -269,7 +269,7 @@ def test_the_image_installs_only_the_service_extra_and_no_lab() -> None:
             todo.append(base)
     assert "lab" not in product
     runs = " ".join(rest for name in product for word, rest in stages[name] if word == "RUN")
-    assert set(re.findall(r"\[([\w,-]+)\]", runs)) == {"service"}
+    assert set(re.findall(r"\[([\w,-]+)\]", runs)) == {"service,epp"}
     for name in product:
         for word, rest in stages[name]:
             assert not re.search(r"\blab\b|poller_lab", rest), f"{name}: {word} {rest}"
