@@ -133,9 +133,12 @@ def sim(ctx: click.Context) -> None:
     "--section",
     "sections",
     multiple=True,
-    type=click.Choice(["scrape", "cluster", "failover", "reader", "readers", "routing", "prefix"]),
+    type=click.Choice(
+        ["scrape", "cluster", "failover", "reader", "readers", "routing", "prefix", "peers"]
+    ),
     show_default="scrape, cluster, failover, reader",
-    help="Run only these sections (repeatable); readers, routing and prefix run only when named.",
+    help="Run only these sections (repeatable); readers, routing, prefix and peers run only "
+    "when named.",
 )
 @click.option(
     "--policy",
@@ -165,6 +168,24 @@ def sim(ctx: click.Context) -> None:
     "--family-only",
     is_flag=True,
     help="routing: only the family in virtual time (seconds of CPU), not the real processes.",
+)
+@click.option(
+    "--single-fleet",
+    is_flag=True,
+    help="routing: the one-fleet real-process bench (a sleeping and a failing engine) "
+    "instead of the real-process family.",
+)
+@click.option(
+    "--cells",
+    metavar="PATTERNS",
+    help="routing, peers: only the real-process cells whose name (fleet:gateways:load) "
+    "matches one of these comma-separated shell patterns, e.g. 'six:*,lag:8:0.9'.",
+)
+@click.option(
+    "--compare",
+    is_flag=True,
+    help="routing: also run each real cell's twin in virtual time and print the picker's "
+    "ratios to the oracle side by side.",
 )
 @click.option(
     "--seed",
@@ -198,12 +219,21 @@ def bench(
     policies: tuple[str, ...],
     full: bool,
     family_only: bool,
+    single_fleet: bool,
+    cells: str | None,
+    compare: bool,
     seed: int,
 ) -> None:
     """Measure scrape cost, cluster behaviour, failover, reader latency and routing locally."""
     if "routing" in sections:
-        _bench_routing(quick, duration_s, policies, redis_url, as_json, full, family_only, seed)
+        routing = _RoutingArgs(full, family_only, single_fleet, cells, compare, seed)
+        _bench_routing(quick, duration_s, policies, redis_url, as_json, routing)
         sections = tuple(s for s in sections if s != "routing")
+        if not sections:
+            return
+    if "peers" in sections:
+        _bench_peers(quick, duration_s, cells, redis_url, as_json, seed)
+        sections = tuple(s for s in sections if s != "peers")
         if not sections:
             return
     if "prefix" in sections:
@@ -238,44 +268,117 @@ def bench(
     click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
 
 
+@dataclasses.dataclass(frozen=True)
+class _RoutingArgs:
+    full: bool = False
+    family_only: bool = False
+    single_fleet: bool = False
+    cells: str | None = None
+    compare: bool = False
+    seed: int = 1
+
+
 def _bench_routing(
     quick: bool,
     duration_s: float | None,
     policies: tuple[str, ...],
     redis_url: str | None,
     as_json: bool,
-    full: bool = False,
-    family_only: bool = False,
-    seed: int = 1,
+    args: _RoutingArgs = _RoutingArgs(),
 ) -> None:
     """The routing section: the family in virtual time (lab/poller_lab/routing/family.py),
-    then (unless ``family_only``) the default fleet in real processes; rows as they come
-    (to stderr under --json), then the report."""
+    then (unless ``family_only``) the family on real processes (family_real.py), or with
+    ``single_fleet`` the one-fleet bench (run.py); rows as they come (to stderr under
+    --json), then the report."""
 
     from poller_lab.routing.cells import iter_design
     from poller_lab.routing.family import run_family
 
     out = sys.stderr if as_json else sys.stdout
+    seed = args.seed
     family = run_family(
-        list(iter_design("quick" if quick else "full" if full else "design")),
+        list(iter_design("quick" if quick else "full" if args.full else "design")),
         10.0 if quick else 60.0,
         seed=seed,
         say=lambda line: print(line, file=out, flush=True),
     )
-    if family_only:
+    if args.family_only:
         family["seed"] = seed
         if as_json:
             click.echo(json.dumps(family, indent=2))
         else:
             click.echo(f"  (took {family['elapsed_s']} s)")
         return
+    if args.single_fleet:
+        from poller_lab.routing import RoutingConfig
+        from poller_lab.routing.run import run_routing
 
-    from poller_lab.routing import RoutingConfig
-    from poller_lab.routing.run import run_routing
+        cfg = _tuned(RoutingConfig.quick() if quick else RoutingConfig(), duration_s, policies)
+        cfg = dataclasses.replace(cfg, seed=seed)
+        _run_section(lambda: {**run_routing(cfg, redis_url, out), "family": family}, as_json)
+        return
+    _run_section(
+        lambda: {
+            **_real_family(quick, duration_s, policies, redis_url, args, out),
+            "family": family,
+        },
+        as_json,
+    )
 
-    cfg = _tuned(RoutingConfig.quick() if quick else RoutingConfig(), duration_s, policies)
-    cfg = dataclasses.replace(cfg, seed=seed)
-    _run_section(lambda: {**run_routing(cfg, redis_url, out), "family": family}, as_json)
+
+def _real_family(
+    quick: bool,
+    duration_s: float | None,
+    policies: tuple[str, ...],
+    redis_url: str | None,
+    args: _RoutingArgs,
+    out: Any,
+) -> dict[str, Any]:
+    from poller_lab.routing.compare import COMPARE_HEADER, compare, format_compare
+    from poller_lab.routing.family_real import RealConfig, run_real_family
+    from poller_lab.routing.fleets import design, quick_design, select
+
+    cells = select(quick_design() if quick else design(), args.cells)
+    cfg = RealConfig(cells=tuple(cells), seed=args.seed)
+    if quick:
+        cfg = dataclasses.replace(cfg, duration_s=4.0, warmup_s=0.5)
+    cfg = _tuned(cfg, duration_s, policies)
+    report = run_real_family(cfg, redis_url, out)
+    if args.compare:
+        rows = compare(report["rows"], cfg.interval_s, 10.0 if quick else 60.0, args.seed)
+        print("virtual time against real processes (the picker over the oracle):", file=out)
+        print(COMPARE_HEADER, file=out)
+        for row in rows:
+            print(format_compare(row), file=out, flush=True)
+        report["compare"] = rows
+    return report
+
+
+def _bench_peers(
+    quick: bool,
+    duration_s: float | None,
+    cells: str | None,
+    redis_url: str | None,
+    as_json: bool,
+    seed: int = 1,
+) -> None:
+    """The peers section (lab/poller_lab/peers/): rows as they come (to stderr under
+    --json), then the report."""
+    from poller_lab.peers.run import PeersConfig, default_cells, run_peers
+    from poller_lab.routing.fleets import select
+
+    out = sys.stderr if as_json else sys.stdout
+    cfg = PeersConfig.quick() if quick else PeersConfig()
+
+    def run() -> dict[str, Any]:
+        chosen = cfg
+        if cells:
+            chosen = dataclasses.replace(chosen, cells=tuple(select(default_cells(), cells)))
+        if duration_s is not None:
+            chosen = dataclasses.replace(chosen, duration_s=duration_s)
+        return run_peers(dataclasses.replace(chosen, seed=seed), redis_url, out)
+
+    _run_section(run, as_json)
 
 
 def _tuned(cfg: _Cfg, duration_s: float | None, policies: tuple[str, ...]) -> _Cfg:

@@ -31,7 +31,7 @@ POLICY_SET = ("round-robin", "pick-deterministic", "picker", "oracle")
 def test_quick_routing_bench_end_to_end() -> None:
     marker = f"ROUTING_TEST_{uuid.uuid4().hex}"
     args = [sys.executable, "-m", "poller", "bench", "--section", "routing", "--quick"]
-    args += ["--json", "--duration", "3"]
+    args += ["--single-fleet", "--json", "--duration", "3"]
     for policy in POLICY_SET:
         args += ["--policy", policy]
     result = subprocess.run(

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 # LiteLLM's strategies register themselves, opt-in (litellm is imported only when a
 # replica builds one).
-import poller_lab.routing.litellm_policies  # noqa: F401
+import poller_lab.routing.litellm_policies
+import poller_lab.routing.naive  # noqa: F401 (the naive policy registers itself)
 from poller_lab.routing.fleet import RoutingConfig
 from poller_lab.routing.policies import POLICIES, Policy, PolicyContext, register
 
