@@ -7,6 +7,7 @@ import functools
 import json
 import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -188,6 +189,13 @@ def sim(ctx: click.Context) -> None:
     "ratios to the oracle side by side.",
 )
 @click.option(
+    "--peers-part",
+    type=click.Choice(["both", "routing", "prefix"]),
+    default="both",
+    show_default=True,
+    help="peers: the routing family's cells, the prefix workload, or both.",
+)
+@click.option(
     "--seed",
     type=click.IntRange(0, 2**31 - 1),
     default=1,
@@ -222,6 +230,7 @@ def bench(
     single_fleet: bool,
     cells: str | None,
     compare: bool,
+    peers_part: str,
     seed: int,
 ) -> None:
     """Measure scrape cost, cluster behaviour, failover, reader latency and routing locally."""
@@ -232,7 +241,7 @@ def bench(
         if not sections:
             return
     if "peers" in sections:
-        _bench_peers(quick, duration_s, cells, redis_url, as_json, seed)
+        _bench_peers(quick, duration_s, cells, redis_url, as_json, seed, peers_part)
         sections = tuple(s for s in sections if s != "peers")
         if not sections:
             return
@@ -361,22 +370,35 @@ def _bench_peers(
     redis_url: str | None,
     as_json: bool,
     seed: int = 1,
+    part: str = "both",
 ) -> None:
-    """The peers section (lab/poller_lab/peers/): rows as they come (to stderr under
-    --json), then the report."""
+    """The peers section (lab/poller_lab/peers/): the routing family's cells, then the
+    prefix workload; rows as they come (to stderr under --json), then the report."""
+    from poller_lab.peers.prefix import PrefixPeersConfig, run_prefix_peers
     from poller_lab.peers.run import PeersConfig, default_cells, run_peers
     from poller_lab.routing.fleets import select
 
     out = sys.stderr if as_json else sys.stdout
-    cfg = PeersConfig.quick() if quick else PeersConfig()
 
     def run() -> dict[str, Any]:
-        chosen = cfg
-        if cells:
-            chosen = dataclasses.replace(chosen, cells=tuple(select(default_cells(), cells)))
-        if duration_s is not None:
-            chosen = dataclasses.replace(chosen, duration_s=duration_s)
-        return run_peers(dataclasses.replace(chosen, seed=seed), redis_url, out)
+        report: dict[str, Any] = {}
+        started = time.monotonic()
+        if part in ("both", "routing"):
+            cfg = PeersConfig.quick() if quick else PeersConfig()
+            if cells:
+                cfg = dataclasses.replace(cfg, cells=tuple(select(default_cells(), cells)))
+            if duration_s is not None:
+                cfg = dataclasses.replace(cfg, duration_s=duration_s)
+            report["routing"] = run_peers(dataclasses.replace(cfg, seed=seed), redis_url, out)
+        if part in ("both", "prefix"):
+            pcfg = PrefixPeersConfig.quick() if quick else PrefixPeersConfig()
+            prefix = dataclasses.replace(pcfg.prefix, seed=seed)
+            if duration_s is not None:
+                prefix = dataclasses.replace(prefix, duration_s=duration_s)
+            pcfg = dataclasses.replace(pcfg, prefix=prefix)
+            report["prefix"] = run_prefix_peers(pcfg, redis_url, out)
+        report["elapsed_s"] = round(time.monotonic() - started, 1)
+        return report
 
     _run_section(run, as_json)
 
