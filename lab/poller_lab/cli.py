@@ -345,9 +345,12 @@ def _real_family(
 ) -> dict[str, Any]:
     from poller_lab.routing.compare import COMPARE_HEADER, compare, format_compare
     from poller_lab.routing.family_real import RealConfig, run_real_family
-    from poller_lab.routing.fleets import design, quick_design, select
+    from poller_lab.routing.fleets import design, every_cell, quick_design, select
 
-    cells = select(quick_design() if quick else design(), args.cells)
+    if args.cells:
+        cells = select(every_cell(), args.cells)
+    else:
+        cells = quick_design() if quick else design()
     cfg = RealConfig(cells=tuple(cells), seed=args.seed)
     if quick:
         cfg = dataclasses.replace(cfg, duration_s=4.0, warmup_s=0.5)

@@ -21,7 +21,7 @@ from poller_lab.routing.fleets import FLEETS, RealCell
 __all__ = ["COMPARE_HEADER", "compare", "format_compare", "virtual_cell"]
 
 #: Real fleets whose engines a virtual mix has under another name.
-_MIX = {"heavy-tail": "six", "outside": "six", "lag": "six"}
+_MIX = {"heavy-tail": "six", "outside": "six", "lag": "six", "six-kv-half": "six"}
 
 
 def virtual_cell(cell: RealCell, interval_s: float) -> Cell | None:

@@ -32,6 +32,7 @@ __all__ = [
     "arrivals",
     "design",
     "engine_specs",
+    "every_cell",
     "quick_design",
     "select",
 ]
@@ -58,6 +59,8 @@ class Fleet:
     #: The engines' pages show them as they were this long before the scrape.
     lag_s: float = 0.0
     kv_usage: str = "occupancy"
+    #: The KV usage of a full batch (``kv_fill`` of the simulator's spec).
+    kv_fill: float = 0.9
 
     @property
     def model(self) -> str:
@@ -85,8 +88,13 @@ FLEETS: dict[str, Fleet] = {
         Fleet("heavy-tail", _SIX, sizes="lognormal"),
         Fleet("outside", _SIX, outside=0.3),
         Fleet("lag", _SIX, lag_s=1.0),
+        # A control, not in the design: the six engines with a KV gauge that never
+        # reaches 0.8 (0.5 x running / slots); only the gauge differs from "six".
+        Fleet("six-kv-half", _SIX, kv_fill=0.5),
     )
 }
+#: Fleets run only when a cell filter names them.
+CONTROLS = ("six-kv-half",)
 
 
 @dataclass(frozen=True)
@@ -104,10 +112,16 @@ def design() -> list[RealCell]:
     90 % on the six-engine and one-slot fleets (the most gateway processes this machine
     holds beside the engines)."""
     cells = []
-    for name in FLEETS:
+    for name in (n for n in FLEETS if n not in CONTROLS):
         cells += [RealCell(name, 1, 0.9), RealCell(name, 8, 0.9), RealCell(name, 8, 0.7)]
     cells += [RealCell("six", 16, 0.9), RealCell("one-slot", 16, 0.9)]
     return cells
+
+
+def every_cell() -> list[RealCell]:
+    """The design and the controls' cells (1 and 8 gateways at 90 %): what ``--cells``
+    chooses from."""
+    return design() + [RealCell(n, g, 0.9) for n in CONTROLS for g in (1, 8)]
 
 
 def quick_design() -> list[RealCell]:
@@ -145,7 +159,7 @@ def engine_specs(fleets: list[Fleet] | None = None) -> list[dict[str, Any]]:
                     "model": fleet.model,
                     "load": 0,
                     "kv_usage": fleet.kv_usage,
-                    "kv_fill": 0.9,
+                    "kv_fill": fleet.kv_fill,
                     "metrics_lag_s": fleet.lag_s,
                 }
             )
