@@ -1,4 +1,5 @@
-"""`poller bench --section routing`: the report's shape and the invariants that cannot flake.
+"""`poller bench --section routing` (the one fleet and the virtual family): the report's
+shape and the invariants that cannot flake.
 
 Latency figures depend on the machine; what is checked here does not: every request is
 answered, none goes to an endpoint that does not serve the model, every policy has its row,

@@ -1,12 +1,15 @@
 """The routing benchmark: gateway replicas choosing engines on the shared view.
 
-``fleet`` (the engines and ``RoutingConfig``), ``policies`` (the name -> factory
-registry: round-robin, random, the deterministic pick, the picker with and without local
-correction, the oracle), ``litellm_policies`` (LiteLLM's, opt-in), ``replica`` (one
-gateway replica process), ``report`` (figures and the table), ``run``
-(``run_routing``, what ``poller bench --section routing`` calls), and the family in
-virtual time: ``cells`` (the engine mixes and designs) and ``family`` (``run_cell``,
-``run_family``).
+``fleet`` (the one-fleet bench's engines and ``RoutingConfig``), ``policies`` (the name
+-> factory registry: round-robin, random, the deterministic pick, the picker with and
+without local correction, the oracle; ``UNDER_TEST``), ``naive`` (least shared in flight
+per slot), ``litellm_policies`` (LiteLLM's, opt-in), ``replica`` (one gateway replica
+process), ``report`` (figures and the table), ``run`` (``run_routing``: ``poller bench
+--section routing --single-fleet``); the family in virtual time: ``cells`` (the engine
+mixes and designs) and ``family`` (``run_cell``, ``run_family``); the family on real
+processes: ``fleets`` (its fleets, cells and arrivals), ``cellrun`` (one policy on one
+cell), ``family_real`` (``run_real_family``: ``poller bench --section routing``) and
+``compare`` (virtual time against real processes, cell by cell).
 """
 
 from __future__ import annotations
