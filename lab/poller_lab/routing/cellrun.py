@@ -104,6 +104,16 @@ def summarise_cell(
     for r in ok:
         if r["first_s"] is not None:
             waits.setdefault(r["endpoint"], []).append(r["first_s"])
+    seen = [r["seen"] for r in counted if "seen" in r]
+    trace = {}
+    if seen:
+        # What the view showed at the picks: how often every candidate's page said KV
+        # >= 0.8 (nothing "free" to the picker's rule), and the chosen page's KV then.
+        trace = {
+            "picks_seen": len(seen),
+            "mean_saturated_pages": round(sum(x["saturated"] for x in seen) / len(seen), 2),
+            "chosen_kv_ge_0.8": sum(1 for x in seen if (x["chosen"].get("kv") or 0) >= 0.8),
+        }
     return {
         "requests": len(counted),
         "ok": len(ok),
@@ -116,6 +126,7 @@ def summarise_cell(
         "cpu_per_pick_p99_us": _q(cpu_us, 0.99, 1),
         "split": dict(sorted(split.items())),
         "ttft_p99_by_endpoint_s": {e: _q(w, 0.99) for e, w in sorted(waits.items())},
+        "view_at_pick": trace,
     }
 
 

@@ -187,6 +187,8 @@ async def _arrivals(
         finally:
             policy.finished(endpoint_id, ok=answer.status == 200)
         record(sent_at, endpoint_id, answer, cpu_ns, chosen is None)
+        if ctx.cache is not None:
+            records[-1]["seen"] = _seen(ctx, endpoint_id)
 
     warm_up = getattr(policy, "warm_up", None)
     if warm_up is not None:  # first calls that import and build clients: before the start
@@ -201,6 +203,29 @@ async def _arrivals(
         task.add_done_callback(tasks.discard)
     if tasks:
         await asyncio.wait(tasks, timeout=REQUEST_TIMEOUT_S + 10)
+
+
+#: A page's KV usage at or above this is "saturated" to the picker's default rule
+#: (docs/reader.md); the trace counts the pages that said so.
+_KV_SATURATED = 0.8
+
+
+def _seen(ctx: PolicyContext, chosen: str) -> dict[str, Any]:
+    """What the view showed at this pick, for the trace: the chosen engine's page (KV
+    usage, running, waiting, age) and how many candidates' pages said KV >= 0.8."""
+    assert ctx.cache is not None
+    saturated = 0
+    mine: dict[str, Any] = {}
+    for endpoint_id in ctx.candidates:
+        e = ctx.cache.get(endpoint_id)
+        if e is None or e.stats is None:
+            continue
+        s = e.stats
+        kv = s.kv_cache_usage
+        saturated += kv is not None and kv >= _KV_SATURATED
+        if endpoint_id == chosen:
+            mine = {"kv": kv, "running": s.running, "waiting": s.waiting, "age_ms": e.age_ms}
+    return {"chosen": mine, "saturated": saturated}
 
 
 def _ready_then_go(cfg: Mapping[str, Any]) -> float:
