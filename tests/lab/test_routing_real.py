@@ -99,14 +99,20 @@ def test_a_cell_counts_the_gateways_requests_after_the_warm_up() -> None:
         return {"sent_at": at, "endpoint": endpoint, "status": status, "latency_s": 1.0,
                 "first_s": 0.5, "cpu_ns": 2000, "fallback": False}  # fmt: skip
 
+    seen = {"chosen": {"kv": 0.9, "running": 2, "waiting": 0, "age_ms": 300}, "saturated": 2}
     records = {
-        "replica-0": [rec(99.0, "a"), rec(101.0, "a"), rec(102.0, "b", 500)],
+        "replica-0": [rec(99.0, "a"), rec(101.0, "a") | {"seen": seen}, rec(102.0, "b", 500)],
         "outside": [rec(101.0, "b")],
     }
     row = summarise_cell(gateway_records(records), start=98.0, warmup_s=2.0)
     assert (row["requests"], row["ok"], row["failed"]) == (2, 1, 1)
     assert row["split"] == {"a": 1, "b": 1}
     assert row["ttft_p99_by_endpoint_s"] == {"a": 0.5}
+    assert row["view_at_pick"] == {
+        "picks_seen": 1,
+        "mean_saturated_pages": 2.0,
+        "chosen_kv_ge_0.8": 1,
+    }
 
 
 def test_the_installer_refuses_an_unpinned_peer(tmp_path: Path) -> None:
