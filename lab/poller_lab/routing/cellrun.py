@@ -71,7 +71,9 @@ def run_replicas(
             args = [sys.executable, "-m", "poller_lab.routing.replica", str(path)]
             procs.append(Proc(cfg["name"], args, folder / f"{cfg['name']}.log"))
         start = go(procs, [Path(c["ready"]) for c in configs], folder)
-        deadline = time.monotonic() + timeout_s + REQUEST_TIMEOUT_S
+        # A replica waits for its last requests up to their timeout and 10 s more
+        # (replica.py); past that and a margin for a loaded machine, it is stuck.
+        deadline = time.monotonic() + timeout_s + REQUEST_TIMEOUT_S + 40
         wait_until(lambda: not any(p.alive() for p in procs), deadline - time.monotonic(),
                    "the replicas to end", 0.1)  # fmt: skip
         failed = [p for p in procs if p.popen.returncode != 0]
