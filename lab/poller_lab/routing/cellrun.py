@@ -74,12 +74,21 @@ def run_replicas(
         # A replica waits for its last requests up to their timeout and 10 s more
         # (replica.py); past that and a margin for a loaded machine, it is stuck.
         deadline = time.monotonic() + timeout_s + REQUEST_TIMEOUT_S + 40
-        wait_until(lambda: not any(p.alive() for p in procs), deadline - time.monotonic(),
-                   "the replicas to end", 0.1)  # fmt: skip
-        failed = [p for p in procs if p.popen.returncode != 0]
-        if failed:
-            code = failed[0].popen.returncode
-            raise RuntimeError(f"replica failed (exit {code}): see {failed[0].log}")
+        outs = [Path(c["out"]) for c in configs]
+
+        def written() -> bool:
+            # A replica writes its records before it shuts down: its file is the end.
+            for proc, out in zip(procs, outs, strict=True):
+                if not out.exists() and not proc.alive():
+                    code = proc.popen.returncode
+                    raise RuntimeError(f"replica failed (exit {code}): see {proc.log}")
+            return all(out.exists() for out in outs)
+
+        try:
+            wait_until(written, deadline - time.monotonic(), "the replicas' records", 0.1)
+        except TimeoutError:
+            late = [p.log for p, out in zip(procs, outs, strict=True) if not out.exists()]
+            raise TimeoutError(f"no records from {len(late)} replicas: see {late[0]}") from None
     finally:
         for p in procs:
             p.stop()

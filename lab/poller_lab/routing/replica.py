@@ -105,7 +105,16 @@ async def run_replica(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
         async with _view(cfg, ctx) if definition.uses_view else contextlib.nullcontext():
             policy = definition.factory(ctx)
             await _arrivals(cfg, rng, http, policy, ctx, urls, records)
+            # Written before the view and the connections close: the bench reads the
+            # file as soon as it is there, so a slow shutdown delays nothing.
+            _write(Path(cfg["out"]), records)
     return records
+
+
+def _write(path: Path, records: list[dict[str, Any]]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(records), encoding="utf-8")
+    tmp.rename(path)  # atomic: the bench never reads half a file
 
 
 def _schedule(cfg: Mapping[str, Any], rng: random.Random) -> list[tuple[float, int, int, str]]:
@@ -247,8 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("usage: python -m poller_lab.routing.replica CONFIG.json\n")
         return 2
     cfg = json.loads(Path(args[0]).read_text(encoding="utf-8"))
-    records = asyncio.run(run_replica(cfg))
-    Path(cfg["out"]).write_text(json.dumps(records), encoding="utf-8")
+    asyncio.run(run_replica(cfg))
     return 0
 
 
