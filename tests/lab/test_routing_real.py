@@ -179,3 +179,13 @@ def test_quick_real_family_end_to_end_with_the_virtual_twin() -> None:
     assert twin["virtual_cell"].startswith("six exp out=0 lag=0 R=2 load=0.7")
     assert "family" in report  # the virtual-time family ran first
     assert leftovers(marker) == []
+
+
+def test_the_prefix_engines_behind_the_peers_have_a_port_each_and_an_occupancy_gauge() -> None:
+    from poller_lab.peers.prefix import PREFIX_PEERS, _specs
+    from poller_lab.prefix.fleet import engine_specs
+
+    specs = _specs("cached")
+    assert [s["id"] for s in specs] == [s["id"] for s in engine_specs()]
+    assert {(s["style"], s["kv_usage"]) for s in specs} == {("port", "cached")}
+    assert {p.policy for p in PREFIX_PEERS} == {"cache_aware"}
