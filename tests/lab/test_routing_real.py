@@ -189,3 +189,11 @@ def test_the_prefix_engines_behind_the_peers_have_a_port_each_and_an_occupancy_g
     assert [s["id"] for s in specs] == [s["id"] for s in engine_specs()]
     assert {(s["style"], s["kv_usage"]) for s in specs} == {("port", "cached")}
     assert {p.policy for p in PREFIX_PEERS} == {"cache_aware"}
+
+
+def test_router_ports_are_distinct_and_below_the_ephemeral_range() -> None:
+    from poller_lab.peers.routers import listen_port
+
+    ports = [listen_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert all(20000 <= p < 32000 for p in ports)

@@ -28,7 +28,7 @@ import aiohttp
 from poller_lab.bench_fleet import sync_registry
 from poller_lab.embedded import redis_for, start_pollers, start_sim, workdir
 from poller_lab.peers.install import install
-from poller_lab.peers.routers import Peer, RouterSet
+from poller_lab.peers.routers import Peer, start_routers
 from poller_lab.prefix import fleet
 from poller_lab.prefix.fleet import MODEL, PrefixConfig
 from poller_lab.prefix.run import _Bench, _wait_fresh, workload_capacity
@@ -176,9 +176,8 @@ def _replicas(
         folder.mkdir()
         engines = [bench.urls[i] for i in fleet.candidates()]
         count = replicas if peer.per_gateway else 1
-        routers = RouterSet(peer, venvs[peer.package], engines, count, folder)
+        routers = start_routers(peer, venvs[peer.package], engines, count, folder, MODEL)
         try:
-            routers.wait_ready(MODEL)
             routers.cpu_mark()
             # The driver sends to the gateway a hash names: give it one address per
             # replica, each its router (or all the one router).

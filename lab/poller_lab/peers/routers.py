@@ -17,6 +17,8 @@ and neither does the simulator (404), which the routers take as "no load endpoin
 
 from __future__ import annotations
 
+import random
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -24,9 +26,32 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from poller_lab.embedded import Proc, free_port, process_cpu_s
+from poller_lab.embedded import Proc, process_cpu_s
 
-__all__ = ["PEERS", "Peer", "RouterSet", "peers_for"]
+__all__ = ["PEERS", "Peer", "RouterSet", "listen_port", "peers_for", "start_routers"]
+
+#: Listening ports come from below Linux's ephemeral range (32768-60999 by default): a
+#: free port picked there could be taken by one of the bench's own outgoing connections
+#: before the router binds it (seen with 8 routers beside 8 busy gateways).
+_PORTS = (20000, 32000)
+_taken: set[int] = set()
+
+
+def listen_port() -> int:
+    """A loopback port free now, outside the ephemeral range, not handed out before."""
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(*_PORTS)
+        if port in _taken:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _taken.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port in {_PORTS[0]}-{_PORTS[1]}")
 
 
 @dataclass(frozen=True)
@@ -83,12 +108,13 @@ class RouterSet:
         self, peer: Peer, venv: Path, workers: Sequence[str], count: int, folder: Path
     ) -> None:
         self.peer = peer
-        self.ports = [free_port() for _ in range(count)]
-        mesh = [free_port() for _ in range(count)] if peer.mesh else []
+        folder.mkdir(parents=True, exist_ok=True)
+        self.ports = [listen_port() for _ in range(count)]
+        mesh = [listen_port() for _ in range(count)] if peer.mesh else []
         self.procs: list[Proc] = []
         try:
             for i, port in enumerate(self.ports):
-                args = _argv(peer, venv, port, free_port(), workers)
+                args = _argv(peer, venv, port, listen_port(), workers)
                 if peer.mesh:
                     others = [f"127.0.0.1:{m}" for j, m in enumerate(mesh) if j != i]
                     args += ["--enable-mesh", "--mesh-host", "127.0.0.1",
@@ -139,3 +165,24 @@ class RouterSet:
     def stop(self) -> None:
         for p in self.procs:
             p.stop()
+
+
+def start_routers(
+    peer: Peer, venv: Path, workers: Sequence[str], count: int, folder: Path, model: str,
+    attempts: int = 3,
+) -> RouterSet:  # fmt: skip
+    """A ready ``RouterSet``; one whose router exits at start (a port taken meanwhile)
+    is stopped and started again on other ports, ``attempts`` times at most."""
+    for attempt in range(1, attempts + 1):
+        routers = RouterSet(peer, venv, workers, count, folder / f"start-{attempt}")
+        try:
+            routers.wait_ready(model)
+            return routers
+        except RuntimeError:
+            routers.stop()
+            if attempt == attempts:
+                raise
+        except BaseException:
+            routers.stop()
+            raise
+    raise AssertionError("unreachable")

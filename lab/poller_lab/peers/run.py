@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from poller_lab.peers.install import install
-from poller_lab.peers.routers import PEERS, Peer, RouterSet, peers_for
+from poller_lab.peers.routers import PEERS, Peer, peers_for, start_routers
 from poller_lab.routing.family_real import Env, RealConfig, fleet_env, run_policy
 from poller_lab.routing.fleets import FLEETS, RealCell
 from poller_lab.routing.policies import UNDER_TEST
@@ -73,9 +73,9 @@ def _peer_row(env: Env, cell: RealCell, peer: Peer, venv: Path, cfg: RealConfig)
     count = cell.gateways if peer.per_gateway else 1
     folder = env.work / f"routers-{env.runs + 1}"
     folder.mkdir()
-    routers = RouterSet(peer, venv, [env.urls[i] for i in fleet.ids()], count, folder)
+    workers = [env.urls[i] for i in fleet.ids()]
+    routers = start_routers(peer, venv, workers, count, folder, fleet.model)
     try:
-        routers.wait_ready(fleet.model)
         routers.cpu_mark()
         urls = routers.urls
         row, records = run_policy(
