@@ -7,6 +7,7 @@ import functools
 import json
 import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -142,13 +143,14 @@ def sim(ctx: click.Context) -> None:
             "readers",
             "routing",
             "prefix",
+            "peers",
             "sharing",
             "epp",
         ]
     ),
     show_default="scrape, cluster, failover, reader",
-    help="Run only these sections (repeatable); readers, routing, prefix, sharing and epp run "
-    "only when named.",
+    help="Run only these sections (repeatable); readers, routing, prefix, peers, sharing and "
+    "epp run only when named.",
 )
 @click.option(
     "--policy",
@@ -178,6 +180,31 @@ def sim(ctx: click.Context) -> None:
     "--family-only",
     is_flag=True,
     help="routing: only the family in virtual time (seconds of CPU), not the real processes.",
+)
+@click.option(
+    "--single-fleet",
+    is_flag=True,
+    help="routing: the one-fleet real-process bench (a sleeping and a failing engine) "
+    "instead of the real-process family.",
+)
+@click.option(
+    "--cells",
+    metavar="PATTERNS",
+    help="routing, peers: only the real-process cells whose name (fleet:gateways:load) "
+    "matches one of these comma-separated shell patterns, e.g. 'six:*,lag:8:0.9'.",
+)
+@click.option(
+    "--compare",
+    is_flag=True,
+    help="routing: also run each real cell's twin in virtual time and print the picker's "
+    "ratios to the oracle side by side.",
+)
+@click.option(
+    "--peers-part",
+    type=click.Choice(["both", "routing", "prefix"]),
+    default="both",
+    show_default=True,
+    help="peers: the routing family's cells, the prefix workload, or both.",
 )
 @click.option(
     "--seed",
@@ -211,13 +238,19 @@ def bench(
     policies: tuple[str, ...],
     full: bool,
     family_only: bool,
+    single_fleet: bool,
+    cells: str | None,
+    compare: bool,
+    peers_part: str,
     seed: int,
 ) -> None:
     """Measure scrape cost, cluster behaviour, failover, reader latency and routing locally."""
     # The sections that run only when named, each a bench of its own.
+    routing = _RoutingArgs(full, family_only, single_fleet, cells, compare, seed)
     named: dict[str, Callable[[], None]] = {
-        "routing": lambda: _bench_routing(
-            quick, duration_s, policies, redis_url, as_json, full, family_only, seed
+        "routing": lambda: _bench_routing(quick, duration_s, policies, redis_url, as_json, routing),
+        "peers": lambda: _bench_peers(
+            quick, duration_s, cells, redis_url, as_json, seed, peers_part
         ),
         "prefix": lambda: _bench_prefix(quick, duration_s, policies, redis_url, as_json, seed),
         "sharing": lambda: _bench_sharing(quick, duration_s, redis_url, as_json),
@@ -273,44 +306,133 @@ def _bench_sharing(
     click.echo(json.dumps(report, indent=2) if as_json else format_sharing(report))
 
 
+@dataclasses.dataclass(frozen=True)
+class _RoutingArgs:
+    full: bool = False
+    family_only: bool = False
+    single_fleet: bool = False
+    cells: str | None = None
+    compare: bool = False
+    seed: int = 1
+
+
 def _bench_routing(
     quick: bool,
     duration_s: float | None,
     policies: tuple[str, ...],
     redis_url: str | None,
     as_json: bool,
-    full: bool = False,
-    family_only: bool = False,
-    seed: int = 1,
+    args: _RoutingArgs = _RoutingArgs(),
 ) -> None:
     """The routing section: the family in virtual time (lab/poller_lab/routing/family.py),
-    then (unless ``family_only``) the default fleet in real processes; rows as they come
-    (to stderr under --json), then the report."""
+    then (unless ``family_only``) the family on real processes (family_real.py), or with
+    ``single_fleet`` the one-fleet bench (run.py); rows as they come (to stderr under
+    --json), then the report."""
 
     from poller_lab.routing.cells import iter_design
     from poller_lab.routing.family import run_family
 
     out = sys.stderr if as_json else sys.stdout
+    seed = args.seed
     family = run_family(
-        list(iter_design("quick" if quick else "full" if full else "design")),
+        list(iter_design("quick" if quick else "full" if args.full else "design")),
         10.0 if quick else 60.0,
         seed=seed,
         say=lambda line: print(line, file=out, flush=True),
     )
-    if family_only:
+    if args.family_only:
         family["seed"] = seed
         if as_json:
             click.echo(json.dumps(family, indent=2))
         else:
             click.echo(f"  (took {family['elapsed_s']} s)")
         return
+    if args.single_fleet:
+        from poller_lab.routing import RoutingConfig
+        from poller_lab.routing.run import run_routing
 
-    from poller_lab.routing import RoutingConfig
-    from poller_lab.routing.run import run_routing
+        cfg = _tuned(RoutingConfig.quick() if quick else RoutingConfig(), duration_s, policies)
+        cfg = dataclasses.replace(cfg, seed=seed)
+        _run_section(lambda: {**run_routing(cfg, redis_url, out), "family": family}, as_json)
+        return
+    _run_section(
+        lambda: {
+            **_real_family(quick, duration_s, policies, redis_url, args, out),
+            "family": family,
+        },
+        as_json,
+    )
 
-    cfg = _tuned(RoutingConfig.quick() if quick else RoutingConfig(), duration_s, policies)
-    cfg = dataclasses.replace(cfg, seed=seed)
-    _run_section(lambda: {**run_routing(cfg, redis_url, out), "family": family}, as_json)
+
+def _real_family(
+    quick: bool,
+    duration_s: float | None,
+    policies: tuple[str, ...],
+    redis_url: str | None,
+    args: _RoutingArgs,
+    out: Any,
+) -> dict[str, Any]:
+    from poller_lab.routing.compare import COMPARE_HEADER, compare, format_compare
+    from poller_lab.routing.family_real import RealConfig, run_real_family
+    from poller_lab.routing.fleets import design, every_cell, quick_design, select
+
+    if args.cells:
+        cells = select(every_cell(), args.cells)
+    else:
+        cells = quick_design() if quick else design()
+    cfg = RealConfig(cells=tuple(cells), seed=args.seed)
+    if quick:
+        cfg = dataclasses.replace(cfg, duration_s=4.0, warmup_s=0.5)
+    cfg = _tuned(cfg, duration_s, policies)
+    report = run_real_family(cfg, redis_url, out)
+    if args.compare:
+        rows = compare(report["rows"], cfg.interval_s, 10.0 if quick else 60.0, args.seed)
+        print("virtual time against real processes (the picker over the oracle):", file=out)
+        print(COMPARE_HEADER, file=out)
+        for row in rows:
+            print(format_compare(row), file=out, flush=True)
+        report["compare"] = rows
+    return report
+
+
+def _bench_peers(
+    quick: bool,
+    duration_s: float | None,
+    cells: str | None,
+    redis_url: str | None,
+    as_json: bool,
+    seed: int = 1,
+    part: str = "both",
+) -> None:
+    """The peers section (lab/poller_lab/peers/): the routing family's cells, then the
+    prefix workload; rows as they come (to stderr under --json), then the report."""
+    from poller_lab.peers.prefix import PrefixPeersConfig, run_prefix_peers
+    from poller_lab.peers.run import PeersConfig, default_cells, run_peers
+    from poller_lab.routing.fleets import select
+
+    out = sys.stderr if as_json else sys.stdout
+
+    def run() -> dict[str, Any]:
+        report: dict[str, Any] = {}
+        started = time.monotonic()
+        if part in ("both", "routing"):
+            cfg = PeersConfig.quick() if quick else PeersConfig()
+            if cells:
+                cfg = dataclasses.replace(cfg, cells=tuple(select(default_cells(), cells)))
+            if duration_s is not None:
+                cfg = dataclasses.replace(cfg, duration_s=duration_s)
+            report["routing"] = run_peers(dataclasses.replace(cfg, seed=seed), redis_url, out)
+        if part in ("both", "prefix"):
+            pcfg = PrefixPeersConfig.quick() if quick else PrefixPeersConfig()
+            prefix = dataclasses.replace(pcfg.prefix, seed=seed)
+            if duration_s is not None:
+                prefix = dataclasses.replace(prefix, duration_s=duration_s)
+            pcfg = dataclasses.replace(pcfg, prefix=prefix)
+            report["prefix"] = run_prefix_peers(pcfg, redis_url, out)
+        report["elapsed_s"] = round(time.monotonic() - started, 1)
+        return report
+
+    _run_section(run, as_json)
 
 
 def _tuned(cfg: _Cfg, duration_s: float | None, policies: tuple[str, ...]) -> _Cfg:

@@ -1,4 +1,5 @@
-"""`poller bench --section routing`: the report's shape and the invariants that cannot flake.
+"""`poller bench --section routing` (the one fleet and the virtual family): the report's
+shape and the invariants that cannot flake.
 
 Latency figures depend on the machine; what is checked here does not: every request is
 answered, none goes to an endpoint that does not serve the model, every policy has its row,
@@ -31,7 +32,7 @@ POLICY_SET = ("round-robin", "pick-deterministic", "picker", "oracle")
 def test_quick_routing_bench_end_to_end() -> None:
     marker = f"ROUTING_TEST_{uuid.uuid4().hex}"
     args = [sys.executable, "-m", "poller", "bench", "--section", "routing", "--quick"]
-    args += ["--json", "--duration", "3"]
+    args += ["--single-fleet", "--json", "--duration", "3"]
     for policy in POLICY_SET:
         args += ["--policy", policy]
     result = subprocess.run(

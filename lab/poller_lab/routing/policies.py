@@ -32,7 +32,12 @@ from typing import Any, Protocol
 
 from poller.reader import Router, RoutingOptions, Ticket, View
 
-__all__ = ["POLICIES", "Policy", "PolicyContext", "PolicyDef", "register"]
+__all__ = ["POLICIES", "UNDER_TEST", "Policy", "PolicyContext", "PolicyDef", "register"]
+
+#: The policy the real-process family and the peers' bench judge: the README's gateway
+#: (``picker`` below). To judge another gateway (the ``Router`` when it lands), register
+#: it under this name: every cell, table and test follows.
+UNDER_TEST = "picker"
 
 
 @dataclass

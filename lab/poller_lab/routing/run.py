@@ -1,4 +1,5 @@
-"""``poller bench --section routing``: gateway replicas route real requests on the view.
+"""``poller bench --section routing --single-fleet``: gateway replicas route real
+requests on the view, one fleet.
 
 Real processes on loopback: an embedded Redis, the simulator serving ``fleet.ENGINES``, one
 ``poller run`` at the interval under test, and per cell R replica processes

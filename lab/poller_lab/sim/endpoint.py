@@ -156,7 +156,6 @@ class SimEndpoint:
         background plus served requests, all zero while asleep."""
         step, states, served = self._shown(now, lagged)
         ranks = len(states)
-        capacity_tokens = states[0].max_tokens
         out = []
         for rank, s in enumerate(states):
 
@@ -166,7 +165,7 @@ class SimEndpoint:
             asleep = self.sleep_level > 0
             running = 0 if asleep else s.running + share(served.running)
             waiting = 0 if asleep else s.waiting + share(served.waiting)
-            kv = 0.0 if asleep else min(1.0, s.kv + share(served.kv_tokens) / capacity_tokens)
+            kv = 0.0 if asleep else self._kv(s, running, share(served.kv_tokens), served)
             out.append(
                 replace(
                     s,
@@ -183,6 +182,24 @@ class SimEndpoint:
                 )
             )
         return step, out, served
+
+    def _kv(self, s: RankState, running: int, kv_tokens: int, served: ServeState) -> float:
+        """One rank's KV usage as the spec's ``kv_usage`` counts it, at most 1.
+
+        ``tokens``: the background's usage plus the running requests' prompt and
+        ``max_tokens`` tokens over the pool. ``occupancy``: the blocks the running
+        requests hold over a pool that a full batch fills to ``kv_fill``; free cached
+        blocks do not count, as vLLM's gauge (vllm/v1/core/block_pool.py ``get_usage``:
+        one less the free queue, which holds the evictable cached blocks, over the
+        pool). ``cached``: the same, but every block the prefix cache holds counts too,
+        idle or not, so a warm engine shows about 1.0 whatever runs."""
+        spec = self.spec
+        if spec.kv_usage == "tokens":
+            return min(1.0, s.kv + kv_tokens / s.max_tokens)
+        used = spec.kv_fill * running / s.capacity
+        if spec.kv_usage == "cached":
+            used = max(used, served.cached_blocks / max(1, self.queue.cache.capacity))
+        return min(1.0, used)
 
     def reset_prefix_cache(self, now: float) -> None:
         """Drop every cached block; the prefix-cache counters start again from zero (the

@@ -3,6 +3,7 @@
     POST /v1/chat/completions   {"model", "messages", "max_tokens"?, "stream"?}
     POST /v1/completions        {"model", "prompt", "max_tokens"?, "stream"?}
     GET  /v1/models             the models the endpoint serves, in its engine's shape
+    GET  /version               (vLLM) the server's version, as vLLM answers it
     POST /sleep?level=1|2       (vLLM) stop serving; POST /wake_up; GET /is_sleeping
 
 A request names a model ``/v1/models`` lists (llama.cpp and TGI also take one naming
@@ -38,6 +39,7 @@ __all__ = [
     "models_reply",
     "parse_request",
     "reply",
+    "version_reply",
 ]
 
 COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
@@ -48,6 +50,11 @@ _MAX_TOKENS_LIMIT = 1_000_000
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError"}
 _TYPES |= {500: "InternalServerError", 503: "ServiceUnavailableError"}
 _WORDS = ("the", "engine", "says", "hello", "to", "a", "simulated", "gateway")
+#: What the simulated vLLM says it is on ``/version``: the release its page follows
+#: (pages_vllm.py).
+VLLM_VERSION = "0.33.0"
+#: ``max_model_len`` a vLLM ``/v1/models`` entry carries: Llama-3.1-8B's context.
+MAX_MODEL_LEN = 131072
 
 
 class BadRequest(Exception):
@@ -199,10 +206,25 @@ def models_reply(ep: SimEndpoint) -> dict[str, Any]:
         {"id": m, "object": "model", "created": created, "owned_by": ep.engine.owned_by or m}
         for m in ep.models
     ]
+    if ep.engine.owned_by == "vllm":
+        # vLLM's model cards also name the model's root, its base (adapters) and its
+        # context length (vllm/entrypoints/openai/protocol.py ``ModelCard``); routers
+        # read them when they register an engine.
+        base = ep.models[0]
+        for card in data:
+            adapter = card["id"] != base
+            card.update(root=card["id"], parent=base if adapter else None)
+            card.update(max_model_len=MAX_MODEL_LEN, permission=[])
     body: dict[str, Any] = {"object": "list", "data": data}
     if ep.engine.name == "llamacpp":
         body["models"] = [{"name": m, "model": m} for m in ep.models]
     return body
+
+
+def version_reply() -> web.Response:
+    """vLLM's ``GET /version`` (vllm/entrypoints/openai/api_server.py): routers probe it
+    to tell a vLLM from another engine."""
+    return web.json_response({"version": VLLM_VERSION})
 
 
 def sleep_reply(ep: SimEndpoint, path: str, query: dict[str, str]) -> web.Response:

@@ -26,6 +26,7 @@ from poller_lab.sim.openai import (
     parse_request,
     reply,
     sleep_reply,
+    version_reply,
 )
 from poller_lab.sim.serving import prompt_tokens
 
@@ -73,6 +74,8 @@ class Responder:
             return await self._complete(ep, request, path)
         elif path == "/v1/models":
             return web.json_response(models_reply(ep))
+        elif path == "/version" and engine.owned_by == "vllm":
+            return version_reply()
         elif path in SLEEP_PATHS and engine.name == "vllm":
             if (request.method == "GET") != (path == "/is_sleeping"):
                 return web.Response(status=405, text="405 method not allowed\n")

@@ -51,6 +51,7 @@ class ServeState(NamedTuple):
     prefix_hits: int = 0
     gen_tokens: int = 0
     success: int = 0
+    cached_blocks: int = 0  # blocks the prefix cache holds, running requests' included
 
 
 class ServeQueue:
@@ -103,7 +104,7 @@ class ServeQueue:
     def reset_prefix_cache(self) -> None:
         """Every cached block dropped; the prefix-cache counters start again from zero."""
         self.cache.clear()
-        self._set(prefix_queries=0, prefix_hits=0)
+        self._set(prefix_queries=0, prefix_hits=0, cached_blocks=0)
 
     async def serve(
         self,
@@ -129,6 +130,7 @@ class ServeQueue:
             prompt_tokens=s.prompt_tokens + tokens,
             prefix_queries=s.prefix_queries + tokens,
             prefix_hits=s.prefix_hits + hits,
+            cached_blocks=len(self.cache),
         )
         prefill_s = (tokens - hits) / self.prefill_tps if self.prefill_tps else 0.0
         decode_s = max_tokens / self.speed_tps

@@ -14,9 +14,14 @@ from poller.util.messages import closest
 from poller_lab.sim.engines import ENGINES, SAFE_LABEL
 from poller_lab.sim.model import LoadParams
 
-__all__ = ["KV_BLOCKS_PER_SLOT", "STYLES", "EndpointSpec", "fleet"]
+__all__ = ["KV_BLOCKS_PER_SLOT", "KV_USAGE", "STYLES", "EndpointSpec", "fleet"]
 
 STYLES = ("path", "port")
+#: What the page's KV usage gauge counts (docs/simulator.md, "KV usage"): ``tokens``, the
+#: running requests' tokens over the pool; ``occupancy``, ``kv_fill`` x the running share
+#: of the slots, as a vLLM whose batch is bound by its KV pool shows; ``cached``, the same
+#: plus the idle blocks the prefix cache holds, near 1.0 once the cache has filled.
+KV_USAGE = ("tokens", "occupancy", "cached")
 # The id is one path segment of a path-style URL (/e/<id>/metrics): no '/'.
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,99}")
 #: KV blocks (16 tokens) per running slot: the bundled vLLM page's 28642 blocks for its
@@ -38,6 +43,8 @@ class EndpointSpec:
     data-parallel ranks (vLLM ``engine``, SGLang ``dp_rank``); ``lora`` names vLLM
     adapters. ``capacity`` (running slots per rank) and ``load`` (offered load per
     capacity, 1.0 = full; > 1 builds a queue) default per engine and from the seed.
+    ``kv_usage`` says what the page's KV usage counts (``KV_USAGE``), ``kv_fill`` the
+    usage of a full batch under ``occupancy`` and ``cached``.
     """
 
     id: str
@@ -54,6 +61,8 @@ class EndpointSpec:
     metrics_lag_s: float = 0.0
     prefill_tps: float | None = None
     kv_blocks: int | None = None
+    kv_usage: str = "tokens"
+    kv_fill: float = 0.9
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not _ID.fullmatch(self.id):
@@ -61,7 +70,7 @@ class EndpointSpec:
         if isinstance(self.lora, str):
             raise ConfigError(f"endpoint {self.id!r}: lora is a tuple of names, not a string")
         object.__setattr__(self, "lora", tuple(self.lora))  # a list from JSON is fine too
-        problem = _engine_problem(self) or _number_problem(self)
+        problem = _engine_problem(self) or _number_problem(self) or _kv_problem(self)
         if problem:
             raise ConfigError(f"endpoint {self.id!r}: {problem}")
 
@@ -77,7 +86,7 @@ class EndpointSpec:
         if "id" not in data:
             raise ConfigError("an endpoint spec needs an id")
         data = dict(data)
-        for name in ("speed_tps", "prefill_tps"):
+        for name in ("speed_tps", "prefill_tps", "kv_fill"):
             if isinstance(data.get(name), int) and not isinstance(data.get(name), bool):
                 data[name] = float(data[name])
         if isinstance(data.get("lora"), str):  # "a,b" as on the command line
@@ -167,6 +176,15 @@ def _number_problem(spec: EndpointSpec) -> str | None:
         return "kv_blocks must be a positive integer"
     if not whole(spec.port) or not 0 <= spec.port < 65536:
         return "port must be 0 (any free port) or a port number"
+    return None
+
+
+def _kv_problem(spec: EndpointSpec) -> str | None:
+    if spec.kv_usage not in KV_USAGE:
+        return f"kv_usage must be one of {', '.join(KV_USAGE)}, got {spec.kv_usage!r}"
+    fill = spec.kv_fill
+    if isinstance(fill, bool) or not isinstance(fill, int | float) or not 0 < fill <= 1:
+        return f"kv_fill must be a number in (0, 1], got {fill!r}"
     return None
 
 
