@@ -160,6 +160,22 @@ def sim(ctx: click.Context) -> None:
     help="routing, prefix: only these policies (repeatable).",
 )
 @click.option(
+    "--gateways",
+    "gateways",
+    multiple=True,
+    type=click.IntRange(1, 64),
+    show_default="1 and 8 (--quick: 2)",
+    help="prefix: only these gateway counts (repeatable); envoy-epp runs as many EPP replicas.",
+)
+@click.option(
+    "--workload",
+    "workloads",
+    multiple=True,
+    type=click.Choice(["prefix-heavy", "no-prefix"]),
+    show_default="both",
+    help="prefix: only these workloads (repeatable).",
+)
+@click.option(
     "--page",
     type=click.Choice(["61k", "200k"]),
     show_default="61k",
@@ -243,6 +259,8 @@ def bench(
     compare: bool,
     peers_part: str,
     seed: int,
+    gateways: tuple[int, ...] = (),
+    workloads: tuple[str, ...] = (),
 ) -> None:
     """Measure scrape cost, cluster behaviour, failover, reader latency and routing locally."""
     # The sections that run only when named, each a bench of its own.
@@ -252,7 +270,9 @@ def bench(
         "peers": lambda: _bench_peers(
             quick, duration_s, cells, redis_url, as_json, seed, peers_part
         ),
-        "prefix": lambda: _bench_prefix(quick, duration_s, policies, redis_url, as_json, seed),
+        "prefix": lambda: _bench_prefix(
+            quick, duration_s, policies, redis_url, as_json, seed, gateways, workloads
+        ),
         "sharing": lambda: _bench_sharing(quick, duration_s, redis_url, as_json),
         "epp": lambda: _bench_epp(quick, duration_s, redis_url, as_json),
     }
@@ -482,6 +502,8 @@ def _bench_prefix(
     redis_url: str | None,
     as_json: bool,
     seed: int = 1,
+    gateways: tuple[int, ...] = (),
+    workloads: tuple[str, ...] = (),
 ) -> None:
     """The prefix section (lab/poller_lab/prefix/run.py): rows as they come (to stderr
     under --json), then the targets and the report."""
@@ -491,6 +513,10 @@ def _bench_prefix(
     out = sys.stderr if as_json else sys.stdout
     cfg = _tuned(PrefixConfig.quick() if quick else PrefixConfig(), duration_s, policies)
     cfg = dataclasses.replace(cfg, seed=seed)
+    if gateways:
+        cfg = dataclasses.replace(cfg, gateways=tuple(sorted(set(gateways))))
+    if workloads:
+        cfg = dataclasses.replace(cfg, workloads=tuple(dict.fromkeys(workloads)))
     _run_section(lambda: run_prefix(cfg, redis_url, out), as_json)
 
 

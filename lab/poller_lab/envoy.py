@@ -19,10 +19,10 @@ from typing import Any
 
 import yaml
 
-from poller_lab.embedded import Proc, free_port
+from poller_lab.embedded import Proc, free_port, wait_until
 
 __all__ = ["ENVOY_YAML", "OVERRIDE_HOST_YAML", "envoy_binary", "ext_proc_of", "render",
-           "start_envoy", "start_epp", "wait_envoy"]  # fmt: skip
+           "start_envoy", "start_envoy_with_epps", "start_epp", "wait_envoy"]  # fmt: skip
 
 _DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "envoy"
 ENVOY_YAML = _DEPLOY / "envoy.yaml"
@@ -166,3 +166,27 @@ def start_epp(
             "--namespace", namespace, "--grpc-port", str(grpc), "--grpc-health-port",
             str(health), "--metrics-port", "0", "--replica-id", name, *args]  # fmt: skip
     return Proc(name, argv, work / f"{name}.log", cpu=cpu), grpc, health
+
+
+def start_envoy_with_epps(
+    work: Path, redis_url: str, namespace: str, replicas: int
+) -> tuple[list[Proc], str]:
+    """One Envoy in front of ``replicas`` ``poller epp`` processes (all active, named
+    ``epp-<i>``), ready: every EPP healthy in Envoy's eyes. (the processes, the URL
+    clients send to); the caller stops the processes."""
+    epps = [start_epp(work, redis_url, namespace, f"epp-{i}") for i in range(replicas)]
+    procs = [p for p, _, _ in epps]
+    try:
+        port, admin = free_port(), free_port()
+        config = render(listen_port=port, admin_port=admin, epps=[(g, h) for _, g, h in epps])
+        procs.append(start_envoy(work, config, "envoy"))
+        wait_until(
+            lambda: admin_get(admin, "/clusters").count("::health_flags::healthy") == replicas,
+            60,
+            "every EPP healthy in Envoy's health check",
+        )
+    except BaseException:
+        for p in procs:
+            p.stop()
+        raise
+    return procs, f"http://127.0.0.1:{port}"

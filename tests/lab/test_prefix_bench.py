@@ -19,7 +19,7 @@ import pytest
 
 from poller.errors import ConfigError
 from poller_lab.prefix.driver import gateway_for
-from poller_lab.prefix.fleet import POLICIES, PrefixConfig, cells
+from poller_lab.prefix.fleet import DEFAULT_POLICIES, PrefixConfig, cells
 from poller_lab.prefix.gateway import sharing_counters
 from poller_lab.prefix.policies import oracle_choice
 from poller_lab.prefix.report import summarise, targets
@@ -86,10 +86,10 @@ def test_unknown_policies_and_workloads_are_refused_by_name() -> None:
 
 def test_cells_group_by_policy_and_gateways() -> None:
     grid = cells(PrefixConfig())
-    assert len(grid) == len(POLICIES) * 2 * 2 * 2
+    assert len(grid) == len(DEFAULT_POLICIES) * 2 * 2 * 2
     firsts = [c[:2] for c in grid]
     runs = [k for i, k in enumerate(firsts) if i == 0 or firsts[i - 1] != k]
-    assert len(runs) == len(set(runs)) == len(POLICIES) * 2  # one set of gateways each
+    assert len(runs) == len(set(runs)) == len(DEFAULT_POLICIES) * 2  # one set of gateways each
 
 
 def test_turns_of_a_conversation_spread_over_the_gateways() -> None:

@@ -15,7 +15,16 @@ from typing import Any
 
 from poller_lab.prefix.workload import KINDS, Shape
 
-__all__ = ["ENGINES", "MODEL", "POLICIES", "PrefixConfig", "cells", "engine_specs"]
+__all__ = [
+    "DEFAULT_POLICIES",
+    "ENGINES",
+    "MODEL",
+    "POLICIES",
+    "PrefixConfig",
+    "cells",
+    "engine_specs",
+    "uses_envoy",
+]
 
 MODEL = "bench/model-a"
 #: (id, running slots)
@@ -31,7 +40,10 @@ SPEED_TPS = 50.0
 PREFILL_TPS = 4000.0
 BLOCKS_PER_SLOT = 256
 #: The policies, in the report's order (policies.py describes them).
-POLICIES = ("round-robin", "picker", "prefix-own", "prefix-shared", "oracle")
+POLICIES = ("round-robin", "picker", "prefix-own", "prefix-shared", "envoy-epp", "oracle")
+#: Those a run without ``--policy`` measures: ``envoy-epp`` needs Envoy and the ``epp``
+#: extra, and runs when named.
+DEFAULT_POLICIES = tuple(p for p in POLICIES if p != "envoy-epp")
 
 
 @dataclass(frozen=True)
@@ -39,7 +51,7 @@ class PrefixConfig:
     gateways: tuple[int, ...] = (1, 8)
     workloads: tuple[str, ...] = KINDS
     loads: tuple[float, ...] = (0.7, 0.9)
-    policies: tuple[str, ...] = POLICIES
+    policies: tuple[str, ...] = DEFAULT_POLICIES
     #: Seconds during which conversations start; each then runs to its last turn.
     duration_s: float = 30.0
     #: Requests sent before this many seconds into a cell (cold caches) are not counted.
@@ -69,12 +81,18 @@ class PrefixConfig:
         return out
 
 
-def engine_specs() -> list[dict[str, Any]]:
-    """The simulator's spec file: path-style vLLM endpoints with a prefix cache."""
+def uses_envoy(policies: tuple[str, ...]) -> bool:
+    return "envoy-epp" in policies
+
+
+def engine_specs(style: str = "path") -> list[dict[str, Any]]:
+    """The simulator's spec file: vLLM endpoints with a prefix cache, path-style (one
+    port for all) or a port each (``port``: what Envoy needs, which dials addresses)."""
     return [
         {
             "id": i,
             "engine": "vllm",
+            "style": style,
             "capacity": slots,
             "speed_tps": SPEED_TPS,
             "prefill_tps": PREFILL_TPS,

@@ -6,6 +6,9 @@ It listens on a free loopback port and writes the port to the file ``ready``. Fo
 ``POST /v1/chat/completions`` it chooses an engine with its policy (policies.py), sends
 the request there, streams the engine's answer back chunk by chunk, and names the engine
 in the ``x-gateway-endpoint`` header (``-`` and a 503 when there was nowhere to send it).
+With ``envoy-epp`` it chooses nothing: it sends every request to the Envoy at
+``envoy_url``, whose EPP replicas choose, and names the engine that answered (the
+simulator's ``x-sim-endpoint``), or ``-`` when Envoy answered itself (an EPP's refusal).
 ``GET /stats`` answers its counters since the last ``GET /stats?reset=1``: requests,
 fallbacks, CPU per pick, and the Redis traffic of its placements when the reader has them
 (``router.placements``). SIGTERM ends it.
@@ -34,6 +37,9 @@ __all__ = ["main", "sharing_counters"]
 
 #: An engine answer still unfinished after this long is given up (the client sees 504).
 REQUEST_TIMEOUT_S = 120.0
+#: The header the gateway names the engine in; the simulator's, naming itself.
+ENDPOINT_HEADER = "x-gateway-endpoint"
+SIM_ENDPOINT_HEADER = "x-sim-endpoint"
 
 
 def sharing_counters(router: Any) -> dict[str, float]:
@@ -82,6 +88,8 @@ class _Gateway:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         assert self.chooser is not None
         body = await request.json()
+        if self.cfg["policy"] == "envoy-epp":
+            return await self._through_envoy(request, body)
         trace = self.trace
         if trace is not None:
             trace.truth = await self.oracle(
@@ -99,12 +107,13 @@ class _Gateway:
             return web.json_response(
                 {"error": {"message": "no endpoint may take it", "code": 503}},
                 status=503,
-                headers={"x-gateway-endpoint": "-"},
+                headers={ENDPOINT_HEADER: "-"},
             )
         started_at = self.chooser.started(chosen)
         ok = False
         try:
-            response = await self._forward(request, chosen, body, first)
+            url = self.urls[chosen] + "/v1/chat/completions"
+            response = await self._forward(request, url, chosen, body, first)
             ok = response.status == 200
             return response
         finally:
@@ -114,16 +123,36 @@ class _Gateway:
             if not ok:
                 self.errors += 1
 
-    async def _forward(
-        self, request: web.Request, chosen: str, body: Mapping[str, Any], first: list[float]
+    async def _through_envoy(
+        self, request: web.Request, body: Mapping[str, Any]
     ) -> web.StreamResponse:
-        """The engine's answer, streamed through; ``first`` gets the seconds until its
-        first chunk."""
-        url = self.urls[chosen] + "/v1/chat/completions"
-        headers = {"x-gateway-endpoint": chosen}
+        """``envoy-epp``: no choice here (its CPU is the EPP's, not recorded); an answer
+        that names no engine is one Envoy gave itself: the EPP's refusal (a fallback)."""
+        self.requests += 1
+        url = self.cfg["envoy_url"] + "/v1/chat/completions"
+        response = await self._forward(request, url, None, body, [])
+        if response.headers.get(ENDPOINT_HEADER, "-") == "-":
+            self.fallbacks += 1
+        if response.status != 200:
+            self.errors += 1
+        return response
+
+    async def _forward(
+        self,
+        request: web.Request,
+        url: str,
+        chosen: str | None,
+        body: Mapping[str, Any],
+        first: list[float],
+    ) -> web.StreamResponse:
+        """The answer of ``url``, streamed through; ``first`` gets the seconds until its
+        first chunk. ``chosen`` None: the engine that answered names itself."""
+        headers = {ENDPOINT_HEADER: chosen or "-"}
         t0 = time.monotonic()
         try:
             async with self.http.post(url, json=body) as upstream:
+                if chosen is None:
+                    headers[ENDPOINT_HEADER] = upstream.headers.get(SIM_ENDPOINT_HEADER, "-")
                 out = web.StreamResponse(status=upstream.status, headers=headers)
                 out.content_type = upstream.content_type
                 await out.prepare(request)
@@ -156,7 +185,7 @@ class _Gateway:
 @contextlib.asynccontextmanager
 async def _view(cfg: Mapping[str, Any]) -> AsyncIterator[Any]:
     """The gateway's Router (None for the policies that read no view)."""
-    if cfg["policy"] in ("round-robin", "oracle"):
+    if cfg["policy"] in ("round-robin", "oracle", "envoy-epp"):
         yield None
         return
     import random

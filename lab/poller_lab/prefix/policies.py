@@ -6,6 +6,9 @@
   its messages), its placements this gateway's own
   (``RoutingOptions(share_placements=False)``).
 - ``prefix-shared``: the same with the placements every gateway shares through Redis.
+- ``envoy-epp``: none in the gateway: it sends the request to one Envoy, which asks one
+  of the ``poller epp`` replicas (one per gateway, sharing placements through Redis as
+  ``prefix-shared`` gateways do) and sends it where that replica says (gateway.py).
 - ``oracle``: per request, the simulator's ``POST /admin/prefix`` (every engine's true
   queue and the prompt's cached tokens there), then the least expected time to first
   token: the wait for a slot (requests ahead beyond the free slots, drained at

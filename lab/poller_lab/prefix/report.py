@@ -149,6 +149,8 @@ def targets(rows: Sequence[Mapping[str, Any]], gateways: Sequence[int]) -> list[
             _line(f"{tag}: own placements' hit rate (beside shared) vs the anchors' 0.66",
                   None if own is None else own.get("hit_rate"), 0.66, le=False),
         ]  # fmt: skip
+        if any(r["policy"] == "envoy-epp" for r in rows):
+            lines += _envoy_lines(rows, load, many, one, shared)
         for g in gateways:
             none = {"workload": "no-prefix", "load": load, "gateways": g}
             mine, base = (
@@ -167,3 +169,25 @@ def targets(rows: Sequence[Mapping[str, Any]], gateways: Sequence[int]) -> list[
               max(cpu) if cpu else None, 50.0)
     )  # fmt: skip
     return lines
+
+
+def _envoy_lines(
+    rows: Sequence[Mapping[str, Any]],
+    load: float,
+    many: int,
+    one: int,
+    shared: Mapping[str, Any] | None,
+) -> list[str]:
+    """Through Envoy: the most EPP replicas' hit rate against the fewest's, and against
+    the library's Router sharing placements at as many gateways (``shared``)."""
+    heavy = {"workload": "prefix-heavy", "load": load}
+    epp = _find(rows, policy="envoy-epp", gateways=many, **heavy)
+    fewest = None if one == many else _find(rows, policy="envoy-epp", gateways=one, **heavy)
+    hit = None if epp is None else epp.get("hit_rate")
+    tag = f"prefix-heavy, {many} EPP replicas, load {load:g}"
+    return [
+        _line(f"{tag}: envoy-epp hit rate vs 0.95x {one} replica's",
+              hit, _times(fewest, "hit_rate", 0.95), le=False),
+        _line(f"{tag}: envoy-epp hit rate vs 0.95x prefix-shared's at {many} gateways",
+              hit, _times(shared, "hit_rate", 0.95), le=False),
+    ]  # fmt: skip

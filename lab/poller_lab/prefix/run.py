@@ -2,7 +2,9 @@
 
 Real processes on loopback: an embedded Redis, the simulator serving ``fleet.ENGINES``
 (engines with a prefix cache), one ``poller run``, and per (policy, gateway count) that
-many gateway processes (gateway.py). The bench process drives the conversations through
+many gateway processes (gateway.py); for ``envoy-epp``, besides them, one Envoy in front
+of as many ``poller epp`` replicas (the engines then get a port each: Envoy dials
+addresses). The bench process drives the conversations through
 the gateways (driver.py). A cell is one workload at one load: every engine's prefix cache
 is emptied first (the gateways' placements must notice), the conversations start over
 ``duration_s`` seconds and run to their last turn (none sent later than ``tail_s`` after
@@ -33,7 +35,7 @@ from poller_lab.bench_fleet import sync_registry
 from poller_lab.embedded import Proc, redis_for, start_pollers, start_sim, wait_until, workdir
 from poller_lab.prefix import fleet
 from poller_lab.prefix.driver import drive
-from poller_lab.prefix.fleet import MODEL, POLICIES, PrefixConfig
+from poller_lab.prefix.fleet import MODEL, POLICIES, PrefixConfig, uses_envoy
 from poller_lab.prefix.report import HEADER, format_row, summarise, targets
 from poller_lab.prefix.trace import folder as trace_folder
 from poller_lab.prefix.workload import KINDS, capacity_per_s, conversations, start_times
@@ -84,7 +86,12 @@ class _Bench:
         self.group += 1
         folder = self.work / f"gateways-{self.group}"
         folder.mkdir()
-        procs = []
+        procs: list[Proc] = []
+        envoy_url = None
+        if uses_envoy((policy,)):
+            from poller_lab.envoy import start_envoy_with_epps
+
+            procs, envoy_url = start_envoy_with_epps(folder, self.redis_url, NS, count)
         for i in range(count):
             config = {
                 "policy": policy,
@@ -96,6 +103,7 @@ class _Bench:
                 "redis_url": self.redis_url,
                 "namespace": NS,
                 "ready": str(folder / f"ready-{i}"),
+                "envoy_url": envoy_url,
             }
             path = folder / f"gateway-{i}.json"
             path.write_text(json.dumps(config))
@@ -105,7 +113,7 @@ class _Bench:
             ready = [folder / f"ready-{i}" for i in range(count)]
 
             def up() -> bool:
-                dead = [p for p in procs if not p.alive()]
+                dead = [p for p in procs if not p.alive()]  # the EPPs and Envoy too
                 if dead:
                     raise RuntimeError(f"gateway exited before starting: see {dead[0].log}")
                 return all(r.exists() for r in ready)
@@ -220,7 +228,9 @@ def run_prefix(cfg: PrefixConfig, redis_url: str | None, out: TextIO) -> dict[st
               f"(the first {cfg.warmup_s:g} s not counted)\n")  # fmt: skip
     with workdir("poller-prefix-") as work, redis_for(work, redis_url) as (url, _):
         specs = work / "specs.json"
-        specs.write_text(json.dumps(fleet.engine_specs()))
+        # Envoy dials addresses: with a policy through it, every engine a port of its own.
+        style = "port" if uses_envoy(cfg.policies) else "path"
+        specs.write_text(json.dumps(fleet.engine_specs(style)))
         sim, admin, registry = start_sim(work, 1, "vllm", extra=["--spec-file", str(specs)])
         try:
             asyncio.run(sync_registry(url, NS, registry))

@@ -26,7 +26,6 @@ from poller.errors import ConfigError
 from poller_lab.bench_fleet import sync_registry
 from poller_lab.embedded import (
     Proc,
-    free_port,
     redis_for,
     start_pollers,
     start_sim,
@@ -157,26 +156,11 @@ class _Bench:
             return await r.json()
 
     def _gateway(self, replicas: int, cell_dir: Path) -> list[Proc]:
-        """An Envoy in front of one ``poller epp`` per replica (all active), ready:
-        every EPP healthy in Envoy's eyes. ``gateway_url`` is where replicas send."""
-        from poller_lab.envoy import admin_get, render, start_envoy, start_epp
+        """An Envoy in front of one ``poller epp`` per replica (all active), ready.
+        ``gateway_url`` is where replicas send."""
+        from poller_lab.envoy import start_envoy_with_epps
 
-        epps = [start_epp(cell_dir, self.redis_url, NS, f"epp-{i}") for i in range(replicas)]
-        procs = [p for p, _, _ in epps]
-        try:
-            port, admin = free_port(), free_port()
-            config = render(listen_port=port, admin_port=admin, epps=[(g, h) for _, g, h in epps])
-            procs.append(start_envoy(cell_dir, config, "envoy"))
-            wait_until(
-                lambda: admin_get(admin, "/clusters").count("::health_flags::healthy") == replicas,
-                60,
-                "every EPP healthy in Envoy's health check",
-            )
-        except BaseException:
-            for p in procs:
-                p.stop()
-            raise
-        self.gateway_url = f"http://127.0.0.1:{port}"
+        procs, self.gateway_url = start_envoy_with_epps(cell_dir, self.redis_url, NS, replicas)
         return procs
 
     def _start(self, policy: str, index: int, rate: float, cell_dir: Path) -> Proc:
