@@ -206,6 +206,7 @@ def sim(ctx: click.Context) -> None:
 @click.option(
     "--cells",
     metavar="PATTERNS",
+    show_default="every cell of the design",
     help="routing, peers: only the real-process cells whose name (fleet:gateways:load) "
     "matches one of these comma-separated shell patterns, e.g. 'six:*,lag:8:0.9'.",
 )

@@ -84,6 +84,24 @@ NAMESPACE = click.option(
     help="Key namespace: every key starts with {NS}.",
 )
 
+#: How a long-running command logs (``poller run``, ``poller epp``).
+LOG_FORMAT = click.option(
+    "--log-format",
+    envvar="POLLER_LOG_FORMAT",
+    show_envvar=True,
+    show_default="text",
+    type=click.Choice(["text", "json"]),
+    help="text: key=value lines for a terminal or journal; json: one object per line.",
+)
+LOG_LEVEL = click.option(
+    "--log-level",
+    envvar="POLLER_LOG_LEVEL",
+    show_envvar=True,
+    show_default="INFO",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    help="Least severe level logged; INFO logs each change of state once.",
+)
+
 
 def redis_line(settings: RedisSettings) -> str:
     """The Redis and the namespace a command reads, as its first line says them

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
-from poller.cli.common import NAMESPACE, REDIS_URL, config_option, sources
+from poller.cli.common import LOG_FORMAT, LOG_LEVEL, NAMESPACE, REDIS_URL, config_option, sources
 from poller.cli.oneline import BadInput
 from poller.cli.register import settings_and_file
 from poller.cli.run import _number
@@ -93,22 +93,8 @@ def _port(flag: str, env: str, default: str, what: str) -> Callable[[F], F]:
     metavar="FILE",
     help="The TLS certificate's private key (PEM).",
 )
-@click.option(
-    "--log-format",
-    envvar="POLLER_LOG_FORMAT",
-    show_envvar=True,
-    show_default="text",
-    type=click.Choice(["text", "json"]),
-    help="text: key=value lines; json: one object per line.",
-)
-@click.option(
-    "--log-level",
-    envvar="POLLER_LOG_LEVEL",
-    show_envvar=True,
-    show_default="INFO",
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-    help="Least severe level logged.",
-)
+@LOG_FORMAT
+@LOG_LEVEL
 def epp(
     config_file: str | None,
     redis_url: str | None,

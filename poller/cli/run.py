@@ -7,7 +7,15 @@ import sys
 
 import click
 
-from poller.cli.common import NAMESPACE, REDIS_URL, config_option, run_store_command, sources
+from poller.cli.common import (
+    LOG_FORMAT,
+    LOG_LEVEL,
+    NAMESPACE,
+    REDIS_URL,
+    config_option,
+    run_store_command,
+    sources,
+)
 from poller.cli.register import settings_and_file
 from poller.util.logs import setup_logging
 
@@ -100,22 +108,8 @@ from poller.util.logs import setup_logging
     is_flag=True,
     help="rediss: do not verify the Redis certificate (logged as a WARNING).",
 )
-@click.option(
-    "--log-format",
-    envvar="POLLER_LOG_FORMAT",
-    show_envvar=True,
-    show_default="text",
-    type=click.Choice(["text", "json"]),
-    help="text: key=value lines for a terminal or journal; json: one object per line.",
-)
-@click.option(
-    "--log-level",
-    envvar="POLLER_LOG_LEVEL",
-    show_envvar=True,
-    show_default="INFO",
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-    help="Least severe level logged; INFO logs lease changes and failures once each.",
-)
+@LOG_FORMAT
+@LOG_LEVEL
 @click.option(
     "--check",
     is_flag=True,
