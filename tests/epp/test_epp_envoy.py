@@ -300,10 +300,15 @@ def test_replicas_all_serving_and_one_killed_mid_run(fleet: Fleet) -> None:
     envoy = None
     try:
         envoy = _envoy(fleet, "replicas", [first, second])  # both SERVING
-        for _ in range(12):
+        routed = 'epp_requests_total{outcome="routed"}'
+
+        def both_routed() -> bool:
+            # Envoy's workers learn of a health change a moment after its admin page
+            # shows it: keep sending until each replica has routed one.
             assert _post(envoy, _chat()).status_code == 200
-        assert first.metrics()['epp_requests_total{outcome="routed"}'] > 0
-        assert second.metrics()['epp_requests_total{outcome="routed"}'] > 0
+            return first.metrics()[routed] > 0 and second.metrics()[routed] > 0
+
+        wait_until(both_routed, WAIT_S, "both replicas routing")
 
         async def scenario() -> tuple[float, list[int]]:
             async with httpx.AsyncClient(timeout=60) as http:
@@ -336,8 +341,11 @@ def test_replicas_all_serving_and_one_killed_mid_run(fleet: Fleet) -> None:
             return gone_s, statuses, ends, early
 
         gone_s, statuses, ends, early = asyncio.run(scenario())
+        # Envoy retries an ext_proc stream that could not open on another replica
+        # (deploy/envoy's retry_policy); a stream already sent to the dead one fails
+        # (500) or waits out the message timeout (504).
         print(f"sent before the health check saw the kill: {early}")
-        assert set(early) <= {200, 500}
+        assert set(early) <= {200, 500, 504}
         assert statuses == [200] * 6
         # What the clients of the killed replica's requests saw (docs/epp.md says it):
         # those whose ext_proc stream was on it are cut (Envoy resets them).
