@@ -208,7 +208,8 @@ def sim(ctx: click.Context) -> None:
     metavar="PATTERNS",
     show_default="every cell of the design",
     help="routing, peers: only the real-process cells whose name (fleet:gateways:load) "
-    "matches one of these comma-separated shell patterns, e.g. 'six:*,lag:8:0.9'.",
+    "matches one of these comma-separated shell patterns, e.g. 'six:*,lag:8:0.9'; a "
+    "name in full may be outside the design (six:4:0.9).",
 )
 @click.option(
     "--compare",

@@ -73,6 +73,12 @@ def test_the_cell_filter_takes_shell_patterns_and_refuses_what_matches_nothing()
     assert select(cells, None) == cells
     with pytest.raises(ConfigError, match="matches no cell"):
         select(cells, "six:3:*")
+    # A cell outside the design, named in full: a known fleet, 1-64 gateways, a load.
+    named = select(cells, "six:4:0.9,lag:8:0.9")
+    assert named == [RealCell("six", 4, 0.9), RealCell("lag", 8, 0.9)]
+    for unknown in ("nope:4:0.9", "six:0:0.9", "six:4:2", "six:four:0.9"):
+        with pytest.raises(ConfigError, match="matches no cell"):
+            select(cells, unknown)
 
 
 def test_the_naive_policy_takes_the_least_shared_in_flight_per_slot() -> None:
@@ -178,6 +184,34 @@ def test_quick_real_family_end_to_end_with_the_virtual_twin() -> None:
     (twin,) = report["compare"]
     assert twin["virtual_cell"].startswith("six exp out=0 lag=0 R=2 load=0.7")
     assert "family" in report  # the virtual-time family ran first
+    assert leftovers(marker) == []
+
+
+@pytest.mark.slow
+@pytest.mark.envoy
+@pytest.mark.redis_server
+def test_a_family_cell_through_envoy_and_an_epp_per_gateway() -> None:
+    """``--policy envoy-epp``: the cell's gateways send through one Envoy in front of a
+    ``poller epp`` each; every request answered by an engine of the fleet, and nothing
+    (Envoy, the EPPs, the gateways) left running."""
+    from tests.support.envoyproc import envoy_binary
+
+    envoy_binary()  # the install hint when it is missing
+    marker = f"ROUTING_FAMILY_TEST_{uuid.uuid4().hex}"
+    args = [sys.executable, "-m", "poller", "bench", "--section", "routing", "--quick",
+            "--cells", "six:2:0.7", "--policy", "oracle", "--policy", "envoy-epp",
+            "--json"]  # fmt: skip
+    result = subprocess.run(args, capture_output=True, text=True, timeout=600,
+                            stdin=subprocess.DEVNULL, env={**os.environ, marker: "1"})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)["rows"]
+    assert set(row["policies"]) == {"oracle", "envoy-epp"}
+    through = row["policies"]["envoy-epp"]
+    assert through["requests"] == row["policies"]["oracle"]["requests"] > 0
+    assert through["failed"] == 0 and through["ttft_p99_s"] is not None
+    assert set(through["split"]) <= set(FLEETS["six"].ids())
+    assert row["envoy-epp_p99_x"] is not None
+    assert "envoy-epp" in result.stderr  # its figures in the printed row
     assert leftovers(marker) == []
 
 

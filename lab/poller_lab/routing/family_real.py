@@ -11,7 +11,8 @@ the headline.
 
 Policies: ``oracle`` (every engine's true queue read per request, least expected time
 to finish), ``UNDER_TEST`` (policies.py: the README's gateway) and ``naive`` (least own +
-shared in flight per slot, naive.py).
+shared in flight per slot, naive.py); on request (``--policy``) any other, ``envoy-epp``
+among them: the gateways send through one Envoy in front of a ``poller epp`` each.
 """
 
 from __future__ import annotations
@@ -124,6 +125,23 @@ def fleet_env(
             sim.stop()
 
 
+@contextlib.contextmanager
+def _envoy(env: Env, replicas: int) -> Iterator[str]:
+    """One Envoy (deploy/envoy/envoy.yaml) in front of a ``poller epp`` per gateway
+    replica, all active, until the block ends; yields the URL the replicas send to. They
+    send as to a peer's router: streamed, the engine named by its ``x-sim-endpoint``."""
+    from poller_lab.envoy import start_envoy_with_epps
+
+    folder = env.work / f"envoy-{env.runs + 1}"
+    folder.mkdir()
+    procs, url = start_envoy_with_epps(folder, env.redis_url, NS, replicas)
+    try:
+        yield url
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
 def _reset_queues(admin: str) -> None:
     from poller_lab.embedded import http_json
 
@@ -139,6 +157,9 @@ def run_policy(
 ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """One policy on one cell: (its summary, every process's records);
     ``per_replica(index)`` adds to a gateway replica's config (a peer's router URL)."""
+    if policy in POLICIES and POLICIES[policy].uses_envoy:
+        with _envoy(env, cell.gateways) as url:
+            return run_policy(env, cell, "peer", cfg, lambda _: {"router_url": url})
     fleet = FLEETS[cell.fleet]
     folder = env.folder()
     arr = arrivals(cell, cfg.duration_s, cfg.seed)
@@ -231,9 +252,14 @@ def format_row(row: dict[str, Any]) -> str:
     o, p = row["policies"].get("oracle"), row["policies"].get(UNDER_TEST)
     if o and p and o["ttft_p99_s"] is not None and p["ttft_p99_s"] is not None:
         ttft = f"{o['ttft_p99_s']:.2f}/{p['ttft_p99_s']:.2f}"
+    others = "".join(
+        f"  {name} {pair(name)} x {x(name)}"
+        for name in row["policies"]
+        if name not in ("oracle", UNDER_TEST, "naive")
+    )
     return (
         f"{row['cell']:<22} {reqs:>5} {pair('oracle'):>14} {pair(UNDER_TEST):>14} "
-        f"{x(UNDER_TEST):>11} {pair('naive'):>14} {x('naive'):>11} {failed:>6} {ttft:>13}"
+        f"{x(UNDER_TEST):>11} {pair('naive'):>14} {x('naive'):>11} {failed:>6} {ttft:>13}" + others
     )
 
 

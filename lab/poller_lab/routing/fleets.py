@@ -128,14 +128,30 @@ def quick_design() -> list[RealCell]:
     return [RealCell("six", 2, 0.7)]
 
 
+def _named(pattern: str) -> list[RealCell]:
+    """A cell outside the design named in full (``six:4:0.9``): a known fleet, 1-64
+    gateways, a load in (0, 1.5]; otherwise none."""
+    fleet, _, rest = pattern.partition(":")
+    gateways, _, load = rest.partition(":")
+    try:
+        cell = RealCell(fleet, int(gateways), float(load))
+    except ValueError:
+        return []
+    ok = fleet in FLEETS and 1 <= cell.gateways <= 64 and 0 < cell.load <= 1.5
+    return [cell] if ok else []
+
+
 def select(cells: list[RealCell], patterns: str | None) -> list[RealCell]:
     """The cells whose name (``fleet:gateways:load``) matches one of the comma-separated
-    shell patterns; an unknown fleet or a pattern that matches nothing is an error."""
+    shell patterns, or that a pattern names in full (a known fleet at any number of
+    gateways and load); a pattern that matches nothing is an error."""
     if not patterns:
         return cells
     chosen = []
     for pattern in (p.strip() for p in patterns.split(",") if p.strip()):
         found = [c for c in cells if fnmatch.fnmatchcase(c.name(), pattern)]
+        if not found:
+            found = _named(pattern)
         if not found:
             names = ", ".join(c.name() for c in cells)
             raise ConfigError(f"--cells {pattern!r} matches no cell; the cells: {names}")
