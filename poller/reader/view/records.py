@@ -76,7 +76,7 @@ class Timing(NamedTuple):
 class _Fields:
     """An ``EndpointView``'s fields, assignable: a view is built as this and then moved
     to its own class, which refuses assignment. Building through ``__setattr__`` guards
-    costs three times as much (docs/performance.md, "The view's records"), and a cache
+    costs four times as much (docs/performance.md, "The view's records"), and a cache
     builds one per lookup."""
 
     __slots__ = ("_parsed", "age_ms", "id", "owner", "raw", "state", "timing", "token")
