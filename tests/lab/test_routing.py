@@ -9,7 +9,6 @@ and no process outlives the run.
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from poller_lab.routing import POLICIES, PolicyContext, RoutingConfig, register
 from poller_lab.routing.fleet import FAILER, SLEEPER, capacity_per_s, cells
 from poller_lab.routing.report import summarise
 from poller_lab.routing.run import _policies
-from tests.support.procs import leftovers
+from tests.support.procs import leftovers, poller_cli
 
 POLICY_SET = ("round-robin", "pick-deterministic", "picker", "oracle")
 
@@ -31,18 +30,11 @@ POLICY_SET = ("round-robin", "pick-deterministic", "picker", "oracle")
 @pytest.mark.redis_server
 def test_quick_routing_bench_end_to_end() -> None:
     marker = f"ROUTING_TEST_{uuid.uuid4().hex}"
-    args = [sys.executable, "-m", "poller", "bench", "--section", "routing", "--quick"]
-    args += ["--single-fleet", "--json", "--duration", "3"]
+    args = ["bench", "--section", "routing", "--quick", "--single-fleet", "--json"]
+    args += ["--duration", "3"]
     for policy in POLICY_SET:
         args += ["--policy", policy]
-    result = subprocess.run(
-        args,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, marker: "1"},
-    )
+    result = poller_cli(*args, env={marker: "1"}, timeout_s=600)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert [row["policy"] for row in report["rows"]] == list(POLICY_SET)

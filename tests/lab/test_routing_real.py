@@ -9,11 +9,8 @@ end to end: every request answered, every row there, no process left behind.
 from __future__ import annotations
 
 import json
-import os
 import random
 import statistics
-import subprocess
-import sys
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -27,7 +24,7 @@ from poller_lab.routing.cellrun import gateway_records, summarise_cell
 from poller_lab.routing.fleets import FLEETS, RealCell, arrivals, design, select
 from poller_lab.routing.naive import Naive
 from poller_lab.routing.policies import PolicyContext
-from tests.support.procs import leftovers
+from tests.support.procs import leftovers, poller_cli
 
 
 def test_every_policy_of_a_cell_gets_the_same_arrivals_and_another_cell_others() -> None:
@@ -158,16 +155,8 @@ def test_peer_command_lines_stay_on_loopback_with_a_metrics_port_each() -> None:
 @pytest.mark.redis_server
 def test_quick_real_family_end_to_end_with_the_virtual_twin() -> None:
     marker = f"ROUTING_FAMILY_TEST_{uuid.uuid4().hex}"
-    args = [sys.executable, "-m", "poller", "bench", "--section", "routing", "--quick"]
-    args += ["--json", "--compare"]
-    result = subprocess.run(
-        args,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, marker: "1"},
-    )
+    args = ["bench", "--section", "routing", "--quick", "--json", "--compare"]
+    result = poller_cli(*args, env={marker: "1"}, timeout_s=600)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     (row,) = report["rows"]
@@ -198,11 +187,9 @@ def test_a_family_cell_through_envoy_and_an_epp_per_gateway() -> None:
 
     envoy_binary()  # the install hint when it is missing
     marker = f"ROUTING_FAMILY_TEST_{uuid.uuid4().hex}"
-    args = [sys.executable, "-m", "poller", "bench", "--section", "routing", "--quick",
-            "--cells", "six:2:0.7", "--policy", "oracle", "--policy", "envoy-epp",
-            "--json"]  # fmt: skip
-    result = subprocess.run(args, capture_output=True, text=True, timeout=600,
-                            stdin=subprocess.DEVNULL, env={**os.environ, marker: "1"})  # fmt: skip
+    args = ["bench", "--section", "routing", "--quick", "--cells", "six:2:0.7",
+            "--policy", "oracle", "--policy", "envoy-epp", "--json"]  # fmt: skip
+    result = poller_cli(*args, env={marker: "1"}, timeout_s=600)
     assert result.returncode == 0, result.stderr
     (row,) = json.loads(result.stdout)["rows"]
     assert set(row["policies"]) == {"oracle", "envoy-epp"}
