@@ -141,13 +141,7 @@ class Router:
             found = self._indexer.of_cache(self.cache)
             if found is None:
                 return None
-            index, judge_ms, offset_ms = found
-            load = self._model
-            score = load.scorer(index, offset_ms)
-            options = self.options
-            pick = Pick(
-                index, model, judge_ms, load, score, self.rng, options.when_saturated, wanted
-            )
+            pick = self._pick(found, model, wanted)
             chosen = pick.choose()
             if chosen is None:
                 return None
@@ -243,13 +237,13 @@ class Router:
         every request, all engines stale, asks once per request)."""
         check_pick(model, candidates, 0)
         cache = self.cache
-        ids = cache.ids() if candidates is None else list(dict.fromkeys(candidates))
-        key = (model, None if candidates is None else tuple(ids), cache.version, cache.loaded)
+        wanted = None if candidates is None else list(dict.fromkeys(candidates))
+        key = (model, None if wanted is None else tuple(wanted), cache.version, cache.loaded)
         now = cache.clock()
         explained = self._explained
         if explained is not None and explained[0] == key and now - explained[1] < EXPLAINED_S:
             return explained[2]
-        refusal = self._explain(model, ids)
+        refusal = self._explain(model, cache.ids() if wanted is None else wanted)
         self._explained = (key, now, refusal)
         return refusal
 

@@ -4,7 +4,8 @@
 ``LocalLoad``, shared with the other replicas) until the ticket ends, once, however it
 ends: ``with ticket:`` (an exception out of the block is a failed request, a
 cancellation is not), or ``ticket.done(ok=...)`` from a callback that learns of the end
-elsewhere. A ticket ended twice counts once. ``moved`` hands the request over to
+elsewhere, or ``ticket.cancel()`` for a request never sent. A ticket ended twice counts
+once. ``moved`` hands the request over to
 another endpoint (a proxy's retry on a fallback).
 """
 
@@ -73,6 +74,16 @@ class Ticket:
                 return
             self._open = False
         self._local.finished(self.id, self._started_at, ok=ok)
+
+    def cancel(self) -> None:
+        """The request was never sent (the gateway found no way to the endpoint, or
+        gave up before sending): it stops counting, and its time says nothing of the
+        endpoint. Ends the ticket as ``done`` does; a second end does nothing."""
+        with _ENDING:
+            if not self._open:
+                return
+            self._open = False
+        self._local.finished(self.id, self._started_at, sent=False)
 
     def moved(self, endpoint_id: str, *, ok: bool = False) -> Ticket:
         """The request went on to ``endpoint_id`` instead (a proxy retried it there):

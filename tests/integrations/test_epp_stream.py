@@ -140,6 +140,26 @@ def test_streamed_without_waiting_answers_each_held_chunk_after_the_headers() ->
     assert kinds == ["request_headers", "request_body", "request_body"]
 
 
+def test_streamed_answers_as_many_chunks_as_came_whether_trailers_or_the_last_chunk_end_it() -> (
+    None
+):
+    def streamed(*messages: Any) -> list[str]:
+        stream = Stream(picking(router(a=0)))
+        request = headers(mode=Mode.STREAMED)
+        request.protocol_config.send_body_without_waiting_for_header_response = True
+        answers = [a for m in (request, *messages) for a in stream.handle(m)]
+        return [a.WhichOneof("response") for a in answers]
+
+    thirds = [BODY[:5], BODY[5:10], BODY[10:]]
+    by_last_chunk = [body(part, end_of_stream=False) for part in thirds[:2]] + [body(thirds[2])]
+    assert streamed(*by_last_chunk) == ["request_headers"] + ["request_body"] * 3
+    trailers = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
+    by_trailers = [body(part, end_of_stream=False) for part in thirds]
+    assert streamed(*by_trailers, trailers) == (
+        ["request_headers"] + ["request_body"] * 3 + ["request_trailers"]
+    )
+
+
 def test_a_request_without_a_body_is_picked_at_its_headers_without_a_model() -> None:
     r = router(a=0)
     (answer,) = Stream(picking(r)).handle(headers(end_of_stream=True, mode=Mode.BUFFERED))

@@ -274,6 +274,22 @@ async def test_fail_open_line_before_redis_was_ever_reached(
     ]
 
 
+async def test_fail_open_line_for_a_namespace_nothing_wrote_names_it(
+    f: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    load_filter = LoadAwareFilter(redis_url=f.redis_url, namespace="nothing-here")
+    router = litellm.Router(model_list=[deployment(f, "ok-a")], num_retries=0)
+    litellm.logging_callback_manager.add_litellm_callback(load_filter)
+    try:
+        with caplog.at_level(logging.WARNING, LOG):
+            assert await ask(router, 0, stream=False) == "ok-a"
+    finally:
+        litellm.logging_callback_manager.remove_callback_from_all_lists(load_filter)
+        await load_filter.aclose()
+    lines = [line for line in said(caplog) if line.startswith("the shared view cannot")]
+    assert lines and "namespace nothing-here has no schema key" in lines[0], lines
+
+
 async def test_every_end_counted_once_failure_stream_cancel(f: Fleet) -> None:
     """ok-c keeps one request of the test in flight throughout: an end counted twice
     would take it off the count, one never counted would leave an extra."""

@@ -68,6 +68,22 @@ def test_a_ticket_ended_twice_counts_once() -> None:
     assert router.local.total() == 0
 
 
+def test_a_cancelled_ticket_stops_counting_and_says_nothing_of_the_endpoint() -> None:
+    clock = Clock()
+    router = router_on(view_of(served("a", 1, running="0")), local=LocalLoad(clock=clock))
+    with router.pick("m"):  # type: ignore[union-attr]
+        clock.t += 2.0  # one answer in 2 s: the usual time
+    usual, slowness = router.local.request_s, router.local.slowness("a")
+    ticket = router.pick("m")
+    assert ticket is not None and router.local.in_flight("a") == 1
+    clock.t += 0.001
+    ticket.cancel()  # never sent: not a 1 ms answer, not a failure
+    ticket.done(ok=False)  # ended already: nothing more
+    assert not ticket.open and router.local.total() == 0
+    assert router.local.request_s == usual and router.local.slowness("a") == slowness
+    assert router.local.failing("a") == 0.0
+
+
 def test_an_exception_out_of_the_block_is_a_failed_request_a_cancel_is_not() -> None:
     import asyncio
 

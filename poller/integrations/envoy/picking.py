@@ -75,7 +75,7 @@ class Picking:
         address = None if ticket is None else where.address(ticket.id)
         if ticket is None or address is None:
             if ticket is not None:  # its address went away since the candidates were read
-                ticket.done()
+                ticket.cancel()
             return self._refusal(model, candidates)
         addresses = [address]
         for other in ticket.fallbacks:

@@ -149,6 +149,8 @@ class Stream:
             self.finished = True
             cap = self.picking.max_body_bytes
             return [self.picking.refuse(400, "too_large", f"the request body is over {cap} bytes")]
+        if self.request_mode == STREAMED:
+            self.chunks += 1  # answered once the pick is made
         if chunk.end_of_stream:
             return self._route_body(end_of_stream=True)
         if self.request_mode == BUFFERED_PARTIAL:
@@ -159,8 +161,6 @@ class Stream:
                     400, "too_large", "the request body is over the proxy's buffer limit"
                 )
             ]
-        if self.request_mode == STREAMED:
-            self.chunks += 1
         return []
 
     def _route_body(self, end_of_stream: bool) -> list[Any]:
@@ -180,8 +180,9 @@ class Stream:
             return [first]
         if mode == FULL_DUPLEX:
             return [first, *messages.streamed_body("request_body", body, end_of_stream)]
-        # STREAMED, held back: one answer per chunk received (the last included).
-        return [first] + [messages.body_continue("request_body")] * (self.chunks + 1)
+        # STREAMED, held back: one answer per chunk received (with trailers, the body
+        # ended at its last chunk without end_of_stream).
+        return [first] + [messages.body_continue("request_body")] * self.chunks
 
     def _route(self, model: str | None, prompt: str | None, where: str) -> Any:
         choice = self.picking.choose(model, prompt, self.subset)

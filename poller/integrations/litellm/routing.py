@@ -95,9 +95,12 @@ class Routing:
         return router
 
     def _unreadable(self, router: Router) -> str:
-        """Why a Router's numbers may not be used: never read (Redis not reached since the
-        reader started), or Redis lost after it was."""
+        """Why a Router's numbers may not be used: a namespace nothing wrote (the
+        Router's own words), never read (Redis not reached since the reader started), or
+        Redis lost after it was."""
         cache = router.cache
+        if cache.schema_missing:
+            return router.explain().detail
         if not cache.loaded:
             return "cannot reach Redis: no view read from it yet"
         at = cache.confirmed_at

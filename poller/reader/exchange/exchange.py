@@ -236,7 +236,7 @@ class Exchange:
             return False
         return self.number is None or self.fleet.peers > 0
 
-    def wait_s(self, now: float, call_in: float) -> float:
+    def wait_s(self, call_in: float) -> float:
         """How long the loop may sleep: until the next call, or ``LISTEN_S``."""
         return max(0.001, min(call_in, LISTEN_S))
 
@@ -363,7 +363,7 @@ class Exchange:
         prepared = self.prepared() if call_in <= 0.0 else None
         if prepared is None and call_in <= 0.0:  # not prepared: the pacer holds the next try
             call_in = self.call_in(self.clock())
-        return prepared, self.wait_s(now, call_in)
+        return prepared, self.wait_s(call_in)
 
     def install(self, wake: Callable[[], None] | None) -> None:
         """The loop's wake-up (None: the loop ended): a change of ours or a message."""

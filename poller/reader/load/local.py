@@ -129,7 +129,12 @@ class LocalLoad:
         return now
 
     def finished(
-        self, endpoint_id: str, started_at: float | None = None, *, ok: bool = True
+        self,
+        endpoint_id: str,
+        started_at: float | None = None,
+        *,
+        ok: bool = True,
+        sent: bool = True,
     ) -> None:
         """A request to ``endpoint_id`` ended. Without ``started_at`` the oldest one in
         flight counts as ended: the newer ones, which the view is least likely to show,
@@ -141,7 +146,8 @@ class LocalLoad:
         unknown ``started_at`` ends the oldest, as without one. ``ok=False`` (an error answer,
         a broken connection) counts the request as taking ``FAILED_TIMES`` the usual
         time: an endpoint that fails fast must not look fast until the view shows it
-        failing."""
+        failing. ``sent=False``: the request never went out; it stops counting and its
+        time says nothing of the endpoint (neither speed nor failure)."""
         now = self._clock()
         with self._lock:
             starts = self._starts.get(endpoint_id)
@@ -168,21 +174,26 @@ class LocalLoad:
             done.append((began, now))
             while done and done[0][1] < now - DONE_S:
                 done.popleft()
-            took_s = max(0.0, now - began)
-            every = self._all_s
-            if ok:  # the usual time is of answers: a failure's penalty must not feed it
-                self._all_s = took_s if every == 0.0 else every + LATENCY_ALPHA * (took_s - every)
-            else:
-                took_s = max(took_s, every) * FAILED_TIMES
-            self._took_s(endpoint_id, took_s, now)
-            failed = self._failed.get(endpoint_id)
-            if failed is not None or not ok:
-                share = 0.0 if failed is None else failed[0]
-                self._failed[endpoint_id] = (share + FAILED_ALPHA * ((not ok) - share), now)
+            if sent:  # a request never sent says nothing of the endpoint
+                self._learn(endpoint_id, max(0.0, now - began), now, ok)
             if now >= self._next_sweep:
                 self._sweep(now)
         if first and self._waker is not None:
             self._waker()
+
+    def _learn(self, endpoint_id: str, took_s: float, now: float, ok: bool) -> None:
+        """What a request that ended says: the usual time, the endpoint's time and its
+        failure share (under the lock)."""
+        every = self._all_s
+        if ok:  # the usual time is of answers: a failure's penalty must not feed it
+            self._all_s = took_s if every == 0.0 else every + LATENCY_ALPHA * (took_s - every)
+        else:
+            took_s = max(took_s, every) * FAILED_TIMES
+        self._took_s(endpoint_id, took_s, now)
+        failed = self._failed.get(endpoint_id)
+        if failed is not None or not ok:
+            share = 0.0 if failed is None else failed[0]
+            self._failed[endpoint_id] = (share + FAILED_ALPHA * ((not ok) - share), now)
 
     def _sweep(self, now: float) -> None:
         """Forget the endpoints with nothing in flight whose record is past ``DONE_S``

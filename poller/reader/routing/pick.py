@@ -154,17 +154,6 @@ class Pick:
                 out.append((slot, tier))
         return out
 
-    def may_take(self, slot: Slot) -> bool:
-        """``slot`` may take the request now: fresh, among the candidates, serving the
-        model, not saturated unless ``when_saturated`` lets a saturated one take it."""
-        if slot.fresh_until_ms < self.judge_ms:
-            return False
-        if self.allowed is not None and slot.id not in self.allowed:
-            return False
-        if slot.tier(self.models.model, self.models.adapter) is None:
-            return False
-        return self.when_saturated != "none" or not self.saturated(slot)
-
     def ranked(self, first: str, n: int) -> list[str]:
         """Up to ``n`` endpoints other than ``first`` that may take the request, best
         first by the same order as ``choose`` (saturation, tier, then load): the ones a
