@@ -336,25 +336,28 @@ async def sample_outage(
         await asyncio.sleep(0.1)
 
 
-async def hold_outage(server: RedisProcess, how: str, seconds: float) -> tuple[float, float]:
-    """Take Redis away for ``seconds``; returns (down, up) on the monotonic clock."""
+async def hold_outage(server: RedisProcess, how: str, seconds: float) -> tuple[float, float, float]:
+    """Take Redis away for ``seconds``; returns (down, back, up) on the monotonic clock:
+    gone, brought back (from here on it may answer: a poller may be ready again before
+    a restarted server's start returns on a loaded machine), answering."""
     if how == "stopped":
         server.stop()
     else:
         server.pause()
     down = time.monotonic()
     await asyncio.sleep(seconds)
+    back = time.monotonic()
     if how == "stopped":
         server.start()  # AOF (appendfsync always): the registry survives, leases expired
     else:
         server.resume()
-    return down, time.monotonic()
+    return down, back, time.monotonic()
 
 
-def check_reader_during_outage(log: OutageLog, n: int, down: float, up: float) -> float:
+def check_reader_during_outage(log: OutageLog, n: int, down: float, back: float) -> float:
     """The cached reader serves the last view, never fresh once it cannot know; returns
     how long it took to notice (healthy False)."""
-    during = log.cache_from(down, up)
+    during = log.cache_from(down, back)
     assert during and all(count == n for _, _, count, _ in during), "the view was emptied"
     unhealthy = [t for t, healthy, _, _ in during if not healthy]
     assert unhealthy, "the cache never noticed the outage"
@@ -367,16 +370,16 @@ def check_reader_during_outage(log: OutageLog, n: int, down: float, up: float) -
 
 
 def check_pollers_during_outage(
-    log: OutageLog, procs: list[PollerProc], down: float, up: float, call_s: float
+    log: OutageLog, procs: list[PollerProc], down: float, back: float, call_s: float
 ) -> dict[str, list[float]]:
     """Not ready while Redis is away, one log line per state change, capped backoff."""
     retry_gaps: dict[str, list[float]] = {}
     for p in procs:
-        statuses = [s for t, s in log.ready[p.id] if down + 3.0 <= t < up]
+        statuses = [s for t, s in log.ready[p.id] if down + 3.0 <= t < back]
         assert statuses and set(statuses) == {503}, (p.id, sorted(set(statuses)))
         assert count_lines(p, "redis unreachable") == 1, p.log()[-3000:]
         assert count_lines(p, "redis reachable") == 2, p.log()[-3000:]  # start, return
-        attempts = log.attempts(p.id, down, up + 1.0)
+        attempts = log.attempts(p.id, down, back + 1.0)
         g = [round(b - a, 2) for a, b in zip(attempts, attempts[1:], strict=False)]
         retry_gaps[p.id] = g
         # Capped at a third of the member TTL (so a blip never drops a poller out of
@@ -384,7 +387,7 @@ def check_pollers_during_outage(
         assert g and max(g) <= RETRY_CAP_S + call_s + 0.6, (p.id, g)
         # Neither a tight loop nor giving up: the jittered backoff waits at least half
         # the cap between attempts.
-        bound = (up - down) / (RETRY_CAP_S / 2) + 5
+        bound = (back - down) / (RETRY_CAP_S / 2) + 5
         assert 3 <= len(attempts) <= bound, (p.id, len(attempts), bound)
     return retry_gaps
 
@@ -446,8 +449,8 @@ async def outage_scenario(
             sampler = asyncio.create_task(sample_outage(log, cache, procs, stop))
             try:
                 wall_down = time.time()
-                down, up = await hold_outage(server, how, OUTAGE_S[how])
-                wall_up = time.time()
+                down, back, up = await hold_outage(server, how, OUTAGE_S[how])
+                wall_back = wall_down + (back - down)
                 async with direct(server.url) as (_, _, reader):
                     await until(lambda: all_fresh(reader, n), WAIT_S, "fresh after the outage")
                     recovery_s = time.monotonic() - up
@@ -470,8 +473,8 @@ async def outage_scenario(
     # A call to a frozen Redis fails only after socket timeouts (2 s each): the command's,
     # then redis-py's one retry on a new connection whose handshake hangs too (4-6 s seen).
     call_s = 0.0 if how == "stopped" else 4 * 2.0
-    retry_gaps = check_pollers_during_outage(log, procs, down, up, call_s)
-    noticed_s = check_reader_during_outage(log, n, down, up)
+    retry_gaps = check_pollers_during_outage(log, procs, down, back, call_s)
+    noticed_s = check_reader_during_outage(log, n, down, back)
     # Killed: the subscription breaks at once. Frozen: noticed only at the next resync
     # (every 5 s) once its snapshot times out; the entries read stale by age meanwhile.
     assert noticed_s < (1.5 if how == "stopped" else 12.0), noticed_s
@@ -482,7 +485,7 @@ async def outage_scenario(
     # until then the poller still scrapes (its writes hang, then fail).
     detect_s = 1.0 if how == "stopped" else 10.0
     spared = {
-        e: [t for t in sim.hit_times(e) if wall_down + detect_s < t < wall_up] for e in sim.ids
+        e: [t for t in sim.hit_times(e) if wall_down + detect_s < t < wall_back] for e in sim.ids
     }
     late = sorted(round(t - wall_down, 2) for hits in spared.values() for t in hits)
     assert not late, f"scrapes {late} s after Redis went away"
